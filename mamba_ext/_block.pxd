@@ -1,0 +1,49 @@
+# C-level contract of one Mamba-1 block (see _types.pxd for the size letters).
+#
+# Parameters are passed as an array of 13 pointers in BLOCK_PARAM_NAMES order
+# (the enum below); each points to a C-contiguous buffer of the golden shape.
+# All functions are callable without the GIL and report failure (only: out of
+# memory for internal scratch) by a non-zero return value, never by a crash.
+from mamba_ext._types cimport floating, idx_t
+
+cdef enum:
+    MAMBA_NPARAMS = 13
+
+cdef enum:                 # index into the 13-pointer parameter arrays
+    P_wInProj = 0          # (2D, Dm)
+    P_bInProj = 1          # (2D,)
+    P_wConv = 2            # (D, K)   tap k multiplies x[t-k]
+    P_bConv = 3            # (D,)
+    P_wXProj = 4           # (P, D)
+    P_bXProj = 5           # (P,)
+    P_wDtProj = 6          # (D, R)
+    P_bDtProj = 7          # (D,)
+    P_A_log = 8            # (D, N)
+    P_D_vec = 9            # (D,)
+    P_wOutProj = 10        # (Dm, D)
+    P_bOutProj = 11        # (Dm,)
+    P_normWeight = 12      # (Dm,)
+
+ctypedef struct mamba_dims:
+    idx_t B     # batch
+    idx_t L     # seqLen
+    idx_t Dm    # dModel
+    idx_t D     # dInner
+    idx_t N     # dState
+    idx_t K     # dConv
+    idx_t R     # dtRank
+
+# Number of `floating` elements of the forward cache for these sizes.
+cdef idx_t block_cache_len(const mamba_dims* d) noexcept nogil
+
+# out (B, L, Dm) written; cache (block_cache_len) written; x (B, L, Dm) read.
+cdef int block_forward(floating* out, floating* cache,
+                       const floating* x, const floating** params,
+                       const mamba_dims* d, int n_threads) noexcept nogil
+
+# dx (B, L, Dm) and grads[i] (shape of params[i]) ACCUMULATE (+=);
+# dout (B, L, Dm) and cache (from block_forward with the same params) read.
+cdef int block_backward(floating* dx, floating** grads,
+                        const floating* dout, const floating* cache,
+                        const floating** params,
+                        const mamba_dims* d, int n_threads) noexcept nogil

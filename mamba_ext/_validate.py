@@ -1,0 +1,181 @@
+"""Input validation shared by the CPU API, the model API and the GPU executor.
+
+Every public entry point turns user input into C-contiguous arrays of one float
+dtype and checks every shape here, so the compiled kernels never see a bad
+pointer or size. Errors name the parameter, the expected and the actual value.
+
+Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv,
+R dtRank, P = R + 2N.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import numpy as np
+
+# The public contract: names and order of shared/golden/README.md.
+BLOCK_PARAM_NAMES = (
+    "wInProj", "bInProj", "wConv", "bConv", "wXProj", "bXProj",
+    "wDtProj", "bDtProj", "A_log", "D_vec", "wOutProj", "bOutProj", "normWeight",
+)
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+# Largest element count any buffer may have: the kernels index with a signed
+# 64-bit Py_ssize_t and allocate bytes, so stay well inside both.
+_MAX_ELEMENTS = np.iinfo(np.intp).max // 16
+
+
+class BlockDims(NamedTuple):
+    """Sizes of one Mamba-1 block, all inferred from parameter shapes."""
+    Dm: int   # dModel
+    D: int    # dInner
+    N: int    # dState
+    K: int    # dConv
+    R: int    # dtRank
+
+    @property
+    def P(self) -> int:
+        return self.R + 2 * self.N
+
+
+def block_param_shapes(d: BlockDims) -> dict:
+    """The shape of every block parameter, keyed by name (golden layout)."""
+    return {
+        "wInProj": (2 * d.D, d.Dm), "bInProj": (2 * d.D,),
+        "wConv": (d.D, d.K), "bConv": (d.D,),
+        "wXProj": (d.P, d.D), "bXProj": (d.P,),
+        "wDtProj": (d.D, d.R), "bDtProj": (d.D,),
+        "A_log": (d.D, d.N), "D_vec": (d.D,),
+        "wOutProj": (d.Dm, d.D), "bOutProj": (d.Dm,),
+        "normWeight": (d.Dm,),
+    }
+
+
+def check_count(name: str, shape) -> None:
+    """Refuse shapes whose element count would overflow the kernels' indexing."""
+    n = 1
+    for s in shape:
+        n *= int(s)
+    if n > _MAX_ELEMENTS:
+        raise ValueError(f"{name}: shape {tuple(shape)} has {n} elements, more than the "
+                         f"{_MAX_ELEMENTS} that mamba_ext can index")
+
+
+def as_float_array(name: str, value, dtype=None) -> np.ndarray:
+    """Convert an array-like to a C-contiguous float32/float64 array.
+
+    ``dtype`` None accepts float32 or float64 as given; otherwise the array must
+    already have that dtype (mixing dtypes is a TypeError, never a silent cast).
+    """
+    if isinstance(value, np.ndarray):
+        arr = value
+    else:
+        try:
+            arr = np.asarray(value)
+        except Exception as e:  # ragged lists and the like
+            raise TypeError(f"{name}: cannot convert {type(value).__name__} to an array: {e}") from None
+        if arr.dtype.kind in "iub" and dtype is not None:
+            # Plain Python number lists become float64 arrays; accept them when
+            # a dtype is required by converting (ints are exact in both floats).
+            arr = arr.astype(dtype)
+        elif arr.dtype.kind == "f" and arr.dtype not in FLOAT_DTYPES:
+            arr = arr.astype(np.float64)
+        elif arr.dtype == np.float64 and dtype is not None and not isinstance(value, np.generic):
+            # A list of Python floats is float64 by default; follow the target dtype.
+            arr = arr.astype(dtype)
+    if arr.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name}: dtype {arr.dtype} is not supported; expected float32 or float64")
+    if dtype is not None and arr.dtype != np.dtype(dtype):
+        raise TypeError(f"{name}: dtype {arr.dtype} does not match the other arrays' dtype "
+                        f"{np.dtype(dtype)}; convert all inputs to one float dtype")
+    return np.ascontiguousarray(arr)
+
+
+def _shape_error(name, expected, actual, why=""):
+    return ValueError(f"{name}: expected shape {tuple(expected)}, got {tuple(actual)}{why}")
+
+
+def check_block_params(params, dtype=None, d_model=None, prefix=""):
+    """Validate a mapping of the 13 block parameters.
+
+    Returns ``(arrays, dims)``: ``arrays`` a dict name -> C-contiguous array of
+    one dtype (``dtype`` or, if None, the dtype of ``wInProj``), ``dims`` the
+    inferred :class:`BlockDims`. ``d_model`` (from ``x``) must match if given.
+    ``prefix`` is prepended to names in messages (e.g. ``"layer1."``).
+    """
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params: expected a mapping of the {len(BLOCK_PARAM_NAMES)} block "
+                        f"parameter names to arrays, got {type(params).__name__}")
+    missing = [prefix + n for n in BLOCK_PARAM_NAMES if n not in params]
+    if missing:
+        raise ValueError(f"params: missing parameter(s) {missing}")
+    unknown = sorted(str(k) for k in params if k not in BLOCK_PARAM_NAMES)
+    if unknown:
+        raise ValueError(f"params: unknown parameter(s) {[prefix + u for u in unknown]}; "
+                         f"expected exactly {list(BLOCK_PARAM_NAMES)}")
+    if dtype is None:
+        first = params["wInProj"]
+        dtype = first.dtype if isinstance(first, np.ndarray) else None
+        if dtype is None:
+            dtype = as_float_array(prefix + "wInProj", first).dtype
+    dtype = np.dtype(dtype)
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{prefix}wInProj: dtype {dtype} is not supported; expected float32 or float64")
+    arrays = {n: as_float_array(prefix + n, params[n], dtype) for n in BLOCK_PARAM_NAMES}
+
+    # Infer sizes from the matrices that define them, then check every shape.
+    ranks = {n: len(block_param_shapes(BlockDims(1, 1, 1, 1, 1))[n]) for n in BLOCK_PARAM_NAMES}
+    for n, a in arrays.items():
+        if a.ndim != ranks[n]:
+            raise ValueError(f"{prefix}{n}: expected a {ranks[n]}-D array, got shape {a.shape}")
+    D, K = arrays["wConv"].shape
+    N = arrays["A_log"].shape[1]
+    R = arrays["wDtProj"].shape[1]
+    Dm = arrays["wInProj"].shape[1]
+    if d_model is not None and Dm != d_model:
+        raise ValueError(f"{prefix}wInProj: expected shape {(2 * D, d_model)} (dModel = {d_model} "
+                         f"from x), got {arrays['wInProj'].shape}")
+    for name, size in (("dInner (wConv rows)", D), ("dConv (wConv columns)", K),
+                       ("dState (A_log columns)", N), ("dtRank (wDtProj columns)", R),
+                       ("dModel (wInProj columns)", Dm)):
+        if size < 1:
+            raise ValueError(f"params: {name} must be >= 1, got {size}")
+    dims = BlockDims(Dm=Dm, D=D, N=N, K=K, R=R)
+    for n, shape in block_param_shapes(dims).items():
+        if arrays[n].shape != shape:
+            raise _shape_error(prefix + n, shape, arrays[n].shape,
+                               f" (dModel={Dm}, dInner={D}, dState={N}, dConv={K}, dtRank={R}, "
+                               f"inferred from wInProj, wConv, A_log, wDtProj)")
+        check_count(prefix + n, shape)
+    return arrays, dims
+
+
+def check_x(name: str, x, dtype=None) -> np.ndarray:
+    """Validate a (B, L, Dm) activation; empty B or L is allowed."""
+    arr = as_float_array(name, x, dtype)
+    if arr.ndim != 3:
+        raise ValueError(f"{name}: expected a 3-D array (batch, seqLen, dModel), got shape {arr.shape}")
+    check_count(name, arr.shape)
+    return arr
+
+
+def check_tokens(name: str, tokens, vocab_size: int | None = None, shape=None) -> np.ndarray:
+    """Validate integer token ids (B, L); out-of-range ids name the id and position."""
+    arr = np.asarray(tokens)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected an integer array of token ids, got dtype {arr.dtype}")
+    if arr.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D array (batch, seqLen), got shape {arr.shape}")
+    if shape is not None and arr.shape != tuple(shape):
+        raise _shape_error(name, shape, arr.shape)
+    check_count(name, arr.shape)
+    arr = np.ascontiguousarray(arr, dtype=np.int64)
+    if vocab_size is not None and arr.size:
+        bad = np.flatnonzero((arr < 0) | (arr >= vocab_size))
+        if bad.size:
+            pos = np.unravel_index(bad[0], arr.shape)
+            raise ValueError(f"{name}: token id {int(arr[pos])} at position (batch {pos[0]}, "
+                             f"time {pos[1]}) is out of range [0, {vocab_size})")
+    return arr
