@@ -82,7 +82,7 @@ setup(
     ext_modules=extensions(),
     # The WGSL sources live in kernels/ at the top of the repository and ship
     # inside the wheel as the package ``mamba_ext.kernels``.
-    packages=["mamba_ext", "mamba_ext.gpu", "mamba_ext.kernels", "mamba_ext.include"],
+    packages=["mamba_ext", "mamba_ext.cli", "mamba_ext.gpu", "mamba_ext.kernels", "mamba_ext.include"],
     package_dir={"mamba_ext.kernels": "kernels"},
     package_data={
         "mamba_ext": ["*.pxd", "*.pyi", "py.typed"],

@@ -32,6 +32,8 @@ ctypedef struct mamba_dims:
     idx_t N     # dState
     idx_t K     # dConv
     idx_t R     # dtRank
+    double eps          # RMSNorm epsilon (1e-6 in the golden semantics)
+    int discretization  # 0: exact ZOH (default); 1: Euler, b_bar = Delta*B
 
 # Number of `floating` elements of the forward cache for these sizes.
 cdef idx_t block_cache_len(const mamba_dims* d) noexcept nogil

@@ -1,0 +1,1 @@
+"""Command-line programs, one module per command (see mamba_ext/__main__.py)."""
