@@ -1,0 +1,98 @@
+// common.wgsl — helpers shared by every kernel file. WGSL has no #include, so the
+// loader (mamba_ext/gpu/kernels.py) prepends this file to each kernel file
+// before compiling it; it declares no bindings.
+//
+// Size letters used in all kernel files: B batch, L seqLen, Dm dModel, D dInner,
+// N dState, K dConv, R dtRank, P = R + 2N, M = B*L rows, V vocab, T chunk length.
+
+// Flat index of an invocation in a 1-D problem dispatched as a 2-D grid of
+// workgroups (x, y): the grid is split in y when x would exceed the adapter's
+// max workgroups per dimension.
+fn flat_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32, wg: u32) -> u32 {
+    return (wid.y * nwg.x + wid.x) * wg + lid;
+}
+
+// Overflow-free logistic function.
+fn sigmoid(x: f32) -> f32 {
+    if (x >= 0.0) {
+        return 1.0 / (1.0 + exp(-x));
+    }
+    let e = exp(x);
+    return e / (1.0 + e);
+}
+
+fn silu(x: f32) -> f32 { return x * sigmoid(x); }
+
+// d silu / dx = s * (1 + x * (1 - s)).
+fn dsilu(x: f32) -> f32 {
+    let s = sigmoid(x);
+    return s * (1.0 + x * (1.0 - s));
+}
+
+// exp(x) - 1 without the cancellation of exp(x) - 1 near 0 (WGSL has no expm1).
+// |x| < 0.5: Taylor series to x^10/10! (truncation < 3e-10 relative);
+// otherwise |exp(x) - 1| > 0.39 and the subtraction loses nothing.
+fn expm1_f(x: f32) -> f32 {
+    if (abs(x) < 0.5) {
+        var s = 1.0 / 3628800.0;
+        s = s * x + 1.0 / 362880.0;
+        s = s * x + 1.0 / 40320.0;
+        s = s * x + 1.0 / 5040.0;
+        s = s * x + 1.0 / 720.0;
+        s = s * x + 1.0 / 120.0;
+        s = s * x + 1.0 / 24.0;
+        s = s * x + 1.0 / 6.0;
+        s = s * x + 0.5;
+        s = s * x + 1.0;
+        return s * x;
+    }
+    return exp(x) - 1.0;
+}
+
+// log(1 + e) for e >= 0 (WGSL has no log1p; GPU log is only absolutely accurate
+// near 1). e < 0.1: alternating series to e^9 (truncation < 1e-10 relative).
+fn log1p_pos(e: f32) -> f32 {
+    if (e < 0.1) {
+        var s = 1.0 / 9.0;
+        s = s * e - 1.0 / 8.0;
+        s = s * e + 1.0 / 7.0;
+        s = s * e - 1.0 / 6.0;
+        s = s * e + 1.0 / 5.0;
+        s = s * e - 1.0 / 4.0;
+        s = s * e + 1.0 / 3.0;
+        s = s * e - 0.5;
+        s = s * e + 1.0;
+        return s * e;
+    }
+    return log(1.0 + e);
+}
+
+// softplus(x) = max(x, 0) + log1p(exp(-|x|)).
+fn softplus(x: f32) -> f32 { return max(x, 0.0) + log1p_pos(exp(-abs(x))); }
+
+// (x e^x - expm1(x)) / x^2: d/dA of the ZOH factor expm1(Delta A)/A is
+// Delta^2 * zoh_dfactor(Delta A). Series sum_{k>=2} (k-1)/k! x^(k-2) for
+// |x| < 0.5 (the direct form cancels there).
+fn zoh_dfactor(x: f32) -> f32 {
+    if (abs(x) < 0.5) {
+        var s = 1.0 / 403200.0;
+        s = s * x + 1.0 / 45360.0;
+        s = s * x + 1.0 / 5760.0;
+        s = s * x + 1.0 / 840.0;
+        s = s * x + 1.0 / 144.0;
+        s = s * x + 1.0 / 30.0;
+        s = s * x + 1.0 / 8.0;
+        s = s * x + 1.0 / 3.0;
+        s = s * x + 0.5;
+        return s;
+    }
+    return (x * exp(x) - expm1_f(x)) / (x * x);
+}
+
+// True for +-inf and NaN (WGSL has no isfinite).
+fn not_finite(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u;
+}
+
+// A = -exp(clamp(A_log, -10, 5)).
+fn a_of(a_log: f32) -> f32 { return -exp(clamp(a_log, -10.0, 5.0)); }

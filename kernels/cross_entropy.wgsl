@@ -1,0 +1,64 @@
+// cross_entropy.wgsl — mean cross-entropy over M rows and its gradient, one
+// workgroup per row (model only). The mean over rows is taken on the host in
+// float64 from the per-row losses.
+//
+// cross_entropy_forward_backward bindings:
+//   0 p        uniform   Params (scale = 1/M: the mean's factor in dlogits)
+//   1 logits   (M, V)    read
+//   2 targets  (M)       read        target ids (u32, validated on the host)
+//   3 dlogits  (M, V)    read_write  (softmax - onehot) * scale
+//   4 losses   (M)       read_write  logsumexp(logits_r) - logits_r[target_r]
+
+struct Params { M: u32, V: u32, scale: f32 }
+
+override WG: u32 = 128u;
+var<workgroup> red: array<f32, WG>;
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> logits: array<f32>;
+@group(0) @binding(2) var<storage, read> targets: array<u32>;
+@group(0) @binding(3) var<storage, read_write> dlogits: array<f32>;
+@group(0) @binding(4) var<storage, read_write> losses: array<f32>;
+
+// Fixed-order tree reduction (sum if is_max is false, else max).
+fn block_reduce(li: u32, v: f32, is_max: bool) -> f32 {
+    red[li] = v;
+    workgroupBarrier();
+    var n = WG;
+    loop {
+        if (n <= 1u) { break; }
+        let half = (n + 1u) / 2u;
+        if (li < n - half) {
+            if (is_max) { red[li] = max(red[li], red[li + half]); }
+            else { red[li] = red[li] + red[li + half]; }
+        }
+        workgroupBarrier();
+        n = half;
+    }
+    let total = red[0];
+    workgroupBarrier();
+    return total;
+}
+
+@compute @workgroup_size(WG)
+fn cross_entropy_forward_backward(@builtin(local_invocation_index) li: u32,
+                                  @builtin(workgroup_id) wid: vec3<u32>,
+                                  @builtin(num_workgroups) nwg: vec3<u32>) {
+    let r = wid.y * nwg.x + wid.x;
+    let valid = r < p.M;
+    let base = r * p.V;
+    var mx = -3.4e38;
+    if (valid) { for (var j = li; j < p.V; j += WG) { mx = max(mx, logits[base + j]); } }
+    mx = block_reduce(li, mx, true);
+    var se = 0.0;
+    if (valid) { for (var j = li; j < p.V; j += WG) { se += exp(logits[base + j] - mx); } }
+    se = block_reduce(li, se, false);
+    if (!valid) { return; }
+    let tgt = targets[r];
+    for (var j = li; j < p.V; j += WG) {
+        var g = exp(logits[base + j] - mx) / se;
+        if (j == tgt) { g -= 1.0; }
+        dlogits[base + j] = g * p.scale;
+    }
+    if (li == 0u) { losses[r] = log(se) + mx - logits[base + tgt]; }
+}

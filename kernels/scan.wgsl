@@ -1,0 +1,335 @@
+// scan.wgsl — the selective scan (S6), forward and backward, chunked over time.
+//
+// Per (b, d, n), with A = -exp(clamp(A_log, -10, 5)) and x_t = Delta_t * A:
+//   a_t = exp(x_t),  b_t = coef_t * Bs_t,  coef_t = expm1(x_t)/A (ZOH) | Delta_t (Euler)
+//   h_t = a_t h_{t-1} + b_t u_t,  y_t = sum_n Cs_t h_t + D_vec u_t
+// Time is cut into nC chunks of T steps (the last may be shorter). Forward:
+//   scan_fwd_local   every chunk from a zero state: end state hloc, decay product pc
+//   scan_fwd_carry   per (b,d,n) over chunks: hck[c] = state entering chunk c
+//                    (hck[0] = 0, hck[c+1] = pc[c] hck[c] + hloc[c])
+//   scan_fwd_out     every chunk again from hck[c], writing y
+// Backward (g_t = dLoss/dh_t = Cs_t dy_t + a_{t+1} g_{t+1}):
+//   scan_bwd_local   every chunk from zero beyond its end: wl[c] = a_first * g_first
+//   scan_bwd_carry   kc[c] = carry into the last step of chunk c
+//                    (kc[nC-1] = 0, kc[c] = wl[c+1] + pc[c+1] kc[c+1])
+//   scan_bwd_grads   every chunk: states recomputed forward from the checkpoint
+//                    hck[c] (kept in a private array of T <= 64), then backward
+//                    with the carry kc[c]; writes du, dLoss/d(dt_proj output)
+//                    (softplus backward fused), partials of dBs/dCs per channel
+//                    group and of dA per (b, chunk)
+//   scan_reduce_bc   dBs, dCs = sums of the channel-group partials -> dQ columns
+//   scan_reduce_da   dA_log += A * sum of dA partials, exactly 0 at/beyond the clamp
+// All reductions are fixed-order sums (no float atomics): deterministic.
+//
+// Workgroup layout of the chunk kernels: WG invocations = CPW = WG/N channels
+// x N states (n = li % N, channel d = group*CPW + li / N); grid (G, nC, B) with
+// G = ceil(D / CPW). Invocations past D (or past CPW*N) take part in barriers
+// but contribute zero. Reductions over n (y, du, dDelta) and over the CPW
+// channels (dBs, dCs) go through workgroup memory.
+//
+// Bindings (Q = x_proj output (M, P): dt = Q[:, 0:R], Bs = Q[:, R:R+N], Cs = Q[:, R+N:P]);
+// w = parameter arena (A_log (D, N) at alog_off, D_vec (D) at dvec_off).
+// Chunk tensors hloc, pc, hck, wl, kc are (B, nC, D, N).
+// scan_fwd_local:  1 Q (M,P) r, 2 u (M,D) r, 3 delta (M,D) r, 4 w r, 5 hloc rw, 6 pc rw
+// scan_fwd_carry:  1 hloc r, 2 pc r, 3 hck rw
+// scan_fwd_out:    1 Q r, 2 u r, 3 delta r, 4 w r, 5 hck r, 6 y (M,D) rw
+// scan_bwd_local:  1 Q r, 2 delta r, 3 w r, 4 dy (M,D) r, 5 wl rw
+// scan_bwd_carry:  1 wl r, 2 pc r, 3 kc rw
+// scan_bwd_grads:  1 Q r, 2 u r, 3 delta r, 4 dpre (M,D) r (pre-softplus), 5 w r,
+//                  6 dy r, 7 hck r, 8 kc r, 9 du (M,D) rw (= scan part of dLoss/du),
+//                  10 ddpre (M,D) rw, 11 pbc (G, M, 2N) rw, 12 pa (B*nC, D, N) rw
+// scan_reduce_bc:  1 pbc r, 2 dQ (M,P) rw (columns R..P overwritten)
+// scan_reduce_da:  1 pa r, 2 w r, 3 gw (gradient arena) rw (A_log at alog_off, +=)
+
+struct Params {
+    B: u32, L: u32, D: u32, N: u32, R: u32, P: u32,
+    T: u32, nC: u32, G: u32, zoh: u32, alog_off: u32, dvec_off: u32,
+}
+
+override WG: u32 = 128u;
+const TMAX: u32 = 64u;
+
+@group(0) @binding(0) var<uniform> p: Params;
+
+var<workgroup> s1: array<f32, WG>;
+var<workgroup> s2: array<f32, WG>;
+var<workgroup> s3: array<f32, WG>;
+var<workgroup> s4: array<f32, WG>;
+
+struct Lane { n: u32, d: u32, on: bool, b: u32, c: u32, t0: u32, t1: u32 }
+
+fn lane(li: u32, wid: vec3<u32>) -> Lane {
+    var l: Lane;
+    let cpw = WG / p.N;
+    l.n = li % p.N;
+    let dl = li / p.N;
+    l.d = wid.x * cpw + dl;
+    l.on = dl < cpw && l.d < p.D;
+    l.c = wid.y;
+    l.b = wid.z;
+    l.t0 = wid.y * p.T;
+    l.t1 = min(l.t0 + p.T, p.L);
+    return l;
+}
+
+// Index of (b, c, d, n) in a (B, nC, D, N) chunk tensor.
+fn cidx(b: u32, c: u32, d: u32, n: u32) -> u32 {
+    return ((b * p.nC + c) * p.D + d) * p.N + n;
+}
+
+// ZOH / Euler input factor coef = b_t / Bs_t.
+fn coef_of(delta: f32, A: f32) -> f32 {
+    if (p.zoh == 1u) { return expm1_f(delta * A) / A; }
+    return delta;
+}
+
+// ---------------------------------------------------------------- forward
+@group(0) @binding(1) var<storage, read> fl_Q: array<f32>;
+@group(0) @binding(2) var<storage, read> fl_u: array<f32>;
+@group(0) @binding(3) var<storage, read> fl_delta: array<f32>;
+@group(0) @binding(4) var<storage, read> fl_w: array<f32>;
+@group(0) @binding(5) var<storage, read_write> fl_hloc: array<f32>;
+@group(0) @binding(6) var<storage, read_write> fl_pc: array<f32>;
+
+@compute @workgroup_size(WG)
+fn scan_fwd_local(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let l = lane(li, wid);
+    if (!l.on) { return; }
+    let A = a_of(fl_w[p.alog_off + l.d * p.N + l.n]);
+    var h = 0.0;
+    var pc = 1.0;
+    for (var t = l.t0; t < l.t1; t++) {
+        let r = l.b * p.L + t;
+        let dl = fl_delta[r * p.D + l.d];
+        let ab = exp(dl * A);
+        h = ab * h + coef_of(dl, A) * fl_Q[r * p.P + p.R + l.n] * fl_u[r * p.D + l.d];
+        pc *= ab;
+    }
+    fl_hloc[cidx(l.b, l.c, l.d, l.n)] = h;
+    fl_pc[cidx(l.b, l.c, l.d, l.n)] = pc;
+}
+
+@group(0) @binding(1) var<storage, read> fc_hloc: array<f32>;
+@group(0) @binding(2) var<storage, read> fc_pc: array<f32>;
+@group(0) @binding(3) var<storage, read_write> fc_hck: array<f32>;
+
+@compute @workgroup_size(WG)
+fn scan_fwd_carry(@builtin(local_invocation_index) li: u32,
+                  @builtin(workgroup_id) wid: vec3<u32>,
+                  @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(wid, nwg, li, WG);
+    let DN = p.D * p.N;
+    if (i >= p.B * DN) { return; }
+    let b = i / DN;
+    let dn = i % DN;
+    var h = 0.0;
+    for (var c = 0u; c < p.nC; c++) {
+        let k = (b * p.nC + c) * DN + dn;
+        fc_hck[k] = h;
+        h = fc_pc[k] * h + fc_hloc[k];
+    }
+}
+
+@group(0) @binding(1) var<storage, read> fo_Q: array<f32>;
+@group(0) @binding(2) var<storage, read> fo_u: array<f32>;
+@group(0) @binding(3) var<storage, read> fo_delta: array<f32>;
+@group(0) @binding(4) var<storage, read> fo_w: array<f32>;
+@group(0) @binding(5) var<storage, read> fo_hck: array<f32>;
+@group(0) @binding(6) var<storage, read_write> fo_y: array<f32>;
+
+@compute @workgroup_size(WG)
+fn scan_fwd_out(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let l = lane(li, wid);
+    var A = -1.0;
+    var h = 0.0;
+    var dv = 0.0;
+    if (l.on) {
+        A = a_of(fo_w[p.alog_off + l.d * p.N + l.n]);
+        h = fo_hck[cidx(l.b, l.c, l.d, l.n)];
+        dv = fo_w[p.dvec_off + l.d];
+    }
+    for (var t = l.t0; t < l.t1; t++) {       // uniform bounds: barriers are safe
+        let r = l.b * p.L + t;
+        var contrib = 0.0;
+        var uu = 0.0;
+        if (l.on) {
+            let dl = fo_delta[r * p.D + l.d];
+            uu = fo_u[r * p.D + l.d];
+            h = exp(dl * A) * h + coef_of(dl, A) * fo_Q[r * p.P + p.R + l.n] * uu;
+            contrib = fo_Q[r * p.P + p.R + p.N + l.n] * h;
+        }
+        s1[li] = contrib;
+        workgroupBarrier();
+        if (l.on && l.n == 0u) {
+            var s = 0.0;
+            for (var j = 0u; j < p.N; j++) { s += s1[li + j]; }
+            fo_y[r * p.D + l.d] = s + dv * uu;
+        }
+        workgroupBarrier();
+    }
+}
+
+// --------------------------------------------------------------- backward
+@group(0) @binding(1) var<storage, read> bl_Q: array<f32>;
+@group(0) @binding(2) var<storage, read> bl_delta: array<f32>;
+@group(0) @binding(3) var<storage, read> bl_w: array<f32>;
+@group(0) @binding(4) var<storage, read> bl_dy: array<f32>;
+@group(0) @binding(5) var<storage, read_write> bl_wl: array<f32>;
+
+@compute @workgroup_size(WG)
+fn scan_bwd_local(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let l = lane(li, wid);
+    if (!l.on) { return; }
+    let A = a_of(bl_w[p.alog_off + l.d * p.N + l.n]);
+    var g = 0.0;
+    var an = 0.0;                 // a_{t+1} of the step after t (0 past the chunk)
+    for (var t = l.t1; t > l.t0; t--) {
+        let r = l.b * p.L + t - 1u;
+        g = bl_Q[r * p.P + p.R + p.N + l.n] * bl_dy[r * p.D + l.d] + an * g;
+        an = exp(bl_delta[r * p.D + l.d] * A);
+    }
+    bl_wl[cidx(l.b, l.c, l.d, l.n)] = an * g;
+}
+
+@group(0) @binding(1) var<storage, read> bc_wl: array<f32>;
+@group(0) @binding(2) var<storage, read> bc_pc: array<f32>;
+@group(0) @binding(3) var<storage, read_write> bc_kc: array<f32>;
+
+@compute @workgroup_size(WG)
+fn scan_bwd_carry(@builtin(local_invocation_index) li: u32,
+                  @builtin(workgroup_id) wid: vec3<u32>,
+                  @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(wid, nwg, li, WG);
+    let DN = p.D * p.N;
+    if (i >= p.B * DN) { return; }
+    let b = i / DN;
+    let dn = i % DN;
+    var k = 0.0;
+    for (var c = p.nC; c > 0u; c--) {
+        let j = (b * p.nC + c - 1u) * DN + dn;
+        bc_kc[j] = k;
+        k = bc_wl[j] + bc_pc[j] * k;
+    }
+}
+
+@group(0) @binding(1) var<storage, read> bg_Q: array<f32>;
+@group(0) @binding(2) var<storage, read> bg_u: array<f32>;
+@group(0) @binding(3) var<storage, read> bg_delta: array<f32>;
+@group(0) @binding(4) var<storage, read> bg_dpre: array<f32>;
+@group(0) @binding(5) var<storage, read> bg_w: array<f32>;
+@group(0) @binding(6) var<storage, read> bg_dy: array<f32>;
+@group(0) @binding(7) var<storage, read> bg_hck: array<f32>;
+@group(0) @binding(8) var<storage, read> bg_kc: array<f32>;
+@group(0) @binding(9) var<storage, read_write> bg_du: array<f32>;
+@group(0) @binding(10) var<storage, read_write> bg_ddpre: array<f32>;
+@group(0) @binding(11) var<storage, read_write> bg_pbc: array<f32>;
+@group(0) @binding(12) var<storage, read_write> bg_pa: array<f32>;
+
+@compute @workgroup_size(WG)
+fn scan_bwd_grads(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let l = lane(li, wid);
+    let M = p.B * p.L;
+    var A = -1.0;
+    var dv = 0.0;
+    var hist: array<f32, TMAX>;   // hist[t - t0] = h_{t-1}
+    var carry = 0.0;
+    if (l.on) {
+        A = a_of(bg_w[p.alog_off + l.d * p.N + l.n]);
+        dv = bg_w[p.dvec_off + l.d];
+        var h = bg_hck[cidx(l.b, l.c, l.d, l.n)];
+        for (var t = l.t0; t < l.t1; t++) {
+            let r = l.b * p.L + t;
+            hist[t - l.t0] = h;
+            let dl = bg_delta[r * p.D + l.d];
+            h = exp(dl * A) * h + coef_of(dl, A) * bg_Q[r * p.P + p.R + l.n] * bg_u[r * p.D + l.d];
+        }
+        carry = bg_kc[cidx(l.b, l.c, l.d, l.n)];
+    }
+    var dA = 0.0;
+    for (var t = l.t1; t > l.t0; t--) {      // uniform bounds: barriers are safe
+        let r = l.b * p.L + t - 1u;
+        var c_du = 0.0; var c_dd = 0.0; var c_db = 0.0; var c_dc = 0.0;
+        var dyv = 0.0; var uu = 0.0;
+        if (l.on) {
+            let dl = bg_delta[r * p.D + l.d];
+            uu = bg_u[r * p.D + l.d];
+            dyv = bg_dy[r * p.D + l.d];
+            let Bn = bg_Q[r * p.P + p.R + l.n];
+            let Cn = bg_Q[r * p.P + p.R + p.N + l.n];
+            let x = dl * A;
+            let ab = exp(x);
+            let coef = coef_of(dl, A);
+            let hp = hist[t - 1u - l.t0];
+            let ht = ab * hp + coef * Bn * uu;
+            let g = Cn * dyv + carry;
+            carry = ab * g;
+            let gbu = g * Bn * uu;         // dLoss/dcoef
+            c_du = g * coef * Bn;
+            c_db = g * coef * uu;
+            c_dc = dyv * ht;
+            if (p.zoh == 1u) {
+                c_dd = g * hp * ab * A + gbu * ab;
+                dA += g * hp * ab * dl + gbu * dl * dl * zoh_dfactor(x);
+            } else {
+                c_dd = g * hp * ab * A + gbu;
+                dA += g * hp * ab * dl;
+            }
+        }
+        s1[li] = c_du; s2[li] = c_dd; s3[li] = c_db; s4[li] = c_dc;
+        workgroupBarrier();
+        if (l.on && l.n == 0u) {      // sums over the N states of channel d
+            var su = 0.0; var sd = 0.0;
+            for (var j = 0u; j < p.N; j++) { su += s1[li + j]; sd += s2[li + j]; }
+            bg_du[r * p.D + l.d] = su + dv * dyv;
+            bg_ddpre[r * p.D + l.d] = sd * sigmoid(bg_dpre[r * p.D + l.d]);
+        }
+        if (li < p.N) {                   // sums over the channels of this group
+            let cpw = WG / p.N;
+            var sb = 0.0; var sc = 0.0;
+            for (var q = 0u; q < cpw; q++) { sb += s3[q * p.N + li]; sc += s4[q * p.N + li]; }
+            let o = (wid.x * M + r) * 2u * p.N;
+            bg_pbc[o + li] = sb;
+            bg_pbc[o + p.N + li] = sc;
+        }
+        workgroupBarrier();
+    }
+    if (l.on) { bg_pa[cidx(l.b, l.c, l.d, l.n)] = dA; }
+}
+
+@group(0) @binding(1) var<storage, read> rb_pbc: array<f32>;
+@group(0) @binding(2) var<storage, read_write> rb_dQ: array<f32>;
+
+@compute @workgroup_size(WG)
+fn scan_reduce_bc(@builtin(local_invocation_index) li: u32,
+                  @builtin(workgroup_id) wid: vec3<u32>,
+                  @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(wid, nwg, li, WG);
+    let M = p.B * p.L;
+    let W = 2u * p.N;
+    if (i >= M * W) { return; }
+    let r = i / W;
+    let j = i % W;
+    var s = 0.0;
+    for (var g = 0u; g < p.G; g++) { s += rb_pbc[(g * M + r) * W + j]; }
+    rb_dQ[r * p.P + p.R + j] = s;
+}
+
+@group(0) @binding(1) var<storage, read> ra_pa: array<f32>;
+@group(0) @binding(2) var<storage, read> ra_w: array<f32>;
+@group(0) @binding(3) var<storage, read_write> ra_g: array<f32>;
+
+@compute @workgroup_size(WG)
+fn scan_reduce_da(@builtin(local_invocation_index) li: u32,
+                  @builtin(workgroup_id) wid: vec3<u32>,
+                  @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(wid, nwg, li, WG);
+    let DN = p.D * p.N;
+    if (i >= DN) { return; }
+    var s = 0.0;
+    for (var bc = 0u; bc < p.B * p.nC; bc++) { s += ra_pa[bc * DN + i]; }
+    let a_log = ra_w[p.alog_off + i];
+    // Closed clamp: exactly zero gradient at and beyond -10 and 5.
+    if (a_log > -10.0 && a_log < 5.0) {
+        ra_g[p.alog_off + i] = ra_g[p.alog_off + i] + a_of(a_log) * s;
+    }
+}

@@ -1,0 +1,9 @@
+"""Compiled AdamW step and reductions on flat float32/float64 arrays (C contract: _adamw.pxd)."""
+import numpy as np
+
+def adamw_update_array(w: np.ndarray, m: np.ndarray, v: np.ndarray, g: np.ndarray,
+                       lr: float, beta1: float, beta2: float, eps: float,
+                       weight_decay: float, max_delta: float, step: int,
+                       grad_scale: float = 1.0, n_threads: int = 0) -> int: ...
+def sumsq_array(x: np.ndarray, scale: float = 1.0, n_threads: int = 0) -> float: ...
+def count_nonfinite_array(x: np.ndarray, n_threads: int = 0) -> int: ...

@@ -1,0 +1,14 @@
+"""Compiled Mamba-1 block kernels (public API: mamba_ext.block; C contract: _block.pxd).
+
+sizes = (B, L, Dm, D, N, K, R); params / grads: the 13 arrays in BLOCK_PARAM_NAMES order.
+"""
+import numpy as np
+
+SCAN_CHUNK_LEN: int
+
+def cache_len(sizes: tuple[int, ...]) -> int: ...
+def forward(x: np.ndarray, params: list[np.ndarray], out: np.ndarray, cache: np.ndarray,
+            sizes: tuple[int, ...], eps: float, discretization: int, n_threads: int) -> None: ...
+def backward(dx: np.ndarray, grads: list[np.ndarray], dout: np.ndarray, cache: np.ndarray,
+             params: list[np.ndarray], sizes: tuple[int, ...], discretization: int,
+             n_threads: int) -> None: ...

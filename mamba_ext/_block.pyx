@@ -1,0 +1,310 @@
+# cython: language_level=3
+"""One Mamba-1 block, forward and backward on raw pointers (contract: _block.pxd).
+
+Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank,
+P = R + 2N, M = B*L rows, T = SCAN_CHUNK, nC = ceil(L / T).
+
+Forward (golden README semantics):
+  xn = RMSNorm(x) ; Y = xn @ wInProj^T + b = [xc | z] ; c = conv(xc) ; u = silu(c)
+  Q = u @ wXProj^T + b = [dt | Bs | Cs] ; Delta = softplus(dt @ wDtProj^T + b)
+  y = scan(u, Delta, A, Bs, Cs) + D_vec*u ; out = (y * silu(z)) @ wOutProj^T + b + x
+
+Cache layout (`floating` elements, in this order; block_cache_len is the total):
+  x      (M, Dm)          block input (the backward gets no x)
+  rstd   (M,)             RMSNorm 1/sqrt(mean(x^2) + eps)
+  Y      (M, 2D)          in_proj output [xc | z]
+  Q      (M, P)           x_proj output [dt | Bs | Cs]
+  Delta  (M, D)           softplus(delta); softplus' = -expm1(-Delta) is recovered from it
+  y      (M, D)           scan output incl. the D_vec skip, before the gate
+  hstate (B, nC, D, N)    scan state entering each chunk of T steps
+  total = M*(Dm + 1 + 4D + P) + B*nC*D*N    (never a (B, L, D, N) tensor)
+Recomputed in the backward: xn (from x, rstd), c and u (conv of xc), the gate,
+and the scan states inside each chunk.
+"""
+from libc.stdlib cimport malloc, calloc, free
+from libc.string cimport memcpy
+from cython.parallel cimport prange
+cimport numpy as cnp
+import numpy as np
+
+from mamba_ext._types cimport floating, idx_t
+from mamba_ext._activations cimport silu, silu_grad, sigmoid, softplus, softplus_grad_from_output
+from mamba_ext._linear cimport linear_forward, linear_backward
+from mamba_ext._rmsnorm cimport rmsnorm_forward, rmsnorm_backward
+from mamba_ext._conv1d cimport conv1d_forward, conv1d_backward
+from mamba_ext._scan cimport scan_forward, scan_backward, scan_nchunks, SCAN_CHUNK
+
+cnp.import_array()
+
+cdef extern from *:
+    """
+    #ifdef _OPENMP
+    #include <omp.h>
+    static int mx_block_threads(int n) { return n > 0 ? n : omp_get_max_threads(); }
+    #else
+    static int mx_block_threads(int n) { (void)n; return 1; }
+    #endif
+    """
+    int mx_block_threads(int n) noexcept nogil
+
+SCAN_CHUNK_LEN = SCAN_CHUNK
+
+ctypedef struct cache_layout:
+    idx_t x, rstd, Y, Q, Delta, y, h, total
+
+
+cdef inline cache_layout layout(const mamba_dims* d) noexcept nogil:
+    cdef cache_layout c
+    cdef idx_t M = d.B * d.L, P = d.R + 2 * d.N
+    c.x = 0
+    c.rstd = c.x + M * d.Dm
+    c.Y = c.rstd + M
+    c.Q = c.Y + M * 2 * d.D
+    c.Delta = c.Q + M * P
+    c.y = c.Delta + M * d.D
+    c.h = c.y + M * d.D
+    c.total = c.h + d.B * scan_nchunks(d.L) * d.D * d.N
+    return c
+
+
+cdef idx_t block_cache_len(const mamba_dims* d) noexcept nogil:
+    return layout(d).total
+
+
+cdef void gate_forward(floating* g, const floating* y, const floating* Y,
+                       idx_t M, idx_t D, int nt) noexcept nogil:
+    # g (M, D) = y (M, D) * silu(z), z = Y[:, D:2D] of Y (M, 2D)
+    cdef idx_t r, i
+    for r in prange(M, schedule='static', num_threads=nt):
+        for i in range(D):
+            g[r * D + i] = y[r * D + i] * silu(Y[r * 2 * D + D + i])
+
+
+cdef void block_elementwise(floating* a, idx_t n, int op, int nt) noexcept nogil:
+    # in place over n elements: op 0: silu, op 1: softplus
+    cdef idx_t i
+    if op == 0:
+        for i in prange(n, schedule='static', num_threads=nt):
+            a[i] = silu(a[i])
+    else:
+        for i in prange(n, schedule='static', num_threads=nt):
+            a[i] = softplus(a[i])
+
+
+cdef void copy_cols(floating* dst, const floating* src, idx_t M, idx_t ncol,
+                    idx_t ld_src) noexcept nogil:
+    # dst (M, ncol) = src[:, 0:ncol] of rows ld_src apart
+    cdef idx_t r
+    for r in range(M):
+        memcpy(dst + r * ncol, src + r * ld_src, ncol * sizeof(floating))
+
+
+cdef int block_forward(floating* out, floating* cache,
+                       const floating* x, const floating** params,
+                       const mamba_dims* d, int n_threads) noexcept nogil:
+    cdef idx_t B = d.B, L = d.L, Dm = d.Dm, D = d.D, N = d.N, K = d.K, R = d.R
+    cdef idx_t M = B * L, P = R + 2 * N, i
+    cdef int nt = mx_block_threads(n_threads), rc
+    cdef cache_layout cl = layout(d)
+    cdef floating* Y = cache + cl.Y
+    cdef floating* Q = cache + cl.Q
+    cdef floating* Delta = cache + cl.Delta
+    cdef floating* xn
+    cdef floating* u
+    cdef floating* dt
+    if M == 0:
+        return 0
+    # scratch: xn (M, Dm), u (M, D) (later the gated y), dt (M, R)
+    xn = <floating*>malloc(M * (Dm + D + R) * sizeof(floating))
+    if xn == NULL:
+        return -1
+    u = xn + M * Dm
+    dt = u + M * D
+
+    memcpy(cache + cl.x, x, M * Dm * sizeof(floating))
+    rmsnorm_forward(xn, cache + cl.rstd, x, params[P_normWeight], M, Dm, d.eps)
+    linear_forward(Y, xn, params[P_wInProj], params[P_bInProj], M, Dm, 2 * D)
+    conv1d_forward(u, Y, 2 * D, params[P_wConv], params[P_bConv], B, L, D, K)
+    block_elementwise(u, M * D, 0, nt)
+    linear_forward(Q, u, params[P_wXProj], params[P_bXProj], M, D, P)
+    copy_cols(dt, Q, M, R, P)
+    linear_forward(Delta, dt, params[P_wDtProj], params[P_bDtProj], M, R, D)
+    block_elementwise(Delta, M * D, 1, nt)
+    rc = scan_forward(cache + cl.y, cache + cl.h, u, Delta, Q + R, Q + R + N, P,
+                      params[P_A_log], params[P_D_vec], B, L, D, N, d.discretization, n_threads)
+    if rc == 0:
+        gate_forward(u, cache + cl.y, Y, M, D, nt)
+        linear_forward(out, u, params[P_wOutProj], params[P_bOutProj], M, D, Dm)
+        for i in range(M * Dm):
+            out[i] += x[i]
+    free(xn)
+    return rc
+
+
+cdef int block_backward(floating* dx, floating** grads,
+                        const floating* dout, const floating* cache,
+                        const floating** params,
+                        const mamba_dims* d, int n_threads) noexcept nogil:
+    cdef idx_t B = d.B, L = d.L, Dm = d.Dm, D = d.D, N = d.N, K = d.K, R = d.R
+    cdef idx_t M = B * L, P = R + 2 * N, r, i, j
+    cdef int nt = mx_block_threads(n_threads), rc
+    cdef cache_layout cl = layout(d)
+    cdef const floating* x = cache + cl.x
+    cdef const floating* rstd = cache + cl.rstd
+    cdef const floating* Y = cache + cl.Y
+    cdef const floating* Q = cache + cl.Q
+    cdef const floating* Delta = cache + cl.Delta
+    cdef const floating* yb = cache + cl.y
+    cdef const floating* normW = params[P_normWeight]
+    cdef floating* buf
+    cdef floating* s1
+    cdef floating* s2
+    cdef floating* s3
+    cdef floating* du
+    cdef floating* dDelta
+    cdef floating* dY
+    cdef floating* dQ
+    cdef floating* dt
+    cdef floating* ddt
+    cdef floating* xn
+    cdef floating* dxn
+    cdef floating z, sg, g
+    if M == 0:
+        return 0
+    # scratch, zeroed: s1, s2, s3, du, dDelta (M, D); dY (M, 2D); dQ (M, P);
+    # dt, ddt (M, R); xn, dxn (M, Dm)
+    buf = <floating*>calloc(M * (7 * D + P + 2 * R + 2 * Dm), sizeof(floating))
+    if buf == NULL:
+        return -1
+    s1 = buf
+    s2 = s1 + M * D
+    s3 = s2 + M * D
+    du = s3 + M * D
+    dDelta = du + M * D
+    dY = dDelta + M * D
+    dQ = dY + M * 2 * D
+    dt = dQ + M * P
+    ddt = dt + M * R
+    xn = ddt + M * R
+    dxn = xn + M * Dm
+
+    # residual and out_proj: s1 = gated (M, D), s2 = dgated
+    for i in range(M * Dm):
+        dx[i] += dout[i]
+    gate_forward(s1, yb, Y, M, D, nt)
+    linear_backward(s2, grads[P_wOutProj], grads[P_bOutProj], dout, s1,
+                    params[P_wOutProj], M, D, Dm)
+    # gate: s1 = dy = dgated * silu(z); dz = dgated * y * silu'(z) into dY[:, D:2D]
+    for r in prange(M, schedule='static', num_threads=nt):
+        for j in range(D):
+            i = r * D + j
+            z = Y[r * 2 * D + D + j]
+            g = s2[i]
+            s1[i] = g * silu(z)
+            dY[r * 2 * D + D + j] = g * yb[i] * silu_grad(z)
+    # recompute c (s2) and u (s3)
+    conv1d_forward(s2, Y, 2 * D, params[P_wConv], params[P_bConv], B, L, D, K)
+    for i in prange(M * D, schedule='static', num_threads=nt):
+        s3[i] = silu(s2[i])
+    rc = scan_backward(du, dDelta, dQ + R, dQ + R + N, grads[P_A_log], grads[P_D_vec],
+                       s1, cache + cl.h, s3, Delta, Q + R, Q + R + N, P,
+                       params[P_A_log], params[P_D_vec], B, L, D, N,
+                       d.discretization, n_threads)
+    if rc != 0:
+        free(buf)
+        return rc
+    # softplus: ddelta = dDelta * sigmoid(delta)
+    for i in prange(M * D, schedule='static', num_threads=nt):
+        dDelta[i] = dDelta[i] * softplus_grad_from_output(Delta[i])
+    # dt_proj on the dt columns of Q
+    copy_cols(dt, Q, M, R, P)
+    linear_backward(ddt, grads[P_wDtProj], grads[P_bDtProj], dDelta, dt,
+                    params[P_wDtProj], M, R, D)
+    for r in range(M):
+        for j in range(R):
+            dQ[r * P + j] += ddt[r * R + j]
+    # x_proj, then silu: dc = du * silu'(c)
+    linear_backward(du, grads[P_wXProj], grads[P_bXProj], dQ, s3, params[P_wXProj], M, D, P)
+    for i in prange(M * D, schedule='static', num_threads=nt):
+        du[i] = du[i] * silu_grad(s2[i])
+    conv1d_backward(dY, 2 * D, grads[P_wConv], grads[P_bConv], du, Y, 2 * D,
+                    params[P_wConv], B, L, D, K)
+    # in_proj on xn = x * rstd * normWeight (recomputed), then RMSNorm
+    for r in range(M):
+        for j in range(Dm):
+            xn[r * Dm + j] = x[r * Dm + j] * rstd[r] * normW[j]
+    linear_backward(dxn, grads[P_wInProj], grads[P_bInProj], dY, xn, params[P_wInProj],
+                    M, Dm, 2 * D)
+    rmsnorm_backward(dx, grads[P_normWeight], dxn, x, normW, rstd, M, Dm)
+    free(buf)
+    return 0
+
+
+# ----------------------------------------------------------------------------
+# Python entry points used by mamba_ext.block (arrays already validated there:
+# C-contiguous, one float dtype, shapes consistent with the sizes).
+
+cdef mamba_dims make_dims(tuple sizes, double eps, int discretization):
+    cdef mamba_dims d
+    d.B, d.L, d.Dm, d.D, d.N, d.K, d.R = sizes
+    d.eps = eps
+    d.discretization = discretization
+    return d
+
+
+def cache_len(tuple sizes):
+    """Elements of the forward cache for sizes (B, L, Dm, D, N, K, R)."""
+    cdef mamba_dims d = make_dims(sizes, 0.0, 0)
+    return block_cache_len(&d)
+
+
+cdef inline void* ptr(cnp.ndarray a):
+    return cnp.PyArray_DATA(a)
+
+
+def forward(cnp.ndarray x, list params, cnp.ndarray out, cnp.ndarray cache,
+            tuple sizes, double eps, int discretization, int n_threads):
+    """out, cache written from x and the 13 params (BLOCK_PARAM_NAMES order)."""
+    cdef mamba_dims d = make_dims(sizes, eps, discretization)
+    cdef const void* p[MAMBA_NPARAMS]
+    cdef int i, rc
+    cdef bint single = x.dtype == np.float32
+    cdef void* xo = ptr(x)
+    cdef void* oo = ptr(out)
+    cdef void* co = ptr(cache)
+    for i in range(MAMBA_NPARAMS):
+        p[i] = ptr(params[i])
+    with nogil:
+        if single:
+            rc = block_forward(<float*>oo, <float*>co, <const float*>xo,
+                               <const float**>p, &d, n_threads)
+        else:
+            rc = block_forward(<double*>oo, <double*>co, <const double*>xo,
+                               <const double**>p, &d, n_threads)
+    if rc != 0:
+        raise MemoryError("mamba1_forward: out of memory for scratch buffers")
+
+
+def backward(cnp.ndarray dx, list grads, cnp.ndarray dout, cnp.ndarray cache,
+             list params, tuple sizes, int discretization, int n_threads):
+    """dx and grads (BLOCK_PARAM_NAMES order) accumulate the block's VJP."""
+    cdef mamba_dims d = make_dims(sizes, 0.0, discretization)
+    cdef const void* p[MAMBA_NPARAMS]
+    cdef void* g[MAMBA_NPARAMS]
+    cdef int i, rc
+    cdef bint single = dout.dtype == np.float32
+    cdef void* dxo = ptr(dx)
+    cdef void* doo = ptr(dout)
+    cdef void* co = ptr(cache)
+    for i in range(MAMBA_NPARAMS):
+        p[i] = ptr(params[i])
+        g[i] = ptr(grads[i])
+    with nogil:
+        if single:
+            rc = block_backward(<float*>dxo, <float**>g, <const float*>doo, <const float*>co,
+                                <const float**>p, &d, n_threads)
+        else:
+            rc = block_backward(<double*>dxo, <double**>g, <const double*>doo,
+                                <const double*>co, <const double**>p, &d, n_threads)
+    if rc != 0:
+        raise MemoryError("mamba1_backward: out of memory for scratch buffers")

@@ -1,0 +1,19 @@
+"""Compiled Mamba-1 language model (public API: mamba_ext.model; C contract: _model.pxd).
+
+sizes = (V, n_layers, B, L, Dm, D, N, K, R); layers / g_layers: per layer, 13 arrays.
+"""
+from typing import Sequence
+
+import numpy as np
+
+def _raise_status(status: int) -> None: ...
+def workspace_bytes(sizes: Sequence[int], checkpointing: bool, itemsize: int) -> int: ...
+def forward(logits: np.ndarray, tokens: np.ndarray, embedding: np.ndarray,
+            final_norm: np.ndarray, lm_head_bias: np.ndarray, layers: list,
+            sizes: Sequence[int], eps: float, n_threads: int) -> None: ...
+def loss_and_grads(tokens: np.ndarray, targets: np.ndarray, embedding: np.ndarray,
+                   final_norm: np.ndarray, lm_head_bias: np.ndarray, layers: list,
+                   g_embedding: np.ndarray, g_final_norm: np.ndarray,
+                   g_lm_head_bias: np.ndarray, g_layers: list, sizes: Sequence[int],
+                   eps: float, loss_scale: float, checkpointing: bool,
+                   n_threads: int) -> float: ...

@@ -1,0 +1,348 @@
+# cython: language_level=3
+"""Whole Mamba-1 language model: forward, mean cross-entropy and backward.
+
+Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv,
+R dtRank, P = R + 2N, M = B*L rows, V vocab size.
+
+Workspace (one malloc of `floating`, one of double), in this order:
+  hs      ((n_layers+1), M, Dm)  every layer's input, then the last output
+  caches  (n_caches, cache_len)  n_caches = n_layers, or 1 when checkpointing
+  xn      (M, Dm)                final RMSNorm output
+  rstd    (M,)                   final RMSNorm 1/rms
+  logits  (M, V)                 logits, overwritten in place by dLoss/dlogits
+  da, db  (M, Dm) each           gradient ping-pong buffers
+  scratch (M, Dm)                output of recomputed forwards (checkpointing)
+  row_loss (M,) double           per-row cross-entropy, summed in row order
+The checkpointed backward recomputes layer i's cache from hs[i] with the same
+kernel, thread count and inputs as the forward, so it reproduces the cache
+bit for bit and the gradients are bit-identical. The last layer's cache is
+still in the buffer after the forward, so it is not recomputed.
+"""
+from libc.stdlib cimport malloc, free
+from libc.string cimport memcpy, memset
+from libc.math cimport exp, expf, log
+from libc.stdint cimport int64_t
+from cython.parallel cimport prange
+
+cimport numpy as cnp
+import numpy as np
+
+from mamba_ext._types cimport floating, idx_t
+from mamba_ext._block cimport (mamba_dims, MAMBA_NPARAMS, block_cache_len,
+                               block_forward, block_backward)
+from mamba_ext._linear cimport linear_forward, linear_backward
+from mamba_ext._rmsnorm cimport rmsnorm_forward, rmsnorm_backward
+
+cnp.import_array()
+
+
+cdef inline idx_t _n_caches(const model_dims* d, int checkpointing) noexcept nogil:
+    if d.n_layers == 0:
+        return 0
+    return 1 if checkpointing else d.n_layers
+
+
+cdef size_t model_workspace_bytes(const model_dims* d, int checkpointing,
+                                  size_t itemsize) noexcept nogil:
+    cdef idx_t M = d.block.B * d.block.L
+    cdef idx_t Dm = d.block.Dm
+    cdef size_t n = <size_t>((d.n_layers + 1) * M * Dm
+                             + _n_caches(d, checkpointing) * block_cache_len(&d.block)
+                             + M * Dm + M + M * d.V + 3 * M * Dm)
+    return n * itemsize + <size_t>M * sizeof(double)
+
+
+cdef int _check_ids(const int64_t* ids, idx_t M, idx_t V) noexcept nogil:
+    cdef idx_t r
+    for r in range(M):
+        if ids[r] < 0 or ids[r] >= V:
+            return MODEL_ERR_TOKEN
+    return MODEL_OK
+
+
+cdef void _embed(floating* h, const int64_t* tokens, const floating* embedding,
+                 idx_t M, idx_t Dm) noexcept nogil:
+    # h (M, Dm) = embedding[tokens]
+    cdef idx_t r
+    for r in range(M):
+        memcpy(h + r * Dm, embedding + tokens[r] * Dm, Dm * sizeof(floating))
+
+
+cdef int _forward_trunk(floating* hs, floating* caches, idx_t cache_stride,
+                        floating* xn, floating* rstd, floating* logits,
+                        const int64_t* tokens, const floating* embedding,
+                        const floating* final_norm, const floating* lm_head_bias,
+                        const floating** layer_params, const model_dims* d,
+                        int n_threads) noexcept nogil:
+    # hs ((n_layers+1), M, Dm); caches: layer i writes caches + i*cache_stride
+    # (cache_stride 0: all layers share one buffer); xn (M, Dm); rstd (M,); logits (M, V)
+    cdef idx_t M = d.block.B * d.block.L
+    cdef idx_t Dm = d.block.Dm
+    cdef idx_t i
+    _embed(hs, tokens, embedding, M, Dm)
+    for i in range(d.n_layers):
+        if block_forward(hs + (i + 1) * M * Dm, caches + i * cache_stride, hs + i * M * Dm,
+                         layer_params + i * MAMBA_NPARAMS, &d.block, n_threads) != 0:
+            return MODEL_ERR_NOMEM
+    rmsnorm_forward(xn, rstd, hs + d.n_layers * M * Dm, final_norm, M, Dm, d.block.eps)
+    linear_forward(logits, xn, embedding, lm_head_bias, M, Dm, d.V)
+    return MODEL_OK
+
+
+cdef int model_forward(floating* logits, const int64_t* tokens,
+                       const floating* embedding, const floating* final_norm,
+                       const floating* lm_head_bias, const floating** layer_params,
+                       const model_dims* d, int n_threads) noexcept nogil:
+    cdef idx_t M = d.block.B * d.block.L
+    cdef idx_t Dm = d.block.Dm
+    cdef idx_t cl = block_cache_len(&d.block) if d.n_layers > 0 else 0
+    cdef int status
+    if M == 0:
+        return MODEL_OK
+    if _check_ids(tokens, M, d.V) != MODEL_OK:
+        return MODEL_ERR_TOKEN
+    # hs ((n_layers+1), M, Dm), one shared cache (cl,), xn (M, Dm), rstd (M,)
+    cdef floating* ws = <floating*>malloc(((d.n_layers + 1) * M * Dm + cl + M * Dm + M)
+                                          * sizeof(floating))
+    if ws == NULL:
+        return MODEL_ERR_NOMEM
+    cdef floating* hs = ws
+    cdef floating* cache = hs + (d.n_layers + 1) * M * Dm
+    cdef floating* xn = cache + cl
+    cdef floating* rstd = xn + M * Dm
+    status = _forward_trunk(hs, cache, 0, xn, rstd, logits, tokens, embedding, final_norm,
+                            lm_head_bias, layer_params, d, n_threads)
+    free(ws)
+    return status
+
+
+cdef void _cross_entropy(double* row_loss, floating* logits, const int64_t* targets,
+                         idx_t M, idx_t V, double seed_scale, int n_threads) noexcept nogil:
+    # logits (M, V) in, dLoss/dlogits * loss_scale out (in place); row_loss (M,)
+    # seed_scale = loss_scale / M. exp in the kernel's precision, sums in double.
+    cdef idx_t r, v
+    cdef floating* row
+    cdef floating mx, e
+    cdef double s, inv
+    for r in prange(M, schedule='static', num_threads=n_threads, nogil=True):
+        row = logits + r * V
+        mx = row[0]
+        for v in range(1, V):
+            if row[v] > mx:
+                mx = row[v]
+        s = 0.0
+        for v in range(V):
+            if floating is float:
+                e = expf(row[v] - mx)
+            else:
+                e = exp(row[v] - mx)
+            s = s + e
+        row_loss[r] = mx + log(s) - row[targets[r]]
+        inv = seed_scale / s
+        for v in range(V):
+            if floating is float:
+                row[v] = <floating>(expf(row[v] - mx) * inv)
+            else:
+                row[v] = <floating>(exp(row[v] - mx) * inv)
+        row[targets[r]] -= <floating>seed_scale
+
+
+cdef int model_loss_and_grads(double* loss,
+                              floating* g_embedding, floating* g_final_norm,
+                              floating* g_lm_head_bias, floating** g_layer_params,
+                              const int64_t* tokens, const int64_t* targets,
+                              const floating* embedding, const floating* final_norm,
+                              const floating* lm_head_bias, const floating** layer_params,
+                              const model_dims* d, double loss_scale, int checkpointing,
+                              int n_threads) noexcept nogil:
+    cdef idx_t M = d.block.B * d.block.L
+    cdef idx_t Dm = d.block.Dm
+    cdef idx_t V = d.V
+    cdef idx_t nl = d.n_layers
+    cdef idx_t cl = block_cache_len(&d.block) if nl > 0 else 0
+    cdef idx_t n_caches = _n_caches(d, checkpointing)
+    cdef idx_t i, r, c
+    cdef double total
+    cdef int status = MODEL_OK
+    if M == 0:
+        return MODEL_ERR_EMPTY
+    if _check_ids(tokens, M, V) != MODEL_OK or _check_ids(targets, M, V) != MODEL_OK:
+        return MODEL_ERR_TOKEN
+
+    cdef floating* ws = <floating*>malloc(((nl + 1) * M * Dm + n_caches * cl + M * Dm + M
+                                           + M * V + 3 * M * Dm) * sizeof(floating))
+    cdef double* row_loss = <double*>malloc(M * sizeof(double))
+    if ws == NULL or row_loss == NULL:
+        free(ws)
+        free(row_loss)
+        return MODEL_ERR_NOMEM
+    cdef floating* hs = ws                          # ((nl+1), M, Dm)
+    cdef floating* caches = hs + (nl + 1) * M * Dm  # (n_caches, cl)
+    cdef floating* xn = caches + n_caches * cl      # (M, Dm)
+    cdef floating* rstd = xn + M * Dm               # (M,)
+    cdef floating* logits = rstd + M                # (M, V), becomes dlogits
+    cdef floating* da = logits + M * V              # (M, Dm) dLoss/d(current h)
+    cdef floating* db = da + M * Dm                 # (M, Dm) dLoss/d(previous h)
+    cdef floating* scratch = db + M * Dm            # (M, Dm)
+    cdef floating* tmp
+    cdef idx_t cache_stride = 0 if checkpointing else cl
+
+    status = _forward_trunk(hs, caches, cache_stride, xn, rstd, logits, tokens, embedding,
+                            final_norm, lm_head_bias, layer_params, d, n_threads)
+    if status == MODEL_OK:
+        _cross_entropy(row_loss, logits, targets, M, V, loss_scale / <double>M, n_threads)
+        total = 0.0
+        for r in range(M):          # fixed order: deterministic loss
+            total += row_loss[r]
+        loss[0] = total / <double>M
+
+        # head: dxn (scratch) = dlogits @ embedding; g_embedding += dlogits^T @ xn
+        memset(scratch, 0, M * Dm * sizeof(floating))
+        linear_backward(scratch, g_embedding, g_lm_head_bias, logits, xn, embedding, M, Dm, V)
+        memset(da, 0, M * Dm * sizeof(floating))
+        rmsnorm_backward(da, g_final_norm, scratch, hs + nl * M * Dm, final_norm, rstd, M, Dm)
+
+        i = nl - 1
+        while i >= 0:
+            if checkpointing and i != nl - 1:
+                # recompute layer i's cache from its kept input (output discarded)
+                if block_forward(scratch, caches, hs + i * M * Dm,
+                                 layer_params + i * MAMBA_NPARAMS, &d.block, n_threads) != 0:
+                    status = MODEL_ERR_NOMEM
+                    break
+            memset(db, 0, M * Dm * sizeof(floating))
+            if block_backward(db, g_layer_params + i * MAMBA_NPARAMS, da,
+                              caches + i * cache_stride, layer_params + i * MAMBA_NPARAMS,
+                              &d.block, n_threads) != 0:
+                status = MODEL_ERR_NOMEM
+                break
+            tmp = da
+            da = db
+            db = tmp
+            i -= 1
+
+        if status == MODEL_OK:
+            # lookup: g_embedding[tokens[r]] += dLoss/dh0[r] (sequential: rows may repeat)
+            for r in range(M):
+                for c in range(Dm):
+                    g_embedding[tokens[r] * Dm + c] += da[r * Dm + c]
+    free(ws)
+    free(row_loss)
+    return status
+
+
+# ---------------------------------------------------------------------------
+# Python-level entry points used by mamba_ext/model.py (arguments validated
+# there: C-contiguous arrays of one float dtype, int64 ids, golden shapes).
+
+cdef model_dims _dims(object sizes, double eps):
+    # sizes: (V, n_layers, B, L, Dm, D, N, K, R)
+    cdef model_dims d
+    d.V, d.n_layers = sizes[0], sizes[1]
+    d.block.B, d.block.L, d.block.Dm, d.block.D = sizes[2], sizes[3], sizes[4], sizes[5]
+    d.block.N, d.block.K, d.block.R = sizes[6], sizes[7], sizes[8]
+    d.block.eps = eps
+    d.block.discretization = 0
+    return d
+
+
+cdef void* _ptr(cnp.ndarray a):
+    return cnp.PyArray_DATA(a)
+
+
+cdef void** _ptr_table(list layers) except NULL:
+    # layers: list of n_layers lists of 13 arrays -> flat malloc'd pointer table
+    cdef idx_t n = len(layers) * MAMBA_NPARAMS
+    cdef void** t = <void**>malloc((n if n > 0 else 1) * sizeof(void*))
+    cdef idx_t i, j
+    if t == NULL:
+        raise MemoryError("mamba_ext: cannot allocate the layer pointer table")
+    for i in range(len(layers)):
+        for j in range(MAMBA_NPARAMS):
+            t[i * MAMBA_NPARAMS + j] = _ptr(layers[i][j])
+    return t
+
+
+def _raise_status(int status):
+    if status == MODEL_ERR_NOMEM:
+        raise MemoryError("mamba_ext: out of memory for the model workspace")
+    if status == MODEL_ERR_TOKEN:
+        raise ValueError("mamba_ext: a token or target id is outside [0, vocab_size)")
+    if status == MODEL_ERR_EMPTY:
+        raise ValueError("mamba_ext: the mean loss over zero positions is undefined")
+    if status != MODEL_OK:
+        raise RuntimeError(f"mamba_ext: model kernel failed with status {status}")
+
+
+def workspace_bytes(sizes, bint checkpointing, size_t itemsize):
+    """Bytes of the loss-and-grads workspace for sizes (V, n_layers, B, L, Dm, D, N, K, R)."""
+    cdef model_dims d = _dims(sizes, 1e-6)
+    return model_workspace_bytes(&d, checkpointing, itemsize)
+
+
+def forward(cnp.ndarray logits, cnp.ndarray tokens, cnp.ndarray embedding,
+            cnp.ndarray final_norm, cnp.ndarray lm_head_bias, list layers,
+            sizes, double eps, int n_threads):
+    """logits (B, L, V) written in place."""
+    cdef model_dims d = _dims(sizes, eps)
+    cdef void** t = _ptr_table(layers)
+    cdef int status
+    cdef bint is32 = embedding.dtype == np.float32
+    cdef void* out = _ptr(logits)
+    cdef const int64_t* tok = <const int64_t*>_ptr(tokens)
+    cdef void* emb = _ptr(embedding)
+    cdef void* fn = _ptr(final_norm)
+    cdef void* bias = _ptr(lm_head_bias)
+    with nogil:
+        if is32:
+            status = model_forward(<float*>out, tok, <const float*>emb, <const float*>fn,
+                                   <const float*>bias, <const float**>t, &d, n_threads)
+        else:
+            status = model_forward(<double*>out, tok, <const double*>emb, <const double*>fn,
+                                   <const double*>bias, <const double**>t, &d, n_threads)
+    free(t)
+    _raise_status(status)
+
+
+def loss_and_grads(cnp.ndarray tokens, cnp.ndarray targets, cnp.ndarray embedding,
+                   cnp.ndarray final_norm, cnp.ndarray lm_head_bias, list layers,
+                   cnp.ndarray g_embedding, cnp.ndarray g_final_norm,
+                   cnp.ndarray g_lm_head_bias, list g_layers,
+                   sizes, double eps, double loss_scale, bint checkpointing, int n_threads):
+    """Returns the mean loss; the g_* arrays (zeroed by the caller) accumulate."""
+    cdef model_dims d = _dims(sizes, eps)
+    cdef void** t = _ptr_table(layers)
+    cdef void** gt
+    try:
+        gt = _ptr_table(g_layers)
+    except MemoryError:
+        free(t)
+        raise
+    cdef int status
+    cdef double loss = 0.0
+    cdef bint is32 = embedding.dtype == np.float32
+    cdef const int64_t* tok = <const int64_t*>_ptr(tokens)
+    cdef const int64_t* tgt = <const int64_t*>_ptr(targets)
+    cdef void* emb = _ptr(embedding)
+    cdef void* fn = _ptr(final_norm)
+    cdef void* bias = _ptr(lm_head_bias)
+    cdef void* gemb = _ptr(g_embedding)
+    cdef void* gfn = _ptr(g_final_norm)
+    cdef void* gbias = _ptr(g_lm_head_bias)
+    with nogil:
+        if is32:
+            status = model_loss_and_grads(&loss, <float*>gemb, <float*>gfn, <float*>gbias,
+                                          <float**>gt, tok, tgt, <const float*>emb,
+                                          <const float*>fn, <const float*>bias,
+                                          <const float**>t, &d, loss_scale, checkpointing,
+                                          n_threads)
+        else:
+            status = model_loss_and_grads(&loss, <double*>gemb, <double*>gfn, <double*>gbias,
+                                          <double**>gt, tok, tgt, <const double*>emb,
+                                          <const double*>fn, <const double*>bias,
+                                          <const double**>t, &d, loss_scale, checkpointing,
+                                          n_threads)
+    free(t)
+    free(gt)
+    _raise_status(status)
+    return loss

@@ -1,0 +1,39 @@
+# Selective scan (S6) of one Mamba-1 block, forward and memory-lean backward.
+# Size letters in _types.pxd; T = SCAN_CHUNK, nC = ceil(L / T) chunks per sequence.
+#
+# Per sequence b and channel d, with A[d,n] = -exp(clamp(A_log[d,n], -10, 5)):
+#   a_bar = exp(Delta*A),  b_bar = (a_bar - 1)/A * Bs  (ZOH, discretization 0)
+#                                 or Delta * Bs          (Euler, discretization 1)
+#   h[t] = a_bar*h[t-1] + b_bar*u[t] (h[-1] = 0),  y[t] = sum_n Cs[t,n]*h[t,n] + D_vec*u[t]
+# The forward keeps only the states entering each chunk, hstates (B, nC, D, N);
+# the backward recomputes the states inside one chunk at a time (per thread
+# scratch of (2T+1)*N values), so no (B, L, D, N) buffer ever exists.
+from mamba_ext._types cimport floating, idx_t
+
+cdef enum:
+    SCAN_CHUNK = 64        # T: time steps between stored states (chosen by measurement)
+
+# ceil(L / SCAN_CHUNK)
+cdef idx_t scan_nchunks(idx_t L) noexcept nogil
+
+# y (B, L, D) and hstates (B, nC, D, N) written.
+# u, Delta (B, L, D); Bs, Cs rows of N values, ld_bc apart (e.g. columns of x_proj's output);
+# A_log (D, N), D_vec (D,). Returns 0, or -1 when scratch memory cannot be allocated.
+cdef int scan_forward(floating* y, floating* hstates,
+                      const floating* u, const floating* Delta,
+                      const floating* Bs, const floating* Cs, idx_t ld_bc,
+                      const floating* A_log, const floating* D_vec,
+                      idx_t B, idx_t L, idx_t D, idx_t N,
+                      int discretization, int n_threads) noexcept nogil
+
+# Gradients ACCUMULATE (+=): du, dDelta (B, L, D); dBs, dCs (rows ld_bc apart);
+# dA_log (D, N) (exactly 0 contribution where A_log <= -10 or >= 5); dD_vec (D,).
+# dy (B, L, D) read, plus the forward's inputs and its hstates.
+cdef int scan_backward(floating* du, floating* dDelta, floating* dBs, floating* dCs,
+                       floating* dA_log, floating* dD_vec,
+                       const floating* dy, const floating* hstates,
+                       const floating* u, const floating* Delta,
+                       const floating* Bs, const floating* Cs, idx_t ld_bc,
+                       const floating* A_log, const floating* D_vec,
+                       idx_t B, idx_t L, idx_t D, idx_t N,
+                       int discretization, int n_threads) noexcept nogil

@@ -1,0 +1,250 @@
+"""Mixed precision in the fp16 style, simulated over NumPy (pure Python).
+
+The model keeps float32 *master* weights. One AMP training step:
+
+1. ``w16 = fp16_view(params)``: the weights rounded to float16 values (kept in
+   float32 arrays, so the float32 kernels run on them unchanged);
+2. forward/backward on ``w16`` with the loss multiplied by ``scaler.scale``
+   (the model multiplies its output gradient seed, dlogits, by it);
+3. ``round_fp16(g, out=g)`` for every gradient: what an fp16 backward would
+   hold (small values flush to zero, values past 65504 become inf);
+4. ``scaler.unscale(grads)`` (float32) and ``overflow = scaler.check(grads)``;
+5. ``if scaler.update(overflow): optimizer.step(grads)``; on overflow the step
+   is skipped and the optimizer (weights, moments, step count) is untouched.
+
+Rounding: ``round_fp16`` rounds to the nearest float16 with ties to even
+(IEEE 754 default, NumPy's ``astype(float16)``, exact from float32 and from
+float64 alike — no double rounding). The reference implementation this
+package follows *truncates* the mantissa instead (round toward zero), so
+values can differ from it by one fp16 ulp; round-to-nearest-even has half
+the error and no bias.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+
+import numpy as np
+
+__all__ = ["round_fp16", "fp16_view", "DynamicLossScaler"]
+
+_FLOAT_KINDS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+def round_fp16(a, out=None) -> np.ndarray:
+    """Round ``a`` to float16 values (nearest, ties to even), returned as float32.
+
+    ``a``: float16/float32/float64 array. Magnitudes >= 65520 become +-inf
+    (IEEE overflow), magnitudes below 2**-25 become +-0, NaN stays NaN.
+    ``out``: optional float32 array of ``a``'s shape written in place (it may
+    be ``a`` itself: ``round_fp16(g, out=g)``); returned.
+    """
+    arr = np.asarray(a)
+    if arr.dtype not in _FLOAT_KINDS:
+        raise TypeError(f"round_fp16: a: expected a float16/float32/float64 array, got dtype {arr.dtype}")
+    with np.errstate(over="ignore"):       # overflow to inf is the intended IEEE result
+        half = arr.astype(np.float16)
+    if out is None:
+        return half.astype(np.float32)
+    if not isinstance(out, np.ndarray) or out.dtype != np.float32:
+        raise TypeError(f"round_fp16: out: expected a float32 numpy array, got "
+                        f"{getattr(out, 'dtype', type(out).__name__)}")
+    if out.shape != arr.shape:
+        raise ValueError(f"round_fp16: out: expected shape {arr.shape}, got {out.shape}")
+    np.copyto(out, half)                   # float16 -> float32 is exact
+    return out
+
+
+def fp16_view(params: Mapping) -> dict:
+    """Dict of fp16-rounded float32 copies of ``params`` (the weights the AMP
+    forward/backward runs on); the master arrays are not modified."""
+    if not isinstance(params, Mapping):
+        raise TypeError(f"fp16_view: params: expected a mapping name -> array, got {type(params).__name__}")
+    out = {}
+    for name, value in params.items():
+        arr = np.asarray(value)
+        if arr.dtype not in _FLOAT_KINDS:
+            raise TypeError(f"fp16_view: params[{name!r}]: expected a float array, got dtype {arr.dtype}")
+        out[name] = round_fp16(arr)
+    return out
+
+
+def _named_arrays(what: str, arrays):
+    """(label, ndarray) pairs from a mapping or an iterable of float arrays."""
+    if isinstance(arrays, Mapping):
+        items = [(f"{what}[{k!r}]", v) for k, v in arrays.items()]
+    elif isinstance(arrays, np.ndarray):
+        items = [(what, arrays)]
+    else:
+        try:
+            items = [(f"{what}[{i}]", v) for i, v in enumerate(arrays)]
+        except TypeError:
+            raise TypeError(f"{what}: expected a mapping or a sequence of arrays, got "
+                            f"{type(arrays).__name__}") from None
+    for label, v in items:
+        if not isinstance(v, np.ndarray) or v.dtype not in _FLOAT_KINDS:
+            raise TypeError(f"{label}: expected a float numpy array, got "
+                            f"{getattr(v, 'dtype', type(v).__name__)}")
+    return items
+
+
+def _state_scalar(state: Mapping, key: str, integral: bool = False):
+    """Read one scalar of a state dict: a Python number or a 1-element array
+    (what a safetensors round trip gives back). Returns int or float."""
+    if key not in state:
+        raise ValueError(f"state dict: missing key {key!r}")
+    value = state[key]
+    if isinstance(value, np.ndarray):
+        if value.size != 1:
+            raise ValueError(f"state dict: {key!r}: expected a scalar, got an array of shape {value.shape}")
+        value = value.reshape(()).item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"state dict: {key!r}: expected a number, got {type(value).__name__}")
+    if integral:
+        if not float(value).is_integer():
+            raise ValueError(f"state dict: {key!r}: expected an integer, got {value!r}")
+        return int(value)
+    return float(value)
+
+
+def _f32(x: float) -> float:
+    """x rounded to float32, as a Python float (the scale lives in float32)."""
+    return float(np.float32(x))
+
+
+class DynamicLossScaler:
+    """Dynamic loss scaling with the update rule of ``torch.amp.GradScaler``.
+
+    Per step, ``update(overflow)``:
+      * overflow: ``scale *= backoff_factor``, growth tracker reset to 0;
+      * otherwise the tracker counts up; when it reaches ``growth_interval``,
+        ``scale *= growth_factor`` (only if the result is finite) and the
+        tracker resets.
+    Products are rounded to float32 as GradScaler's float32 scale tensor does,
+    so for the same overflow sequence the trajectory equals GradScaler's
+    exactly. Then the scale is clamped to ``[min_scale, max_scale]``
+    (GradScaler has no bounds: trajectories are equal until a bound is hit;
+    the clamp does not touch the growth tracker).
+
+    Attributes: ``scale`` (float), ``growth_tracker``, ``overflows`` (updates
+    that saw an overflow) and ``skipped`` (optimizer steps skipped). Every
+    overflow skips its step, so the two counts are equal; ``overflows`` is the
+    scaler's event count, ``skipped`` the training loop's.
+    """
+
+    def __init__(self, init_scale=2.0 ** 14, growth_factor=2.0, backoff_factor=0.5,
+                 growth_interval=200, min_scale=1.0, max_scale=2.0 ** 24):
+        self._set_config(init_scale, growth_factor, backoff_factor, growth_interval,
+                         min_scale, max_scale)
+        self.growth_tracker = 0
+        self.overflows = 0
+        self.skipped = 0
+
+    def _set_config(self, scale, growth_factor, backoff_factor, growth_interval,
+                    min_scale, max_scale):
+        def num(name, v):
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise TypeError(f"DynamicLossScaler: {name}: expected a number, got {v!r}")
+            if math.isnan(v):
+                raise ValueError(f"DynamicLossScaler: {name}: got NaN")
+            return float(v)
+        scale, growth_factor, backoff_factor, min_scale, max_scale = (
+            num(n, v) for n, v in (("init_scale", scale), ("growth_factor", growth_factor),
+                                   ("backoff_factor", backoff_factor), ("min_scale", min_scale),
+                                   ("max_scale", max_scale)))
+        if not (isinstance(growth_interval, numbers.Integral) and not isinstance(growth_interval, bool)
+                and growth_interval >= 1):
+            raise ValueError(f"DynamicLossScaler: growth_interval: expected an integer >= 1, "
+                             f"got {growth_interval!r}")
+        if not growth_factor > 1.0 or math.isinf(growth_factor):
+            raise ValueError(f"DynamicLossScaler: growth_factor: expected a finite value > 1, got {growth_factor}")
+        if not 0.0 < backoff_factor < 1.0:
+            raise ValueError(f"DynamicLossScaler: backoff_factor: expected a value in (0, 1), got {backoff_factor}")
+        min_scale, max_scale = _f32(min_scale), _f32(max_scale)
+        if not 0.0 < min_scale <= max_scale:
+            raise ValueError(f"DynamicLossScaler: expected 0 < min_scale <= max_scale, got "
+                             f"min_scale={min_scale}, max_scale={max_scale}")
+        scale = _f32(scale)
+        if not min_scale <= scale <= max_scale or math.isinf(scale):
+            raise ValueError(f"DynamicLossScaler: init_scale: expected a finite value in "
+                             f"[min_scale, max_scale] = [{min_scale}, {max_scale}], got {scale}")
+        self.scale = scale
+        self.growth_factor = growth_factor
+        self.backoff_factor = backoff_factor
+        self.growth_interval = int(growth_interval)
+        self.min_scale = min_scale
+        self.max_scale = max_scale
+
+    def check(self, grads) -> bool:
+        """True if any gradient holds a NaN or +-Inf (a mapping or a sequence of arrays)."""
+        return any(not np.isfinite(g).all() for _, g in _named_arrays("grads", grads))
+
+    def unscale(self, grads) -> None:
+        """Multiply every gradient in place by 1/scale (float64 reciprocal
+        rounded to the gradient's dtype, as GradScaler does for float32)."""
+        items = _named_arrays("grads", grads)
+        for label, g in items:
+            if not g.flags.writeable:
+                raise ValueError(f"{label}: array is read-only; unscale works in place")
+        inv = 1.0 / self.scale
+        for _, g in items:
+            np.multiply(g, g.dtype.type(inv), out=g)
+
+    def update(self, overflow) -> bool:
+        """Advance the scale for one step; returns True if the step should be
+        applied (no overflow), False if it must be skipped."""
+        if not isinstance(overflow, (bool, np.bool_)):
+            raise TypeError(f"DynamicLossScaler.update: overflow: expected a bool, got {type(overflow).__name__}")
+        if overflow:
+            self.scale = _f32(self.scale * self.backoff_factor)
+            self.growth_tracker = 0
+            self.overflows += 1
+            self.skipped += 1
+        else:
+            self.growth_tracker += 1
+            if self.growth_tracker == self.growth_interval:
+                grown = _f32(self.scale * self.growth_factor)
+                if math.isfinite(grown):
+                    self.scale = grown
+                self.growth_tracker = 0
+        self.scale = min(max(self.scale, self.min_scale), self.max_scale)
+        return not overflow
+
+    def state_dict(self) -> dict:
+        """Plain dict of Python scalars (settings and progress)."""
+        return {"scale": self.scale, "growth_factor": self.growth_factor,
+                "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
+                "min_scale": self.min_scale, "max_scale": self.max_scale,
+                "growth_tracker": self.growth_tracker, "overflows": self.overflows,
+                "skipped": self.skipped}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Restore from :meth:`state_dict` (scalars may be 1-element arrays).
+        Everything is validated before anything changes."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"DynamicLossScaler.load_state_dict: expected a mapping, got {type(state).__name__}")
+        known = set(self.state_dict())
+        unknown = sorted(str(k) for k in state if k not in known)
+        if unknown:
+            raise ValueError(f"DynamicLossScaler.load_state_dict: unknown key(s) {unknown}")
+        counts = {k: _state_scalar(state, k, integral=True)
+                  for k in ("growth_interval", "growth_tracker", "overflows", "skipped")}
+        for k, v in counts.items():
+            if v < 0:
+                raise ValueError(f"DynamicLossScaler.load_state_dict: {k!r} must be >= 0, got {v}")
+        if counts["growth_tracker"] >= max(counts["growth_interval"], 1):
+            raise ValueError(f"DynamicLossScaler.load_state_dict: growth_tracker {counts['growth_tracker']} "
+                             f"must be < growth_interval {counts['growth_interval']}")
+        probe = DynamicLossScaler.__new__(DynamicLossScaler)
+        probe._set_config(*(_state_scalar(state, k) for k in ("scale", "growth_factor", "backoff_factor")),
+                          counts["growth_interval"],
+                          *(_state_scalar(state, k) for k in ("min_scale", "max_scale")))
+        self.__dict__.update(probe.__dict__)
+        self.growth_tracker = counts["growth_tracker"]
+        self.overflows = counts["overflows"]
+        self.skipped = counts["skipped"]
+
+    def __repr__(self):
+        return (f"DynamicLossScaler(scale={self.scale}, growth_tracker={self.growth_tracker}, "
+                f"overflows={self.overflows}, skipped={self.skipped})")

@@ -1,0 +1,240 @@
+"""Public CPU API of one Mamba-1 block: forward, backward, default initialisation.
+
+Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank,
+P = R + 2N, M = B*L, T = SCAN_CHUNK (64), nC = ceil(L / T).
+
+    out, cache = mamba1_forward(x, params)             # x (B, L, Dm)
+    dx, grads = mamba1_backward(dout, params, cache)   # grads: dict of the 13 names
+
+The maths is that of ``shared/golden/README.md``; the kernels are the Cython
+modules ``_block`` (composition), ``_linear``, ``_rmsnorm``, ``_conv1d`` and
+``_scan``. The forward cache holds O(B*L*(Dm + D)) values plus the scan state
+at chunk boundaries (see :class:`BlockCache`), never a (B, L, D, N) tensor.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+
+from . import _block
+from ._validate import (BLOCK_PARAM_NAMES, FLOAT_DTYPES, block_param_shapes, check_block_params,
+                        check_count, check_x)
+
+__all__ = ["mamba1_forward", "mamba1_backward", "init_mamba1_params", "BlockCache"]
+
+_DISCRETIZATIONS = {"zoh": 0, "euler": 1}
+
+
+def _fingerprint(arrays) -> tuple:
+    """Cheap identity of the parameter values: CRC-32 of each array's bytes."""
+    return tuple(zlib.crc32(arrays[n]) for n in BLOCK_PARAM_NAMES)
+
+
+def _n_threads(n_threads) -> int:
+    """None -> 0 (OpenMP's default thread count); otherwise an int >= 1."""
+    if n_threads is None:
+        return 0
+    if isinstance(n_threads, bool) or not isinstance(n_threads, (int, np.integer)) or n_threads < 1:
+        raise ValueError(f"n_threads: expected None or an integer >= 1, got {n_threads!r}")
+    return int(min(n_threads, 1 << 16))
+
+
+def _discretization(discretization) -> int:
+    if discretization not in _DISCRETIZATIONS:
+        raise ValueError(f"discretization: expected one of {sorted(_DISCRETIZATIONS)}, "
+                         f"got {discretization!r}")
+    return _DISCRETIZATIONS[discretization]
+
+
+class BlockCache:
+    """What :func:`mamba1_forward` saves for :func:`mamba1_backward`.
+
+    ``buffer`` is one 1-D array of the forward's dtype holding, in order
+    (M = B*L, P = R + 2N, nC = ceil(L / 64)):
+
+    ======== ================ ============================================
+    x        (M, Dm)          block input
+    rstd     (M,)             RMSNorm 1/sqrt(mean(x^2) + eps)
+    Y        (M, 2D)          in_proj output [xc | z]
+    Q        (M, P)           x_proj output [dt | Bs | Cs]
+    Delta    (M, D)           softplus(dt_proj output)
+    y        (M, D)           scan output incl. D_vec skip, before the gate
+    hstate   (B, nC, D, N)    scan state entering each chunk of 64 steps
+    ======== ================ ============================================
+
+    ``nbytes = itemsize * (M * (Dm + 1 + 4*D + P) + B * ceil(L/64) * D * N)``,
+    e.g. 30.4 MB for float32, Dm 768, D 1536, N 16, R 48, B 1, L 1024. The
+    backward recomputes everything else (the scan states inside each chunk
+    included) and needs about ``itemsize * M * (7D + P + 2R + 2Dm)`` bytes of
+    temporary memory.
+
+    The cache also records the sizes, dtype, ``x`` shape, eps, discretization
+    and a CRC-32 fingerprint of every parameter, so that using it with other
+    parameters, other shapes or a ``dout`` of another shape raises ValueError.
+    """
+
+    __slots__ = ("buffer", "dims", "dtype", "x_shape", "eps", "discretization", "fingerprint")
+
+    def __init__(self, buffer, dims, dtype, x_shape, eps, discretization, fingerprint):
+        self.buffer = buffer
+        self.dims = dims
+        self.dtype = np.dtype(dtype)
+        self.x_shape = tuple(x_shape)
+        self.eps = float(eps)
+        self.discretization = discretization
+        self.fingerprint = fingerprint
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the cache buffer (formula in the class docstring)."""
+        return int(self.buffer.nbytes)
+
+    def __repr__(self):
+        return (f"BlockCache(x_shape={self.x_shape}, dtype={self.dtype.name}, dims={self.dims}, "
+                f"discretization={self.discretization!r}, nbytes={self.nbytes})")
+
+
+def _sizes(x_shape, dims) -> tuple:
+    B, L, _ = x_shape
+    return (int(B), int(L), dims.Dm, dims.D, dims.N, dims.K, dims.R)
+
+
+def _check_work_size(sizes) -> None:
+    """Refuse sizes whose cache or backward scratch element counts overflow."""
+    B, L, Dm, D, N, K, R = sizes
+    M, P = B * L, R + 2 * N
+    nC = -(-L // _block.SCAN_CHUNK_LEN)
+    check_count("cache", (M * (Dm + 1 + 4 * D + P) + B * nC * D * N,))
+    check_count("backward scratch", (M * (7 * D + P + 2 * R + 2 * Dm),))
+
+
+def mamba1_forward(x, params, *, eps=1e-6, discretization="zoh", n_threads=None):
+    """Forward pass of one Mamba-1 block.
+
+    Parameters
+    ----------
+    x : array-like (B, L, Dm), float32 or float64
+        Block input. B or L may be 0 (empty result).
+    params : mapping of the 13 names of ``BLOCK_PARAM_NAMES`` to arrays of the
+        golden shapes, all of the dtype of ``x``; sizes are inferred from them.
+    eps : float
+        RMSNorm epsilon (inside the square root), default 1e-6.
+    discretization : "zoh" (exact zero-order hold, default) or "euler" (b_bar = Delta*B).
+    n_threads : None (OpenMP default) or int >= 1, threads of the scan and elementwise
+        kernels (BLAS uses its own threads).
+
+    Returns
+    -------
+    out : ndarray, shape and dtype of ``x``
+    cache : BlockCache for :func:`mamba1_backward`
+    """
+    x = check_x("x", x, _params_dtype(params))
+    arrays, dims = check_block_params(params, dtype=x.dtype, d_model=x.shape[2])
+    disc = _discretization(discretization)
+    nt = _n_threads(n_threads)
+    eps = float(eps)
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
+    sizes = _sizes(x.shape, dims)
+    _check_work_size(sizes)
+    out = np.empty_like(x)
+    buffer = np.empty(_block.cache_len(sizes), dtype=x.dtype)
+    if x.size:
+        _block.forward(x, [arrays[n] for n in BLOCK_PARAM_NAMES], out, buffer, sizes,
+                       eps, disc, nt)
+    cache = BlockCache(buffer, dims, x.dtype, x.shape, eps, discretization, _fingerprint(arrays))
+    return out, cache
+
+
+def _params_dtype(params):
+    """dtype that x must match: that of params['wInProj'] when it is a float ndarray."""
+    try:
+        w = params["wInProj"]
+    except Exception:
+        return None
+    if isinstance(w, np.ndarray) and w.dtype in FLOAT_DTYPES:
+        return w.dtype
+    return None
+
+
+def mamba1_backward(dout, params, cache, *, n_threads=None):
+    """Backward pass (vector-Jacobian product) of one Mamba-1 block.
+
+    ``dout`` (B, L, Dm) is dLoss/d``out`` of the forward that made ``cache``; ``params``
+    must be the same values the forward used. Returns ``(dx, grads)``: ``dx`` of the
+    shape of ``x``, ``grads`` a dict with the 13 names, shapes and dtype of ``params``.
+    dLoss/dA_log is exactly 0 where A_log <= -10 or A_log >= 5 (the clamp).
+    """
+    if not isinstance(cache, BlockCache):
+        raise TypeError(f"cache: expected the BlockCache returned by mamba1_forward, "
+                        f"got {type(cache).__name__}")
+    dout = check_x("dout", dout, cache.dtype)
+    if dout.shape != cache.x_shape:
+        raise ValueError(f"dout: expected shape {cache.x_shape} (the shape of x in the forward), "
+                         f"got {dout.shape}")
+    arrays, dims = check_block_params(params, dtype=cache.dtype, d_model=cache.x_shape[2])
+    if dims != cache.dims:
+        raise ValueError(f"params: sizes {dims} differ from those of the forward that made "
+                         f"the cache {cache.dims}")
+    if _fingerprint(arrays) != cache.fingerprint:
+        changed = [n for n, a, b in zip(BLOCK_PARAM_NAMES, _fingerprint(arrays), cache.fingerprint)
+                   if a != b]
+        raise ValueError(f"params: values of {changed} differ from those the forward used; "
+                         f"the cache is only valid with the same params")
+    nt = _n_threads(n_threads)
+    dx = np.zeros_like(dout)
+    grads = {n: np.zeros_like(arrays[n]) for n in BLOCK_PARAM_NAMES}
+    if dout.size:
+        _block.backward(dx, [grads[n] for n in BLOCK_PARAM_NAMES], dout, cache.buffer,
+                        [arrays[n] for n in BLOCK_PARAM_NAMES], _sizes(dout.shape, dims),
+                        _DISCRETIZATIONS[cache.discretization], nt)
+    return dx, grads
+
+
+def init_mamba1_params(d_model, d_state=16, d_conv=4, expand=2, dt_rank=None, seed=0,
+                       dtype=np.float32):
+    """Default parameters of one Mamba-1 block (dict of the 13 ``BLOCK_PARAM_NAMES``).
+
+    Sizes: dInner D = expand * d_model, dtRank R = ceil(d_model / 16) unless given.
+
+    * ``A_log[d, n] = log(n + 1)`` (so A = -(n + 1)), ``D_vec = 1``, ``normWeight = 1``.
+    * wInProj, wConv, wXProj, wOutProj ~ N(0, 0.02^2).
+    * dt_proj: ``wDtProj ~ U(-R^-0.5, R^-0.5)`` (Mamba's "random" dt init, dt_scale 1)
+      and ``bDtProj = 0``, so Delta starts at softplus(small) ~ log 2. (Mamba's reference
+      code instead sets bDtProj to the inverse softplus of dt ~ logU(1e-3, 1e-1); assign
+      that yourself if you want it.)
+    * All biases (bInProj, bConv, bXProj, bDtProj, bOutProj) are zero.
+
+    ``seed`` seeds ``numpy.random.default_rng``; values are drawn in float64 and
+    rounded to ``dtype`` (float32 or float64).
+    """
+    for name, v in (("d_model", d_model), ("d_state", d_state), ("d_conv", d_conv),
+                    ("expand", expand)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
+    if dt_rank is None:
+        dt_rank = -(-int(d_model) // 16)
+    elif isinstance(dt_rank, bool) or not isinstance(dt_rank, (int, np.integer)) or dt_rank < 1:
+        raise ValueError(f"dt_rank: expected None or an integer >= 1, got {dt_rank!r}")
+    dtype = np.dtype(dtype)
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dtype: expected float32 or float64, got {dtype}")
+    from ._validate import BlockDims
+    dims = BlockDims(Dm=int(d_model), D=int(expand) * int(d_model), N=int(d_state),
+                     K=int(d_conv), R=int(dt_rank))
+    shapes = block_param_shapes(dims)
+    for n, s in shapes.items():
+        check_count(n, s)
+    rng = np.random.default_rng(seed)
+    p = {n: np.zeros(s) for n, s in shapes.items()}
+    for n in ("wInProj", "wConv", "wXProj", "wOutProj"):
+        p[n] = rng.normal(0.0, 0.02, shapes[n])
+    bound = dims.R ** -0.5
+    p["wDtProj"] = rng.uniform(-bound, bound, shapes["wDtProj"])
+    p["A_log"] = np.broadcast_to(np.log(np.arange(1, dims.N + 1, dtype=np.float64)),
+                                 shapes["A_log"]).copy()
+    p["D_vec"] = np.ones(dims.D)
+    p["normWeight"] = np.ones(dims.Dm)
+    return {n: np.ascontiguousarray(p[n], dtype=dtype) for n in BLOCK_PARAM_NAMES}

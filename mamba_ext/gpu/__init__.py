@@ -1,0 +1,36 @@
+"""mamba_ext.gpu — the Mamba-1 block and model on any GPU, through WGSL kernels
+run by wgpu (Vulkan, Metal, DirectX 12; lavapipe in CI).
+
+Public API (float32 NumPy arrays in and out, validated like the CPU API):
+
+- ``mamba1_forward(x, params, *, eps=1e-6, discretization="zoh")`` -> ``(out, cache)``
+- ``mamba1_backward(dout, params, cache)`` -> ``(dx, grads)``
+- ``model_loss_and_grads(tokens, targets, params)`` -> ``(loss, grads)``
+- ``ResidentTrainer(params, lr=1e-3, ...)``: weights and AdamW state resident on
+  the GPU; ``.step(tokens, targets) -> float``, ``.params() -> dict``
+- ``available()`` -> bool: wgpu is installed and finds an adapter.
+
+Nothing touches wgpu until first use; a missing adapter raises RuntimeError
+saying how to get one.
+"""
+import importlib
+
+_EXPORTS = {
+    "mamba1_forward": "block", "mamba1_backward": "block", "GpuBlockCache": "block",
+    "model_loss_and_grads": "model", "model_forward": "model", "ResidentTrainer": "model",
+    "available": "device",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'mamba_ext.gpu' has no attribute {name!r}")
+    value = getattr(importlib.import_module("." + mod, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

@@ -1,0 +1,290 @@
+"""``python -m mamba_ext bench --device gpu``: WGSL forward+backward of one block.
+
+For each size (``--size a|b|c|all``, shapes of ``mamba_ext.cli.bench.SIZES``):
+
+* WGSL fwd+bwd median over ``--repeat`` runs: GPU time from timestamp queries
+  around the one compute pass holding all dispatches (when the adapter has
+  ``timestamp-query``), and wall-clock time per step with the queue drained;
+* GPU memory held by our buffers for that size;
+* the scan kernels alone (3 forward + 5 backward dispatches): their time, the
+  bytes they must move (each input read once, each output written once) and
+  the achieved bandwidth, against a copy kernel measured in the same run and
+  the nominal ~4 TB/s of an H200;
+* when torch with CUDA imports: PyTorch eager float32 implementations of the
+  same block timed with CUDA events in the same process — (1) the Python loop
+  over time of ``mamba_ext/cli/_torch_block.py`` and (2) a chunked one without
+  a Python time loop (log-space cumulative sums of Delta*A inside chunks of 16
+  steps and a Hillis-Steele scan across chunks), both with autograd backward
+  — their agreement with the WGSL result and the ratios.
+
+Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank, M = B*L.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from .._validate import BlockDims
+from .device import gpu
+
+NOMINAL_BW = 4.0e12   # bytes/s, H200 device copy as measured through wgpu (issue 4)
+
+
+def init_params(Dm, D, N, K, R, seed=0):
+    """Random block weights of the realistic-init kind (golden README)."""
+    rng = np.random.default_rng(seed)
+    P = R + 2 * N
+    f = lambda *s, sd=1.0: (rng.standard_normal(s) * sd).astype(np.float32)
+    return {
+        "wInProj": f(2 * D, Dm, sd=Dm ** -0.5), "bInProj": f(2 * D, sd=0.1),
+        "wConv": f(D, K, sd=(0.81 / K) ** 0.5), "bConv": f(D, sd=0.1),
+        "wXProj": f(P, D, sd=D ** -0.5), "bXProj": f(P, sd=0.1),
+        "wDtProj": f(D, R, sd=(0.25 / R) ** 0.5),
+        "bDtProj": rng.uniform(-4.0, -2.0, D).astype(np.float32),
+        "A_log": np.log(np.tile(np.arange(1, N + 1, dtype=np.float32), (D, 1))),
+        "D_vec": np.ones(D, np.float32), "wOutProj": f(Dm, D, sd=D ** -0.5),
+        "bOutProj": f(Dm, sd=0.1), "normWeight": np.ones(Dm, np.float32),
+    }
+
+
+def scan_bytes(d: BlockDims, B, L, T, G):
+    """Compulsory bytes of the 8 scan dispatches (see kernels/scan.wgsl)."""
+    M, D, N = B * L, d.D, d.N
+    MD, MN, CN = M * D, M * N, B * math.ceil(L / T) * D * N
+    words = ((2 * MD + MN + 2 * CN)            # fwd_local
+             + 3 * CN                          # fwd_carry
+             + (3 * MD + 2 * MN + CN)          # fwd_out
+             + (2 * MD + MN + CN)              # bwd_local
+             + 3 * CN                          # bwd_carry
+             + (6 * MD + 2 * MN + 3 * CN + G * M * 2 * N)   # bwd_grads
+             + (G * M * 2 * N + M * 2 * N)     # reduce_bc
+             + (CN + 2 * D * N))               # reduce_da
+    return 4 * words
+
+
+def _time_ops(g, ops, clears, repeat, warmup=2):
+    """(GPU ms median or None, wall ms median) of one pass with ``ops``."""
+    ts = g.timestamp_pair()
+    for _ in range(warmup):
+        g.submit(ops, clears)
+    g.sync()
+    gpu_ms, wall_ms = [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        g.submit(ops, clears, timestamps=ts)
+        g.sync()
+        wall_ms.append((time.perf_counter() - t0) * 1e3)
+        if ts is not None:
+            t = g.read(ts[1], 2, np.uint64)
+            gpu_ms.append((int(t[1]) - int(t[0])) * 1e-6)   # Vulkan/wgpu ticks: ns
+    med = statistics.median
+    return (med(gpu_ms) if gpu_ms else None), med(wall_ms)
+
+
+def copy_bandwidth(g, n_floats=1 << 26, repeat=5):
+    """Bytes/s of the copy_f32 kernel on ``n_floats`` floats (read + write)."""
+    from .layers import copy_op
+    n = min(n_floats, g.max_binding // 4)
+    a, b = g.buffer(n, "bw_src"), g.buffer(n, "bw_dst")
+    gpu_ms, wall_ms = _time_ops(g, [copy_op(g, a, b, n)], (), repeat)
+    ms = gpu_ms if gpu_ms is not None else wall_ms
+    a.destroy(); b.destroy()
+    return 8.0 * n / (ms * 1e-3)
+
+
+# ------------------------------------------------------------------ torch
+def torch_chunked_block(x, p, eps=1e-6, chunk=16):
+    """Same block as _torch_block.block_forward, scan without a Python time loop.
+
+    Inside a chunk: h_t = exp(S_t) * (h_in + cumsum_s(exp(-S_s) b_s u_s)) with
+    S = cumsum of Delta*A (log-space decay); across chunks a Hillis-Steele scan
+    of (decay, state) pairs. Sound while |S| stays below ~80 within a chunk,
+    which holds for the benchmark's weights (checked against WGSL in the run).
+    """
+    import torch
+    import torch.nn.functional as F
+    B, L, Dm = x.shape
+    D, K = p["wConv"].shape
+    N = p["A_log"].shape[1]
+    R = p["wDtProj"].shape[1]
+    xn = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * p["normWeight"]
+    xc, z = F.linear(xn, p["wInProj"], p["bInProj"]).split([D, D], dim=-1)
+    c = F.conv1d(xc.transpose(1, 2), p["wConv"].flip(-1).unsqueeze(1), p["bConv"],
+                 padding=K - 1, groups=D)[..., :L].transpose(1, 2)
+    u = F.silu(c)
+    dt, Bs, Cs = F.linear(u, p["wXProj"], p["bXProj"]).split([R, N, N], dim=-1)
+    Delta = F.softplus(F.linear(dt, p["wDtProj"], p["bDtProj"]))
+    inside = (p["A_log"] > -10.0) & (p["A_log"] < 5.0)
+    A = -torch.exp(torch.where(inside, p["A_log"], p["A_log"].detach().clamp(-10.0, 5.0)))
+    dA = Delta.unsqueeze(-1) * A                                   # (B, L, D, N)
+    bu = torch.expm1(dA) / A * Bs.unsqueeze(2) * u.unsqueeze(-1)
+    nC = -(-L // chunk)
+    pad = nC * chunk - L
+    if pad:
+        dA = F.pad(dA, (0, 0, 0, 0, 0, pad))
+        bu = F.pad(bu, (0, 0, 0, 0, 0, pad))
+    dA = dA.view(B, nC, chunk, D, N)
+    bu = bu.view(B, nC, chunk, D, N)
+    S = torch.cumsum(dA, dim=2)                                    # log decay inside chunk
+    hloc = torch.exp(S) * torch.cumsum(torch.exp(-S) * bu, dim=2)  # from a zero state
+    a_c, b_c = torch.exp(S[:, :, -1]), hloc[:, :, -1]              # (B, nC, D, N)
+    step = 1
+    while step < nC:                                               # inclusive scan over chunks
+        a_prev = F.pad(a_c[:, :-step], (0, 0, 0, 0, step, 0), value=1.0)
+        b_prev = F.pad(b_c[:, :-step], (0, 0, 0, 0, step, 0))
+        a_c, b_c = a_c * a_prev, a_c * b_prev + b_c
+        step *= 2
+    h_in = F.pad(b_c[:, :-1], (0, 0, 0, 0, 1, 0))                  # state entering chunk c
+    h = hloc + torch.exp(S) * h_in.unsqueeze(2)
+    h = h.view(B, nC * chunk, D, N)[:, :L]
+    y = (h * Cs.unsqueeze(2)).sum(-1) + p["D_vec"] * u
+    return F.linear(y * F.silu(z), p["wOutProj"], p["bOutProj"]) + x
+
+
+def torch_bench(x, params, dout, ref_out, ref_dx, repeat, loops):
+    """Rows (name, ms, agreement) of the PyTorch CUDA implementations."""
+    try:
+        import torch
+    except ImportError:
+        return [], "torch not importable"
+    if not torch.cuda.is_available():
+        return [], "torch has no CUDA device"
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    dev = torch.device("cuda")
+    tx = torch.tensor(x, device=dev, requires_grad=True)
+    tp = {k: torch.tensor(v, device=dev, requires_grad=True) for k, v in params.items()}
+    td = torch.tensor(dout, device=dev)
+    from mamba_ext.cli import _torch_block
+    impls = [("torch chunked (no time loop)", torch_chunked_block)]
+    if loops:
+        impls.append(("torch Python time loop", _torch_block.block_forward))
+    rows = []
+    for name, fn in impls:
+        def run():
+            tx.grad = None
+            for v in tp.values():
+                v.grad = None
+            out = fn(tx, tp)
+            out.backward(td)
+            return out
+        n = repeat if "chunked" in name else max(2, min(repeat, 5))
+        for _ in range(2):
+            out = run()
+        torch.cuda.synchronize()
+        ms = []
+        for _ in range(n):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            out = run()
+            e1.record()
+            torch.cuda.synchronize()
+            ms.append(e0.elapsed_time(e1))
+        err_o = float((out.detach().cpu().numpy() - ref_out).__abs__().max() / np.abs(ref_out).max())
+        err_d = float((tx.grad.cpu().numpy() - ref_dx).__abs__().max() / np.abs(ref_dx).max())
+        rows.append((name, statistics.median(ms), max(err_o, err_d)))
+        torch.cuda.empty_cache()
+    return rows, ""
+
+
+def bench_size(size, repeat, use_torch, loops, profile=False):
+    from mamba_ext.cli.bench import SIZES
+    from .block import _Plan
+    from . import layers
+    Dm, D, N, K, R, B, L = SIZES[size]
+    g = gpu()
+    dims = BlockDims(Dm=Dm, D=D, N=N, K=K, R=R)
+    params = init_params(Dm, D, N, K, R)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((B, L, Dm)).astype(np.float32)
+    dout = rng.standard_normal((B, L, Dm)).astype(np.float32)
+    before = g.bytes_allocated
+    plan = _Plan(dims, B, L, 1e-6, "zoh", layers.SCAN_CHUNK)
+    mem = g.bytes_allocated - before
+    from .block import BLOCK_PARAM_NAMES
+    plan.upload_params({k: params[k] for k in BLOCK_PARAM_NAMES})
+    g.write(plan.x, x)
+    g.write(plan.dout, dout)
+    ops = plan.fwd + plan.bwd
+    gpu_ms, wall_ms = _time_ops(g, ops, [plan.gr], repeat)
+    out = g.read(plan.out, x.size).reshape(x.shape)
+    dx = g.read(plan.dx, x.size).reshape(x.shape)
+    lay = plan.layer
+    scan_ops = [op for op in ops if op.name.startswith("scan_")]
+    scan_gpu, scan_wall = _time_ops(g, scan_ops, [], repeat)
+    sb = scan_bytes(dims, B, L, lay.T, plan.scratch.G)
+    res = dict(size=size, dims=(Dm, D, N, K, R, B, L), gpu_ms=gpu_ms, wall_ms=wall_ms, mem=mem,
+               scan_ms=scan_gpu if scan_gpu is not None else scan_wall, scan_bytes=sb,
+               n_dispatch=len(ops), chunk=lay.T, tile=layers.GEMM_TILE)
+    if profile:
+        # Each dispatch alone in its own pass (timestamps around it), summed by kernel name.
+        per = {}
+        for op in ops:
+            t, w = _time_ops(g, [op], [], 3, warmup=1)
+            per.setdefault(op.name, []).append(t if t is not None else w)
+        res["profile"] = sorted(((sum(v), len(v), k) for k, v in per.items()), reverse=True)
+    res["torch"], res["torch_note"] = (torch_bench(x, params, dout, out, dx, repeat, loops)
+                                       if use_torch else ([], "skipped (--no-torch)"))
+    return res
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    ap = argparse.ArgumentParser(prog="python -m mamba_ext bench --device gpu",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", choices=["a", "b", "c", "all"], default="all")
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--device", choices=["cpu", "gpu"], default="gpu")
+    ap.add_argument("--dtype", choices=["float32"], default="float32")
+    ap.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch CUDA baselines")
+    ap.add_argument("--no-loop", action="store_true", help="skip the slow PyTorch time-loop baseline")
+    ap.add_argument("--profile", action="store_true", help="also time every dispatch alone")
+    ap.add_argument("--markdown", action="store_true", help="(accepted; output is Markdown already)")
+    args = ap.parse_args(argv)
+    if args.repeat < 1:
+        ap.error("--repeat must be >= 1")
+    g = gpu()
+    info = g.info
+    print(f"adapter: {info.get('device')} ({info.get('backend_type')}, {info.get('adapter_type')}); "
+          f"timestamp-query: {g.timestamps}; max storage binding {g.max_binding} B")
+    bw = copy_bandwidth(g)
+    print(f"copy kernel bandwidth (read+write): {bw / 1e12:.2f} TB/s")
+    sizes = ["a", "b", "c"] if args.size == "all" else [args.size]
+    print("\n| size | Dm,D,N,K,R,B,L | WGSL fwd+bwd GPU ms | wall ms | GPU mem MiB | scan ms | "
+          "scan GB/s | scan / copy bw | scan / 4 TB/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    results = []
+    for s in sizes:
+        r = bench_size(s, args.repeat, not args.no_torch, not args.no_loop, args.profile)
+        results.append(r)
+        sbw = r["scan_bytes"] / (r["scan_ms"] * 1e-3)
+        gms = f"{r['gpu_ms']:.3f}" if r["gpu_ms"] is not None else "n/a"
+        print(f"| {s} | {','.join(map(str, r['dims']))} | {gms} | {r['wall_ms']:.3f} | "
+              f"{r['mem'] / 2**20:.1f} | {r['scan_ms']:.3f} | {sbw / 1e9:.0f} | {sbw / bw:.2f} | "
+              f"{sbw / NOMINAL_BW:.2f} |", flush=True)
+    for r in results:
+        ours = r["gpu_ms"] if r["gpu_ms"] is not None else r["wall_ms"]
+        print(f"\nsize {r['size']}: {r['n_dispatch']} dispatches in one pass, scan chunk "
+              f"{r['chunk']}, GEMM tile {16 * r['tile'][0]}x{16 * r['tile'][1]}; "
+              f"WGSL fwd+bwd {ours:.3f} ms")
+        for tot, cnt, name in r.get("profile", []):
+            print(f"  kernel {name:32s} x{cnt:2d} {tot:8.3f} ms")
+        if not r["torch"]:
+            print(f"  PyTorch CUDA baselines: {r['torch_note']}")
+        for name, ms, err in r["torch"]:
+            print(f"  {name:32s} {ms:9.3f} ms  (max err vs WGSL {err:.1e})  "
+                  f"torch/WGSL = {ms / ours:.2f}x")
+        if r["torch"]:
+            best = min(r["torch"], key=lambda t: t[1])
+            print(f"  fastest PyTorch ({best[0]}) / WGSL = {best[1] / ours:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

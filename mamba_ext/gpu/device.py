@@ -1,0 +1,263 @@
+"""The one wgpu device of mamba_ext.gpu: adapter limits, kernel loading, the
+pipeline cache, buffers and dispatch recording.
+
+Everything that touches wgpu goes through :func:`gpu` (created lazily, once per
+process). Kernels are WGSL files of the package ``mamba_ext.kernels`` (the
+repository's ``kernels/`` folder, mapped by ``package_dir`` in setup.py).
+"""
+from __future__ import annotations
+
+import math
+import os
+import struct
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+NO_ADAPTER_HELP = (
+    "mamba_ext.gpu: wgpu found no GPU adapter. Install a driver with Vulkan, Metal or "
+    "DirectX 12 support for your GPU, or the software Vulkan driver lavapipe "
+    "(Debian/Ubuntu: apt-get install mesa-vulkan-drivers; Fedora: dnf install "
+    "mesa-vulkan-drivers), then retry. mamba_ext.gpu.available() says whether one is found.")
+
+# Limits we ask for beyond WebGPU's defaults (the defaults are far below what
+# real GPUs offer: 128 MiB bindings, 8 storage buffers per stage).
+_WANTED_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
+                  "max-storage-buffers-per-shader-stage", "max-compute-workgroup-storage-size",
+                  "max-compute-invocations-per-workgroup", "max-compute-workgroups-per-dimension")
+
+# The scan backward kernel binds 11 storage buffers.
+_MIN_STORAGE_BUFFERS = 11
+
+
+def _kernel_dir_sources():
+    """Return a function name -> WGSL text.
+
+    Installed wheels hold the kernels as package data of ``mamba_ext.kernels``.
+    In a source checkout used through ``PYTHONPATH=<repo>`` that package does not
+    exist (setup.py maps it from the top-level ``kernels/`` folder only when
+    building), so we fall back to ``<repo>/kernels`` next to the package.
+    """
+    try:
+        from importlib.resources import files
+        root = files("mamba_ext.kernels")
+        if root.joinpath("common.wgsl").is_file():
+            return lambda name: root.joinpath(name).read_text(encoding="utf-8")
+    except (ModuleNotFoundError, FileNotFoundError, TypeError):
+        pass
+    repo_kernels = Path(__file__).resolve().parents[2] / "kernels"
+    if not (repo_kernels / "common.wgsl").is_file():
+        raise RuntimeError(f"mamba_ext.gpu: WGSL kernels not found (neither package "
+                           f"mamba_ext.kernels nor {repo_kernels})")
+    return lambda name: (repo_kernels / name).read_text(encoding="utf-8")
+
+
+def kernel_source(file: str) -> str:
+    """WGSL of ``kernels/<file>.wgsl`` with ``common.wgsl`` prepended."""
+    read = _kernel_dir_sources()
+    return read("common.wgsl") + "\n" + read(file + ".wgsl")
+
+
+@dataclass
+class Op:
+    """One recorded dispatch: pipeline, its bind group and the workgroup grid."""
+    pipeline: object
+    bind_group: object
+    grid: tuple
+    name: str
+    params: object = None     # its uniform buffer (rewritten by write_params)
+
+
+class Gpu:
+    """The device, its limits and the caches (pipelines by shader+constants)."""
+
+    def __init__(self):
+        try:
+            import wgpu
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise RuntimeError("mamba_ext.gpu needs the wgpu package: pip install wgpu "
+                               "(or pip install mamba_ext[gpu])") from e
+        self.wgpu = wgpu
+        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        if adapter is None:
+            raise RuntimeError(NO_ADAPTER_HELP)
+        self.adapter = adapter
+        self.info = dict(adapter.info)
+        alim = adapter.limits
+        features = [f for f in ("timestamp-query",) if f in adapter.features]
+        req = {k: alim[k] for k in _WANTED_LIMITS if k in alim}
+        if req.get("max-storage-buffers-per-shader-stage", 0) < _MIN_STORAGE_BUFFERS:
+            raise RuntimeError(
+                f"mamba_ext.gpu: adapter {self.info.get('device')!r} allows "
+                f"{req.get('max-storage-buffers-per-shader-stage')} storage buffers per shader "
+                f"stage (max_storage_buffers_per_shader_stage); the scan kernels need "
+                f"{_MIN_STORAGE_BUFFERS}")
+        self.device = adapter.request_device_sync(required_features=features, required_limits=req)
+        lim = self.device.limits
+        self.max_binding = int(lim["max-storage-buffer-binding-size"])
+        self.max_buffer = int(lim["max-buffer-size"])
+        self.max_groups = int(lim["max-compute-workgroups-per-dimension"])
+        self.timestamps = "timestamp-query" in features
+        self._pipelines = {}
+        self._modules = {}
+        self.bytes_allocated = 0
+
+    # ------------------------------------------------------------ pipelines
+    def pipeline(self, file: str, entry: str, constants=None):
+        """Compute pipeline of ``entry`` in ``kernels/<file>.wgsl``, compiled once
+        per (file, entry, override constants)."""
+        key = (file, entry, tuple(sorted((constants or {}).items())))
+        pl = self._pipelines.get(key)
+        if pl is None:
+            mod = self._modules.get(file)
+            if mod is None:
+                mod = self.device.create_shader_module(label=file, code=kernel_source(file))
+                self._modules[file] = mod
+            compute = {"module": mod, "entry_point": entry}
+            if constants:
+                compute["constants"] = {k: v for k, v in constants.items()}
+            pl = self.device.create_compute_pipeline(label=f"{file}.{entry}", layout="auto",
+                                                     compute=compute)
+            self._pipelines[key] = pl
+        return pl
+
+    # -------------------------------------------------------------- buffers
+    def buffer(self, n_floats: int, name: str, data=None):
+        """A storage buffer of ``n_floats`` 4-byte words (zero-initialised, or
+        ``data``); refuses sizes above the adapter's binding limit."""
+        nbytes = 4 * max(int(n_floats), 1)
+        if nbytes > self.max_binding:
+            raise ValueError(
+                f"mamba_ext.gpu: buffer {name!r} needs {nbytes} bytes, more than this adapter's "
+                f"max_storage_buffer_binding_size of {self.max_binding} bytes; use a smaller "
+                f"batch or sequence length")
+        usage = (self.wgpu.BufferUsage.STORAGE | self.wgpu.BufferUsage.COPY_SRC
+                 | self.wgpu.BufferUsage.COPY_DST)
+        nbytes = (nbytes + 15) // 16 * 16
+        buf = self.device.create_buffer(label=name, size=nbytes, usage=usage)
+        self.bytes_allocated += nbytes
+        if data is not None:
+            self.write(buf, data)
+        return buf
+
+    def uniform(self, values):
+        """A uniform buffer holding ``values`` as 4-byte words (float -> f32, int -> u32)."""
+        words = b"".join(struct.pack("<f", v) if isinstance(v, float) else struct.pack("<I", int(v))
+                         for v in values)
+        words += b"\0" * ((-len(words)) % 16)
+        return self.device.create_buffer_with_data(
+            data=words, usage=self.wgpu.BufferUsage.UNIFORM | self.wgpu.BufferUsage.COPY_DST)
+
+    def write(self, buf, data, offset_bytes: int = 0):
+        arr = np.ascontiguousarray(data)
+        if arr.nbytes:
+            self.device.queue.write_buffer(buf, offset_bytes, memoryview(arr).cast("B"))
+
+    def read(self, buf, n: int, dtype=np.float32, offset: int = 0) -> np.ndarray:
+        """Copy ``n`` elements starting at element ``offset`` back to the host."""
+        if n == 0:
+            return np.zeros(0, dtype)
+        size = np.dtype(dtype).itemsize
+        raw = self.device.queue.read_buffer(buf, offset * size, n * size)
+        return np.frombuffer(raw, dtype=dtype, count=n).copy()
+
+    # ----------------------------------------------------------- dispatches
+    def grid1d(self, n_groups: int, what: str):
+        """Workgroup grid (x, y) for ``n_groups`` groups, split in y when x would
+        pass max_compute_workgroups_per_dimension (kernels use flat_index)."""
+        n_groups = max(int(n_groups), 1)
+        if n_groups <= self.max_groups:
+            return (n_groups, 1, 1)
+        y = math.ceil(n_groups / self.max_groups)
+        if y > self.max_groups:
+            raise ValueError(f"mamba_ext.gpu: {what} needs {n_groups} workgroups, more than "
+                             f"max_compute_workgroups_per_dimension^2 = {self.max_groups ** 2}")
+        return (math.ceil(n_groups / y), y, 1)
+
+    def check_grid(self, grid, what: str):
+        for g in grid:
+            if g > self.max_groups:
+                raise ValueError(f"mamba_ext.gpu: {what} needs a grid of {tuple(grid)} workgroups; "
+                                 f"this adapter's max_compute_workgroups_per_dimension is "
+                                 f"{self.max_groups}; use a smaller batch or model")
+        return tuple(int(g) for g in grid)
+
+    def op(self, file, entry, grid, params, buffers, constants=None) -> Op:
+        """Record a dispatch: binding 0 = uniform ``params``, 1.. = ``buffers``."""
+        pl = self.pipeline(file, entry, constants)
+        ubuf = self.uniform(params)
+        entries = [{"binding": 0, "resource": {"buffer": ubuf}}]
+        for i, b in enumerate(buffers, start=1):
+            entries.append({"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}})
+        bg = self.device.create_bind_group(layout=pl.get_bind_group_layout(0), entries=entries)
+        return Op(pl, bg, self.check_grid(grid, f"{file}.{entry}"), entry, ubuf)
+
+    def write_params(self, op: Op, values):
+        """Replace the uniform parameters of a recorded op (same layout)."""
+        words = b"".join(struct.pack("<f", v) if isinstance(v, float) else struct.pack("<I", int(v))
+                         for v in values)
+        self.device.queue.write_buffer(op.params, 0, words)
+
+    def submit(self, ops, clears=(), timestamps=None):
+        """Encode ``ops`` in ONE compute pass after clearing ``clears``, and
+        submit them as one command buffer. ``timestamps`` = (query_set, resolve
+        buffer) records the pass's start and end."""
+        enc = self.device.create_command_encoder()
+        for buf in clears:
+            enc.clear_buffer(buf)
+        tw = None
+        if timestamps is not None:
+            tw = {"query_set": timestamps[0], "beginning_of_pass_write_index": 0,
+                  "end_of_pass_write_index": 1}
+        cp = enc.begin_compute_pass(timestamp_writes=tw) if tw else enc.begin_compute_pass()
+        for op in ops:
+            cp.set_pipeline(op.pipeline)
+            cp.set_bind_group(0, op.bind_group)
+            cp.dispatch_workgroups(*op.grid)
+        cp.end()
+        if timestamps is not None:
+            enc.resolve_query_set(timestamps[0], 0, 2, timestamps[1], 0)
+        self.device.queue.submit([enc.finish()])
+
+    def timestamp_pair(self):
+        """(query_set, resolve buffer) for :meth:`submit`, or None without the feature."""
+        if not self.timestamps:
+            return None
+        w = self.wgpu
+        qs = self.device.create_query_set(type=w.QueryType.timestamp, count=2)
+        buf = self.device.create_buffer(size=16, usage=w.BufferUsage.QUERY_RESOLVE
+                                        | w.BufferUsage.COPY_SRC)
+        return qs, buf
+
+    def sync(self):
+        """Wait until all submitted work is done: read back a tiny buffer (the
+        copy is queued after everything submitted before; wgpu-py 0.32's
+        on_submitted_work_done_sync is broken)."""
+        if getattr(self, "_sync_buf", None) is None:
+            self._sync_buf = self.buffer(4, "sync")
+        self.read(self._sync_buf, 1)
+
+
+_GPU = None
+_LOCK = threading.Lock()
+
+
+def gpu() -> Gpu:
+    """The process-wide device (created on first use)."""
+    global _GPU
+    if _GPU is None:
+        with _LOCK:
+            if _GPU is None:
+                _GPU = Gpu()
+    return _GPU
+
+
+def available() -> bool:
+    """True when wgpu is installed and finds an adapter."""
+    try:
+        gpu()
+        return True
+    except RuntimeError:
+        return False

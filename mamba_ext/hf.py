@@ -1,0 +1,286 @@
+"""Convert between Hugging Face ``transformers`` Mamba checkpoints and our params.
+
+A Hugging Face Mamba checkpoint (``MambaForCausalLM.save_pretrained``) is a folder
+with ``config.json`` and ``model.safetensors`` (or shards listed in
+``model.safetensors.index.json``). Keys, per layer ``i``::
+
+    backbone.embeddings.weight          (V, Dm)     -> embedding (tied with the head)
+    backbone.layers.{i}.norm.weight     (Dm,)       -> layer{i}.normWeight
+    ...mixer.in_proj.weight             (2D, Dm)    -> wInProj      (x half first, then z)
+    ...mixer.in_proj.bias  [use_bias]   (2D,)       -> bInProj      (else zeros)
+    ...mixer.conv1d.weight              (D, 1, K)   -> wConv (D, K) taps REVERSED
+    ...mixer.conv1d.bias   [conv bias]  (D,)        -> bConv        (else zeros)
+    ...mixer.x_proj.weight              (P, D)      -> wXProj       (bXProj = 0: no bias there)
+    ...mixer.dt_proj.weight / .bias     (D, R) (D,) -> wDtProj / bDtProj
+    ...mixer.A_log                      (D, N)      -> A_log
+    ...mixer.D                          (D,)        -> D_vec
+    ...mixer.out_proj.weight            (Dm, D)     -> wOutProj
+    ...mixer.out_proj.bias [use_bias]   (Dm,)       -> bOutProj     (else zeros)
+    backbone.norm_f.weight              (Dm,)       -> final_norm
+    lm_head.weight (optional, tied)     (V, Dm)     must equal the embedding; lm_head_bias = 0
+
+Why the conv taps flip: transformers runs ``nn.Conv1d(padding=K-1)`` (cross-correlation),
+whose tap ``K-1`` multiplies the current step; our tap 0 does (shared/golden/README.md).
+
+Two semantic differences are carried in the returned config rather than in weights:
+the RMSNorm epsilon (``layer_norm_epsilon``, 1e-5 there; 1e-6 is our default) and the
+discretisation: transformers and the CUDA kernels use Euler ``b_bar = Delta*B``, so a
+converted model matches them only when run with ``discretization="euler"``. Pass the
+returned ``config["eps"]`` and ``config["discretization"]`` to ``model_forward`` /
+``model_loss_and_grads`` / ``mamba_ext.recurrent.init_state``.
+
+Anything we cannot represent exactly is refused with a ValueError that says why:
+another activation, an untied or biased head, a non-zero x_proj bias, A_log outside the
+clamp range [-10, 5] our forward applies, non-finite weights, unknown tensors.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+
+import numpy as np
+
+from ._validate import as_float_array
+from .model import check_model_params
+
+A_LOG_MIN, A_LOG_MAX = -10.0, 5.0   # our forward clamps A_log to this range (golden README step 7)
+
+_MIXER = {  # our block name -> HF mixer tensor name (the ones without a layout change)
+    "wInProj": "in_proj.weight", "bInProj": "in_proj.bias", "bConv": "conv1d.bias",
+    "wXProj": "x_proj.weight", "wDtProj": "dt_proj.weight", "bDtProj": "dt_proj.bias",
+    "A_log": "A_log", "D_vec": "D", "wOutProj": "out_proj.weight", "bOutProj": "out_proj.bias",
+}
+_OPTIONAL_HF = {"bInProj", "bOutProj", "bConv"}   # absent in HF when use_bias / use_conv_bias is off
+
+
+def _hf_dims(hf_config: Mapping) -> dict:
+    """Our model config from an HF MambaConfig dict, refusing what we cannot run."""
+    cfg = dict(hf_config)
+    model_type = cfg.get("model_type", "mamba")
+    if model_type != "mamba":
+        raise ValueError(f"config.json: model_type {model_type!r} is not supported; only Mamba-1 "
+                         f"('mamba') checkpoints can be converted")
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"config.json: hidden_act {act!r} cannot be represented; mamba_ext uses 'silu'")
+    if not cfg.get("tie_word_embeddings", True):
+        raise ValueError("config.json: tie_word_embeddings is false; mamba_ext ties the output head to "
+                         "the embedding (an untied head is accepted only if lm_head.weight equals it)")
+    try:
+        Dm = int(cfg["hidden_size"])
+        V = int(cfg["vocab_size"])
+        n_layers = int(cfg["num_hidden_layers"])
+        N = int(cfg.get("state_size", 16))
+        K = int(cfg.get("conv_kernel", 4))
+        D = int(cfg.get("expand", 2) * Dm)   # transformers derives intermediate_size this way
+        R = cfg.get("time_step_rank", "auto")
+        R = math.ceil(Dm / 16) if R == "auto" else int(R)
+        eps = float(cfg.get("layer_norm_epsilon", 1e-5))
+    except KeyError as e:
+        raise ValueError(f"config.json: missing required field {e.args[0]!r}") from None
+    if not (eps >= 0.0 and math.isfinite(eps)):
+        raise ValueError(f"config.json: layer_norm_epsilon must be a finite number >= 0, got {eps}")
+    return {"vocab_size": V, "d_model": Dm, "n_layers": n_layers, "d_state": N, "d_conv": K,
+            "d_inner": D, "dt_rank": R, "eps": eps, "discretization": "euler"}
+
+
+def params_from_hf(tensors: Mapping, hf_config: Mapping, dtype=np.float32):
+    """HF state dict (name -> array, torch tensors need ``.numpy()`` first) -> ``(params, config)``.
+
+    ``params`` is our model dict (``embedding``, ``final_norm``, ``lm_head_bias``,
+    ``layer{i}.<block name>``) of C-contiguous ``dtype`` arrays; ``config`` holds the sizes,
+    ``eps`` (from ``layer_norm_epsilon``) and ``discretization="euler"``.
+    """
+    cfg = _hf_dims(hf_config)
+    # Old checkpoints say "backbone.embedding."; transformers renames it on load, so do we.
+    t = {k.replace("backbone.embedding.", "backbone.embeddings."): v for k, v in tensors.items()}
+    used = set()
+
+    def take(key, shape, required=True):
+        if key not in t:
+            if required:
+                raise ValueError(f"checkpoint: missing tensor {key!r} (expected shape {shape})")
+            return np.zeros(shape, dtype)
+        used.add(key)
+        arr = as_float_array(key, np.asarray(t[key], dtype=np.float64)).astype(dtype)
+        if arr.shape != tuple(shape):
+            raise ValueError(f"checkpoint: {key}: expected shape {tuple(shape)} (from config.json: "
+                             f"{_describe(cfg)}), got {arr.shape}")
+        if not np.all(np.isfinite(arr)):
+            raise ValueError(f"checkpoint: {key} contains non-finite values (NaN or Inf)")
+        return arr
+
+    V, Dm, D, N, K, R = (cfg[k] for k in ("vocab_size", "d_model", "d_inner", "d_state", "d_conv",
+                                          "dt_rank"))
+    shapes = {"wInProj": (2 * D, Dm), "bInProj": (2 * D,), "bConv": (D,), "wXProj": (R + 2 * N, D),
+              "wDtProj": (D, R), "bDtProj": (D,), "A_log": (D, N), "D_vec": (D,),
+              "wOutProj": (Dm, D), "bOutProj": (Dm,)}
+    params = {"embedding": take("backbone.embeddings.weight", (V, Dm)),
+              "final_norm": take("backbone.norm_f.weight", (Dm,)),
+              "lm_head_bias": np.zeros(V, dtype)}
+    if "lm_head.weight" in t:   # written by some savers even when tied; it must be the same table
+        head = take("lm_head.weight", (V, Dm))
+        if not np.array_equal(head, params["embedding"]):
+            raise ValueError("checkpoint: lm_head.weight differs from backbone.embeddings.weight; "
+                             "mamba_ext supports only a head tied to the embedding")
+    if "lm_head.bias" in t:
+        raise ValueError("checkpoint: lm_head.bias present; the Hugging Face Mamba head has no bias "
+                         "and this layout is not supported")
+    for i in range(cfg["n_layers"]):
+        pre, mix = f"layer{i}.", f"backbone.layers.{i}.mixer."
+        params[pre + "normWeight"] = take(f"backbone.layers.{i}.norm.weight", (Dm,))
+        conv = take(mix + "conv1d.weight", (D, 1, K))
+        params[pre + "wConv"] = np.ascontiguousarray(conv[:, 0, ::-1])   # flip the taps
+        for ours, theirs in _MIXER.items():
+            params[pre + ours] = take(mix + theirs, shapes[ours], required=ours not in _OPTIONAL_HF)
+        params[pre + "bXProj"] = np.zeros(R + 2 * N, dtype)
+        a_log = params[pre + "A_log"]
+        if a_log.size and (a_log.min() < A_LOG_MIN or a_log.max() > A_LOG_MAX):
+            raise ValueError(f"checkpoint: {mix}A_log has values in [{a_log.min():.4g}, "
+                             f"{a_log.max():.4g}], outside [{A_LOG_MIN:g}, {A_LOG_MAX:g}]; mamba_ext "
+                             f"clamps A_log to that range, so it would not compute the same model")
+    unknown = sorted(set(t) - used)
+    if unknown:
+        raise ValueError(f"checkpoint: unexpected tensor(s) {unknown[:8]}"
+                         f"{' ...' if len(unknown) > 8 else ''}; not a Mamba-1 layout mamba_ext can represent")
+    return params, cfg
+
+
+def _describe(cfg):
+    return ", ".join(f"{k}={cfg[k]}" for k in ("vocab_size", "d_model", "d_inner", "d_state",
+                                               "d_conv", "dt_rank", "n_layers"))
+
+
+def params_to_hf(params: Mapping, config: Mapping, approximate_discretization: bool = False):
+    """Our params + config -> ``(tensors, hf_config)`` for ``MambaForCausalLM``.
+
+    ``config`` needs ``eps`` and ``discretization``. A model run with ``"zoh"`` computes a
+    (slightly) different function than transformers' Euler scan: refused unless
+    ``approximate_discretization=True``. A_log is written clipped to [-10, 5], which is
+    what our forward uses. Refused: no layers, a non-zero ``lm_head_bias`` or ``bXProj``,
+    ``d_inner`` not a multiple of ``d_model`` (transformers only has an integer ``expand``).
+    """
+    arrays, mdims = check_model_params(params)
+    n_layers, dims, V = mdims.n_layers, mdims.block, mdims.V
+    if n_layers == 0:
+        raise ValueError("params: no layers (layer0.wInProj missing); nothing to export")
+    disc = config.get("discretization", "zoh")
+    if disc not in ("zoh", "euler"):
+        raise ValueError(f"config['discretization']: expected 'zoh' or 'euler', got {disc!r}")
+    if disc != "euler" and not approximate_discretization:
+        raise ValueError("config['discretization'] is 'zoh', but transformers' Mamba uses the Euler "
+                         "b_bar = Delta*B; the exported model would compute different outputs. Train/run "
+                         "with discretization='euler', or pass approximate_discretization=True")
+    if "eps" not in config:
+        raise ValueError("config: missing 'eps' (the RMSNorm epsilon the model is run with)")
+    eps = float(config["eps"])
+    if np.any(arrays["lm_head_bias"] != 0):
+        raise ValueError("lm_head_bias: non-zero; the Hugging Face Mamba head has no bias, so this "
+                         "model cannot be represented there")
+    Dm, D = dims.Dm, dims.D
+    if D % Dm:
+        raise ValueError(f"params: dInner {D} is not a multiple of dModel {Dm}; transformers' "
+                         f"MambaConfig derives intermediate_size = expand * hidden_size (integer expand)")
+    use_bias = any(np.any(arrays[f"layer{i}.{n}"] != 0)
+                   for i in range(n_layers) for n in ("bInProj", "bOutProj"))
+    tensors = {"backbone.embeddings.weight": arrays["embedding"],
+               "backbone.norm_f.weight": arrays["final_norm"]}
+    for i in range(n_layers):
+        pre, mix = f"layer{i}.", f"backbone.layers.{i}.mixer."
+        if np.any(arrays[pre + "bXProj"] != 0):
+            raise ValueError(f"{pre}bXProj: non-zero; the Hugging Face x_proj has no bias, so this "
+                             f"model cannot be represented there")
+        tensors[f"backbone.layers.{i}.norm.weight"] = arrays[pre + "normWeight"]
+        tensors[mix + "conv1d.weight"] = np.ascontiguousarray(arrays[pre + "wConv"][:, None, ::-1])
+        for ours, theirs in _MIXER.items():
+            if ours in ("bInProj", "bOutProj") and not use_bias:
+                continue
+            tensors[mix + theirs] = arrays[pre + ours]
+        tensors[mix + "A_log"] = np.clip(arrays[pre + "A_log"], A_LOG_MIN, A_LOG_MAX)
+    tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    hf_config = {
+        "architectures": ["MambaForCausalLM"], "model_type": "mamba",
+        "vocab_size": V, "hidden_size": Dm, "state_size": dims.N, "num_hidden_layers": n_layers,
+        "expand": D // Dm, "intermediate_size": D, "conv_kernel": dims.K, "time_step_rank": dims.R,
+        "layer_norm_epsilon": eps, "use_bias": bool(use_bias), "use_conv_bias": True,
+        "hidden_act": "silu", "tie_word_embeddings": True, "residual_in_fp32": True,
+    }
+    return tensors, hf_config
+
+
+# ---- files -------------------------------------------------------------------------------
+
+def _safetensors():
+    try:
+        import safetensors.numpy as stn
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise ImportError("mamba_ext.hf needs the 'safetensors' package: pip install safetensors") from None
+    return stn
+
+
+def _atomic_write(path, write):
+    """Run ``write(tmp_path)`` then move the file into place, so readers never see half a file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_hf(path, dtype=np.float32):
+    """Load a ``save_pretrained`` folder -> ``(params, config)`` (see :func:`params_from_hf`)."""
+    stn = _safetensors()
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise FileNotFoundError(f"{path}: no config.json; expected a Hugging Face save_pretrained folder")
+    with open(cfg_path, encoding="utf-8") as f:
+        hf_config = json.load(f)
+    single = os.path.join(path, "model.safetensors")
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(single):
+        files = [single]
+    elif os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        files = [os.path.join(path, s) for s in shards]
+    else:
+        other = [n for n in os.listdir(path) if n.endswith((".bin", ".pt", ".pth"))]
+        raise FileNotFoundError(f"{path}: no model.safetensors (or index); "
+                                + (f"found {other}: re-save with safe_serialization=True" if other else
+                                   "expected the safetensors layout of save_pretrained"))
+    tensors = {}
+    for fname in files:
+        try:
+            part = stn.load_file(fname)
+        except Exception as e:
+            raise ValueError(f"{fname}: cannot read as float safetensors ({e}); bfloat16 files must be "
+                             f"converted to float32 first") from None
+        tensors.update(part)
+    return params_from_hf(tensors, hf_config, dtype=dtype)
+
+
+def save_hf(path, params, config, approximate_discretization=False):
+    """Write ``config.json`` + ``model.safetensors`` that ``MambaForCausalLM.from_pretrained`` loads.
+
+    Files are written atomically; the folder is created if needed.
+    """
+    tensors, hf_config = params_to_hf(params, config, approximate_discretization)
+    stn = _safetensors()
+    os.makedirs(path, exist_ok=True)
+    tensors32 = {k: v.astype(np.float32) for k, v in tensors.items()}
+    _atomic_write(os.path.join(path, "model.safetensors"),
+                  lambda tmp: stn.save_file(tensors32, tmp, metadata={"format": "pt"}))
+
+    def write_json(tmp):
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(hf_config, f, indent=2)
+    _atomic_write(os.path.join(path, "config.json"), write_json)
+    return hf_config

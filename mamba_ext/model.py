@@ -1,0 +1,240 @@
+"""Whole Mamba-1 language model on the CPU: forward, mean cross-entropy, exact gradients.
+
+token embedding -> ``n_layers`` Mamba-1 blocks -> final RMSNorm -> LM head tied to
+the embedding (+ ``lm_head_bias``) -> mean cross-entropy over all B*L positions.
+The maths is that of ``shared/golden/README.md``; the compiled core is
+``mamba_ext/_model.pyx`` (C contract in ``_model.pxd``).
+
+Parameters are a flat dict (see :func:`MODEL_PARAM_NAMES`)::
+
+    embedding      (V, Dm)   token table, also the output head (tied)
+    final_norm     (Dm,)     final RMSNorm gain
+    lm_head_bias   (V,)      output-head bias
+    layer{i}.{name}          the 13 block parameters of layer i (BLOCK_PARAM_NAMES)
+
+All sizes (V, Dm, n_layers, dInner, dState, dConv, dtRank) are inferred from
+the shapes; every layer must have the same sizes.
+"""
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import numpy as np
+
+from ._validate import (BLOCK_PARAM_NAMES, BlockDims, as_float_array, check_block_params,
+                        check_count, check_tokens)
+
+DEFAULT_EPS = 1e-6
+_LAYER_KEY = re.compile(r"layer(\d+)\.(.+)\Z")
+_TOP_NAMES = ("embedding", "final_norm", "lm_head_bias")
+
+
+def MODEL_PARAM_NAMES(n_layers: int) -> tuple:
+    """Names of the model parameters, in a fixed order:
+    ``embedding``, ``final_norm``, ``lm_head_bias``, then ``layer{i}.{name}`` for
+    ``i`` in ``range(n_layers)`` and ``name`` in ``BLOCK_PARAM_NAMES``."""
+    n = int(n_layers)
+    if n < 0:
+        raise ValueError(f"n_layers: expected >= 0, got {n_layers}")
+    return _TOP_NAMES + tuple(f"layer{i}.{name}" for i in range(n) for name in BLOCK_PARAM_NAMES)
+
+
+class ModelDims(NamedTuple):
+    """Sizes of the model, inferred from the parameter shapes."""
+    V: int              # vocab size
+    n_layers: int
+    block: BlockDims    # Dm, D, N, K, R shared by every layer (all 1 when n_layers == 0)
+
+    @property
+    def Dm(self) -> int:
+        return self.block.Dm
+
+
+def check_model_params(params, dtype=None):
+    """Validate a model parameter dict.
+
+    Returns ``(arrays, dims)``: ``arrays`` a dict in :func:`MODEL_PARAM_NAMES`
+    order of C-contiguous arrays of one float dtype (``dtype``, or that of
+    ``embedding``), ``dims`` a :class:`ModelDims`.
+    """
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params: expected a mapping of model parameter names to arrays, "
+                        f"got {type(params).__name__}")
+    missing_top = [n for n in _TOP_NAMES if n not in params]
+    if missing_top:
+        raise ValueError(f"params: missing parameter(s) {missing_top}")
+    layers: dict[int, dict] = {}
+    unknown = []
+    for key in params:
+        if key in _TOP_NAMES:
+            continue
+        m = _LAYER_KEY.match(str(key))
+        if m is None:
+            unknown.append(str(key))
+            continue
+        layers.setdefault(int(m.group(1)), {})[m.group(2)] = params[key]
+    if unknown:
+        raise ValueError(f"params: unknown parameter(s) {sorted(unknown)}; expected "
+                         f"'embedding', 'final_norm', 'lm_head_bias' and 'layer{{i}}.{{name}}'")
+    n_layers = len(layers)
+    if sorted(layers) != list(range(n_layers)):
+        raise ValueError(f"params: layer indices must be 0..n_layers-1 without gaps, got "
+                         f"{sorted(layers)}")
+
+    emb = as_float_array("embedding", params["embedding"], dtype)
+    dtype = emb.dtype
+    if emb.ndim != 2 or emb.shape[0] < 1 or emb.shape[1] < 1:
+        raise ValueError(f"embedding: expected a 2-D array (vocab_size, dModel) with both "
+                         f"sizes >= 1, got shape {emb.shape}")
+    check_count("embedding", emb.shape)
+    V, Dm = emb.shape
+    arrays = {"embedding": emb}
+    for name, shape in (("final_norm", (Dm,)), ("lm_head_bias", (V,))):
+        a = as_float_array(name, params[name], dtype)
+        if a.shape != shape:
+            raise ValueError(f"{name}: expected shape {shape} (vocab_size={V}, dModel={Dm} from "
+                             f"embedding), got {a.shape}")
+        arrays[name] = a
+
+    block = BlockDims(Dm=Dm, D=1, N=1, K=1, R=1)
+    for i in range(n_layers):
+        prefix = f"layer{i}."
+        blk, dims = check_block_params(layers[i], dtype=dtype, d_model=Dm, prefix=prefix)
+        if i == 0:
+            block = dims
+        elif dims != block:
+            raise ValueError(f"layer{i}: sizes {dims._asdict()} differ from layer0's "
+                             f"{block._asdict()}; every layer must have the same sizes")
+        for name in BLOCK_PARAM_NAMES:
+            arrays[prefix + name] = blk[name]
+    return arrays, ModelDims(V=V, n_layers=n_layers, block=block)
+
+
+def _resolve_threads(n_threads) -> int:
+    if n_threads is None:
+        env = os.environ.get("OMP_NUM_THREADS", "")
+        n = int(env) if env.isdigit() and int(env) > 0 else (os.cpu_count() or 1)
+        return max(1, n)
+    n = int(n_threads)
+    if n < 1:
+        raise ValueError(f"n_threads: expected None or an integer >= 1, got {n_threads}")
+    return n
+
+
+def _check_eps(eps) -> float:
+    e = float(eps)
+    if not (np.isfinite(e) and e > 0.0):
+        raise ValueError(f"eps: expected a finite number > 0, got {eps}")
+    return e
+
+
+def _sizes(dims: ModelDims, B: int, L: int) -> tuple:
+    b = dims.block
+    return (dims.V, dims.n_layers, B, L, b.Dm, b.D, b.N, b.K, b.R)
+
+
+def _layer_lists(arrays: Mapping, n_layers: int) -> list:
+    return [[arrays[f"layer{i}.{n}"] for n in BLOCK_PARAM_NAMES] for i in range(n_layers)]
+
+
+def model_forward(tokens, params, *, eps: float = DEFAULT_EPS, n_threads=None) -> np.ndarray:
+    """Logits ``(B, L, V)`` of the model for integer ``tokens`` ``(B, L)``.
+
+    ``eps`` is the epsilon of every RMSNorm (1e-6 by default; Hugging Face
+    Mamba checkpoints use 1e-5). Token ids outside ``[0, V)`` raise ValueError
+    naming the id and its position.
+    """
+    from . import _model
+    arrays, dims = check_model_params(params)
+    tok = check_tokens("tokens", tokens, dims.V)
+    eps = _check_eps(eps)
+    B, L = tok.shape
+    logits = np.empty((B, L, dims.V), dtype=arrays["embedding"].dtype)
+    if B * L:
+        _model.forward(logits, tok, arrays["embedding"], arrays["final_norm"],
+                       arrays["lm_head_bias"], _layer_lists(arrays, dims.n_layers),
+                       _sizes(dims, B, L), eps, _resolve_threads(n_threads))
+    return logits
+
+
+def model_loss_and_grads(tokens, targets, params, checkpointing: bool = False, *,
+                         eps: float = DEFAULT_EPS, loss_scale: float = 1.0, n_threads=None):
+    """Mean cross-entropy and its gradient with respect to every parameter.
+
+    Returns ``(loss, grads)``: ``loss`` a Python float (accumulated in double,
+    never multiplied by ``loss_scale``), ``grads`` a dict keyed like ``params``
+    (in :func:`MODEL_PARAM_NAMES` order) of arrays of the parameters' dtype.
+    ``targets`` (B, L) are the ids to predict at every position (no shift
+    happens inside). ``checkpointing=True`` keeps only each layer's input and
+    recomputes the block caches in the backward pass: bit-identical gradients,
+    lower peak memory (see :func:`model_workspace_bytes`). ``loss_scale``
+    multiplies the gradient seed dLoss/dlogits (mixed-precision loss scaling):
+    every gradient comes out multiplied by it.
+    """
+    from . import _model
+    arrays, dims = check_model_params(params)
+    tok = check_tokens("tokens", tokens, dims.V)
+    tgt = check_tokens("targets", targets, dims.V, shape=tok.shape)
+    eps = _check_eps(eps)
+    scale = float(loss_scale)
+    if not (np.isfinite(scale) and scale > 0.0):
+        raise ValueError(f"loss_scale: expected a finite number > 0, got {loss_scale}")
+    B, L = tok.shape
+    if B * L == 0:
+        raise ValueError(f"tokens: shape {tok.shape} has no positions; the mean cross-entropy "
+                         f"needs batch >= 1 and seqLen >= 1")
+    grads = {k: np.zeros_like(a) for k, a in arrays.items()}
+    loss = _model.loss_and_grads(tok, tgt, arrays["embedding"], arrays["final_norm"],
+                                 arrays["lm_head_bias"], _layer_lists(arrays, dims.n_layers),
+                                 grads["embedding"], grads["final_norm"], grads["lm_head_bias"],
+                                 _layer_lists(grads, dims.n_layers), _sizes(dims, B, L), eps,
+                                 scale, bool(checkpointing), _resolve_threads(n_threads))
+    return float(loss), grads
+
+
+def model_workspace_bytes(params, batch: int, seq_len: int, checkpointing: bool = False) -> int:
+    """Bytes the compiled loss-and-grads allocates internally for these sizes
+    (layer inputs, block caches — one instead of n_layers when checkpointing —,
+    logits and gradient buffers)."""
+    from . import _model
+    arrays, dims = check_model_params(params)
+    return int(_model.workspace_bytes(_sizes(dims, int(batch), int(seq_len)), bool(checkpointing),
+                                      arrays["embedding"].itemsize))
+
+
+def init_model_params(vocab_size: int, d_model: int, n_layers: int, d_state: int = 16,
+                      d_conv: int = 4, expand: int = 2, dt_rank=None, seed: int = 0,
+                      dtype=np.float32) -> dict:
+    """Fresh model parameters (dict in :func:`MODEL_PARAM_NAMES` order).
+
+    Each layer comes from :func:`mamba_ext.init_mamba1_params` with a seed derived
+    from ``(seed, layer index)``; ``embedding ~ N(0, 0.02^2)`` (so the initial
+    logits are ~0 and the loss starts near ln(vocab_size)), ``final_norm = 1``,
+    ``lm_head_bias = 0``.
+    """
+    from .block import init_mamba1_params
+    V, Dm, nl = int(vocab_size), int(d_model), int(n_layers)
+    for name, v, lo in (("vocab_size", V, 1), ("d_model", Dm, 1), ("n_layers", nl, 0)):
+        if v < lo:
+            raise ValueError(f"{name}: expected an integer >= {lo}, got {v}")
+    dtype = np.dtype(dtype)
+    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise TypeError(f"dtype: expected float32 or float64, got {dtype}")
+    ss = np.random.SeedSequence(int(seed))
+    emb_seq, *layer_seqs = ss.spawn(nl + 1)
+    rng = np.random.default_rng(emb_seq)
+    params = {
+        "embedding": (0.02 * rng.standard_normal((V, Dm))).astype(dtype),
+        "final_norm": np.ones(Dm, dtype=dtype),
+        "lm_head_bias": np.zeros(V, dtype=dtype),
+    }
+    for i, sq in enumerate(layer_seqs):
+        layer_seed = int(sq.generate_state(1, dtype=np.uint32)[0])
+        blk = init_mamba1_params(Dm, d_state=d_state, d_conv=d_conv, expand=expand,
+                                 dt_rank=dt_rank, seed=layer_seed, dtype=dtype)
+        for name in BLOCK_PARAM_NAMES:
+            params[f"layer{i}.{name}"] = np.ascontiguousarray(blk[name], dtype=dtype)
+    return params

@@ -1,0 +1,320 @@
+"""Hugging Face Mamba interop: converter round trips, refusals, and parity with
+``transformers.MambaForCausalLM`` on the CPU (logits, every gradient, greedy generation
+from a ``save_pretrained`` folder, and our exports loaded by ``from_pretrained``).
+
+The parity tests need torch + transformers (pip install torch transformers); without
+them they skip with a message, except under CI (CI set), where they must run.
+Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank, V vocab.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from mamba_ext.hf import load_hf, params_from_hf, params_to_hf, save_hf
+
+# |ours - theirs| <= ATOL * max|theirs| + RTOL * |theirs|: both sides float32, so the golden
+# README's float32 rule applies (measured: at most ~2.9e-6 * max|theirs|, about 15% of it).
+ATOL, RTOL = 2e-5, 1e-4
+
+
+def _assert_close(name, ours, theirs, atol=ATOL, rtol=RTOL):
+    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    assert ours.shape == theirs.shape, f"{name}: shape {ours.shape} vs {theirs.shape}"
+    scale = float(np.abs(theirs).max()) if theirs.size else 0.0
+    err = np.abs(ours - theirs)
+    tol = atol * scale + rtol * np.abs(theirs)
+    assert np.all(err <= tol), (f"{name}: max |diff| {err.max():.3g} (max|ref| {scale:.3g}); "
+                                f"{int((err > tol).sum())} of {err.size} out of tolerance")
+    return float((err / np.where(tol > 0, tol, 1)).max())
+
+
+def _require_transformers():
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        if os.environ.get("CI"):
+            raise AssertionError(f"CI must install torch and transformers for the parity tests: {e}")
+        pytest.skip(f"torch/transformers not installed ({e}); pip install torch transformers "
+                    f"to run the Hugging Face parity tests")
+
+
+# ---- random models in our layout (no torch needed) -------------------------------------
+
+def _our_random_params(seed, V=19, Dm=6, D=12, N=3, K=4, R=2, n_layers=2, hf_compatible=True):
+    """Random params; ``hf_compatible`` zeroes bXProj / lm_head_bias (no HF counterpart)."""
+    from mamba_ext._validate import BlockDims, block_param_shapes
+    rng = np.random.default_rng(seed)
+    p = {"embedding": rng.normal(0, 0.5, (V, Dm)), "final_norm": rng.normal(1, 0.2, Dm),
+         "lm_head_bias": np.zeros(V) if hf_compatible else rng.normal(0, 0.3, V)}
+    for i in range(n_layers):
+        for name, shape in block_param_shapes(BlockDims(Dm=Dm, D=D, N=N, K=K, R=R)).items():
+            if name == "A_log":
+                v = rng.uniform(-2, 2, shape)
+            elif name == "bXProj" and hf_compatible:
+                v = np.zeros(shape)
+            elif name.startswith("b"):
+                v = rng.normal(0, 0.3, shape)
+            elif name in ("D_vec", "normWeight"):
+                v = rng.normal(1, 0.3, shape)
+            else:
+                v = rng.normal(0, 1 / math.sqrt(shape[-1]), shape)
+            p[f"layer{i}.{name}"] = v
+    return {k: v.astype(np.float32) for k, v in p.items()}
+
+
+CONFIG = {"eps": 1e-5, "discretization": "euler"}
+
+
+def test_round_trip_ours_hf_ours_is_exact():
+    p = _our_random_params(0)
+    tensors, hf_cfg = params_to_hf(p, CONFIG)
+    assert hf_cfg["use_bias"] is True and hf_cfg["layer_norm_epsilon"] == 1e-5
+    assert hf_cfg["expand"] == 2 and hf_cfg["time_step_rank"] == 2 and hf_cfg["conv_kernel"] == 4
+    # the conv taps are stored reversed: HF's last tap multiplies the current step
+    np.testing.assert_array_equal(tensors["backbone.layers.1.mixer.conv1d.weight"][:, 0, -1],
+                                  p["layer1.wConv"][:, 0])
+    back, cfg = params_from_hf(tensors, hf_cfg)
+    assert cfg["eps"] == 1e-5 and cfg["discretization"] == "euler"
+    assert (cfg["d_model"], cfg["d_inner"], cfg["d_state"], cfg["d_conv"], cfg["dt_rank"],
+            cfg["n_layers"], cfg["vocab_size"]) == (6, 12, 3, 4, 2, 2, 19)
+    assert sorted(back) == sorted(p)
+    for k in p:
+        np.testing.assert_array_equal(back[k], p[k], err_msg=k)
+
+
+def test_round_trip_hf_ours_hf_and_missing_biases_become_zeros():
+    p = _our_random_params(1, Dm=4, D=8, K=2, R=1, n_layers=1)
+    for k in ("layer0.bInProj", "layer0.bOutProj"):
+        p[k][:] = 0
+    tensors, hf_cfg = params_to_hf(p, CONFIG)
+    assert hf_cfg["use_bias"] is False                     # all in/out biases zero -> not written
+    assert "backbone.layers.0.mixer.in_proj.bias" not in tensors
+    # a checkpoint without conv bias (use_conv_bias false) and with the old embedding name
+    del tensors["backbone.layers.0.mixer.conv1d.bias"]
+    tensors["backbone.embedding.weight"] = tensors.pop("backbone.embeddings.weight")
+    tensors["lm_head.weight"] = tensors["backbone.embedding.weight"].copy()   # tied copy is fine
+    hf_cfg = dict(hf_cfg, use_conv_bias=False, time_step_rank="auto")      # auto: ceil(4/16) = 1
+    back, cfg = params_from_hf(tensors, hf_cfg)
+    assert cfg["dt_rank"] == 1
+    for k in ("layer0.bInProj", "layer0.bOutProj", "layer0.bConv", "layer0.bXProj", "lm_head_bias"):
+        assert back[k].dtype == np.float32 and not back[k].any(), k
+    again, _ = params_to_hf(back, cfg)
+    for k, v in again.items():
+        ref = tensors.get(k, tensors["backbone.embedding.weight"] if "embeddings" in k else None)
+        if k.endswith("conv1d.bias"):
+            ref = np.zeros_like(v)
+        np.testing.assert_array_equal(v, ref, err_msg=k)
+
+
+def test_save_and_load_folder(tmp_path):
+    p = _our_random_params(2)
+    hf_cfg = save_hf(tmp_path / "m", p, CONFIG)
+    assert sorted(os.listdir(tmp_path / "m")) == ["config.json", "model.safetensors"]
+    assert json.loads((tmp_path / "m" / "config.json").read_text()) == hf_cfg
+    back, cfg = load_hf(tmp_path / "m")
+    assert cfg["eps"] == 1e-5
+    for k in p:
+        np.testing.assert_array_equal(back[k], p[k], err_msg=k)
+    back64, _ = load_hf(tmp_path / "m", dtype=np.float64)
+    assert back64["embedding"].dtype == np.float64
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda p, c: p["layer1.bXProj"].__setitem__(0, 0.5), "bXProj: non-zero"),
+    (lambda p, c: p["lm_head_bias"].__setitem__(3, 0.1), "lm_head_bias: non-zero"),
+    (lambda p, c: c.__setitem__("discretization", "zoh"), "Euler"),
+    (lambda p, c: c.pop("eps"), "missing 'eps'"),
+])
+def test_export_refuses_what_hf_cannot_represent(change, match):
+    p, c = _our_random_params(3), dict(CONFIG)
+    change(p, c)
+    with pytest.raises(ValueError, match=match):
+        params_to_hf(p, c)
+
+
+def test_export_zoh_only_when_asked_and_a_log_clipped():
+    p = _our_random_params(4, n_layers=1)
+    p["layer0.A_log"][0, :2] = [7.0, -12.0]               # our forward clamps these anyway
+    tensors, _ = params_to_hf(p, {"eps": 1e-6, "discretization": "zoh"},
+                              approximate_discretization=True)
+    assert tensors["backbone.layers.0.mixer.A_log"][0, :2].tolist() == [5.0, -10.0]
+
+
+def test_export_refuses_d_inner_not_multiple_of_d_model():
+    p = _our_random_params(5, Dm=4, D=10, n_layers=1)
+    with pytest.raises(ValueError, match="not a multiple of dModel"):
+        params_to_hf(p, CONFIG)
+
+
+def _hf_pair():
+    return params_to_hf(_our_random_params(6, n_layers=1), CONFIG)
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda t, c: c.__setitem__("hidden_act", "gelu"), "hidden_act 'gelu'"),
+    (lambda t, c: c.__setitem__("tie_word_embeddings", False), "tie_word_embeddings"),
+    (lambda t, c: c.__setitem__("model_type", "mamba2"), "model_type 'mamba2'"),
+    (lambda t, c: c.pop("hidden_size"), "missing required field 'hidden_size'"),
+    (lambda t, c: t.__setitem__("lm_head.weight", t["backbone.embeddings.weight"] + 1), "lm_head.weight differs"),
+    (lambda t, c: t.__setitem__("lm_head.bias", np.zeros(19, np.float32)), "lm_head.bias"),
+    (lambda t, c: t.__setitem__("backbone.layers.0.mixer.x_proj.bias", np.zeros(8, np.float32)),
+     "unexpected tensor"),
+    (lambda t, c: t.pop("backbone.layers.0.mixer.dt_proj.bias"), "missing tensor 'backbone.layers.0.mixer.dt_proj.bias'"),
+    (lambda t, c: t.__setitem__("backbone.layers.0.mixer.A_log", np.full((12, 3), 6.0, np.float32)),
+     r"outside \[-10, 5\]"),
+    (lambda t, c: t["backbone.layers.0.mixer.D"].__setitem__(2, np.nan), "non-finite"),
+    (lambda t, c: t.__setitem__("backbone.layers.0.mixer.conv1d.weight", np.zeros((12, 4), np.float32)),
+     r"conv1d.weight: expected shape \(12, 1, 4\)"),
+    (lambda t, c: c.__setitem__("state_size", 4), r"x_proj.weight: expected shape \(10, 12\) \(from config.json"),
+])
+def test_import_refuses_what_we_cannot_represent(change, match):
+    t, c = _hf_pair()
+    t = {k: v.copy() for k, v in t.items()}
+    change(t, c)
+    with pytest.raises(ValueError, match=match):
+        params_from_hf(t, c)
+
+
+def test_load_refuses_folder_without_safetensors(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(_hf_pair()[1]))
+    (tmp_path / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="safe_serialization"):
+        load_hf(tmp_path)
+
+
+# ---- parity with transformers -------------------------------------------------------------
+
+def _random_hf_model(seed, vocab, hidden, n_layers, state, conv, expand, rank, use_bias,
+                     use_conv_bias, eps):
+    import torch
+    from transformers import MambaConfig, MambaForCausalLM
+    cfg = MambaConfig(vocab_size=vocab, hidden_size=hidden, state_size=state, num_hidden_layers=n_layers,
+                      conv_kernel=conv, expand=expand, time_step_rank=rank, use_bias=use_bias,
+                      use_conv_bias=use_conv_bias, layer_norm_epsilon=eps,
+                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(seed)
+    model = MambaForCausalLM(cfg).float().eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():   # O(1) random weights, like the golden cases (HF's init is ~0.02)
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.uniform_(-2, 2, generator=g)
+            elif name.endswith("dt_proj.bias"):
+                p.uniform_(-2, 0.5, generator=g)
+            elif name.endswith(("norm.weight", "norm_f.weight", ".D")):
+                p.normal_(1, 0.2, generator=g)
+            elif name.endswith("bias"):
+                p.normal_(0, 0.3, generator=g)
+            elif name.endswith("embeddings.weight"):
+                p.normal_(0, 0.5, generator=g)
+            else:
+                p.normal_(0, 1 / math.sqrt(p.shape[-1]), generator=g)
+    return model
+
+
+def _ours_from_model(model):
+    sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    return params_from_hf(sd, model.config.to_dict())
+
+
+PARITY_CONFIGS = [
+    # seed, vocab, hidden, layers, state, conv, expand, rank, use_bias, use_conv_bias, eps
+    (0, 23, 8, 2, 4, 4, 2, "auto", True, True, 1e-5),
+    (1, 17, 6, 3, 3, 3, 3, 2, False, False, 1e-5),
+    (2, 31, 16, 1, 1, 1, 1, 3, False, True, 1e-6),
+    (3, 11, 5, 2, 5, 2, 2, 1, True, False, 1e-3),
+]
+
+
+@pytest.mark.parametrize("conf", PARITY_CONFIGS, ids=lambda c: f"seed{c[0]}")
+def test_logits_and_every_gradient_match_transformers(conf):
+    _require_transformers()
+    import torch
+    import torch.nn.functional as F
+    from mamba_ext import model_forward, model_loss_and_grads
+    model = _random_hf_model(*conf)
+    params, cfg = _ours_from_model(model)
+    V = cfg["vocab_size"]
+    rng = np.random.default_rng(conf[0])
+    seq = rng.integers(0, V, (2, 10))
+    tokens, targets = seq[:, :-1], seq[:, 1:]
+
+    # theirs: logits, mean CE over all positions (no shift: targets are already shifted), grads.
+    # Parameters HF does not have (x_proj bias, head bias, in/out biases when use_bias is off)
+    # get their gradient from the gradient of the matching layer output, summed over rows.
+    captured = {}
+
+    def keep(name):
+        def hook(_module, _inputs, output):
+            output.register_hook(lambda g: captured.__setitem__(name, g.sum(dim=(0, 1)).numpy()))
+        return hook
+    for i, layer in enumerate(model.backbone.layers):
+        for mod in ("in_proj", "x_proj", "out_proj"):
+            getattr(layer.mixer, mod).register_forward_hook(keep(f"{i}.{mod}"))
+    out = model(torch.tensor(tokens), use_cache=False)
+    logits_t = out.logits
+    logits_t.retain_grad()
+    loss_t = F.cross_entropy(logits_t.reshape(-1, V), torch.tensor(targets).reshape(-1))
+    loss_t.backward()
+    hf_grads = {k: p.grad.numpy() for k, p in model.named_parameters()}
+    g_theirs, _ = params_from_hf(hf_grads, model.config.to_dict())   # same linear layout map
+    g_theirs["lm_head_bias"] = logits_t.grad.sum(dim=(0, 1)).numpy()
+    extra = {"bXProj": "x_proj"} | ({} if conf[8] else {"bInProj": "in_proj", "bOutProj": "out_proj"})
+    for i in range(cfg["n_layers"]):
+        for ours_name, mod in extra.items():
+            g_theirs[f"layer{i}.{ours_name}"] = captured[f"{i}.{mod}"]
+    compared = set(g_theirs) - ({f"layer{i}.bConv" for i in range(cfg["n_layers"])}
+                                if not conf[9] else set())   # no conv bias in HF: nothing to compare
+
+    kw = {"eps": cfg["eps"], "discretization": cfg["discretization"]}
+    logits = model_forward(tokens, params, **kw)
+    _assert_close("logits", logits, logits_t.detach().numpy())
+    loss, grads = model_loss_and_grads(tokens, targets, params, **kw)
+    assert abs(loss - loss_t.item()) <= 1e-6 * abs(loss_t.item())
+    assert sorted(grads) == sorted(g_theirs)
+    for k in sorted(compared):
+        _assert_close(f"grad {k}", grads[k], g_theirs[k])
+
+
+def test_transformers_checkpoint_loads_and_greedy_generation_matches(tmp_path):
+    _require_transformers()
+    import torch
+    from mamba_ext import model_forward
+    from mamba_ext.recurrent import generate
+    model = _random_hf_model(7, 37, 12, 2, 4, 4, 2, "auto", False, True, 1e-5)
+    model.save_pretrained(tmp_path / "hf")
+    params, cfg = load_hf(tmp_path / "hf")
+    prompt = np.array([[1, 5, 9, 2], [30, 0, 7, 7]])
+    n_new = 24
+    with torch.no_grad():
+        theirs = model.generate(torch.tensor(prompt), max_new_tokens=n_new, do_sample=False,
+                                min_new_tokens=0).numpy()[:, prompt.shape[1]:]
+    ours = generate(params, prompt, n_new, eps=cfg["eps"], discretization=cfg["discretization"])
+    np.testing.assert_array_equal(ours, theirs)
+    # and the full forward agrees with the recurrent path on the generated text
+    full = np.concatenate([prompt, ours[:, :-1]], axis=1)
+    last = model_forward(full, params, eps=cfg["eps"], discretization=cfg["discretization"])
+    np.testing.assert_array_equal(np.argmax(last[:, prompt.shape[1] - 1:], axis=-1), ours)
+
+
+def test_exported_model_loads_in_transformers_with_same_logits(tmp_path):
+    _require_transformers()
+    import torch
+    from transformers import MambaForCausalLM
+    from mamba_ext.recurrent import init_state, step
+    p = _our_random_params(8, V=29, Dm=8, D=16, N=4, K=3, R=2, n_layers=2)
+    save_hf(tmp_path / "ours", p, CONFIG)
+    model = MambaForCausalLM.from_pretrained(tmp_path / "ours").float().eval()
+    assert model.config.layer_norm_epsilon == 1e-5 and model.config.use_bias is True
+    tokens = np.random.default_rng(8).integers(0, 29, (3, 7))
+    with torch.no_grad():
+        theirs = model(torch.tensor(tokens), use_cache=False).logits.numpy()
+    state = init_state(p, 3, **CONFIG)
+    ours = np.stack([step(tokens[:, t], p, state)[0] for t in range(7)], axis=1)
+    _assert_close("logits", ours, theirs)

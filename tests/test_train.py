@@ -1,0 +1,148 @@
+"""Training: the loss falls, resuming is exact, AMP skips overflowing steps,
+the train/sample commands, and the loss-curve PNG."""
+import copy
+import math
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+import mamba_ext
+from mamba_ext.train import TrainConfig, amp_step, train
+from mamba_ext.data import ByteBatches
+
+TEXT = (b"The quick brown fox jumps over the lazy dog. " * 3
+        + b"def add(a, b):\n    return a + b\n\n" * 3
+        + b"Pack my box with five dozen liquor jugs!\n") * 40
+
+
+@pytest.fixture
+def text_file(tmp_path):
+    p = tmp_path / "corpus.txt"
+    p.write_bytes(TEXT)
+    return str(p)
+
+
+def _tiny(text_file, **kw):
+    cfg = dict(data=text_file, d_model=32, n_layers=1, d_state=8, seq_len=32, batch=8,
+               steps=8, lr=1e-2, warmup=5, checkpoint_every=3)
+    cfg.update(kw)
+    return TrainConfig(**cfg)
+
+
+def test_short_run_learns_well_below_uniform(text_file, tmp_path):
+    res = train(_tiny(text_file, steps=100), tmp_path / "run", progress=None, log=lambda s: None)
+    losses = res["losses"]
+    assert len(losses) == 100 and all(np.isfinite(losses))
+    assert abs(losses[0] - math.log(256)) < 0.1          # starts at a uniform guess
+    assert res["final_loss"] < 2.0 < math.log(256) - 3    # mean of the last 50 steps
+    assert res["val_loss"] is not None and res["val_loss"] < 2.5
+    assert res["tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize("amp", [False, True])
+def test_resume_continues_exactly(text_file, tmp_path, amp):
+    cfg = _tiny(text_file, amp=amp)
+    full = train(copy.deepcopy(cfg), tmp_path / "a", progress=None, log=lambda s: None)
+    part = train(copy.deepcopy(cfg), tmp_path / "b", progress=None, log=lambda s: None,
+                 stop_after=5)
+    assert len(part["losses"]) == 5
+    resumed = train(copy.deepcopy(cfg), tmp_path / "b", resume=part["checkpoint"], progress=None,
+                    log=lambda s: None)
+    assert resumed["losses"] == full["losses"]            # bit-identical losses, every step
+    for k in full["params"]:
+        np.testing.assert_array_equal(resumed["params"][k], full["params"][k], err_msg=k)
+
+
+def test_amp_step_skips_on_overflow_and_leaves_moments_untouched(text_file):
+    from mamba_ext.amp import DynamicLossScaler
+    params = mamba_ext.init_model_params(256, 16, 1, d_state=4, seed=0)
+    opt = mamba_ext.AdamW(params, lr=1e-2)
+    tok, tgt = ByteBatches(np.frombuffer(TEXT, np.uint8), 16, 4).get(0)
+    # one applied step first, so that the moments are non-zero
+    scaler = DynamicLossScaler(init_scale=2.0 ** 10)
+    loss, applied = amp_step(tok, tgt, params, opt, scaler)
+    assert applied and np.isfinite(loss)
+    before_w = {k: v.copy() for k, v in params.items()}
+    before_state = copy.deepcopy(opt.state_dict())
+    scaler = DynamicLossScaler(init_scale=2.0 ** 40)   # fp16 gradients overflow to inf
+    loss, applied = amp_step(tok, tgt, params, opt, scaler)
+    assert not applied and scaler.skipped == 1 and scaler.scale == 2.0 ** 39
+    for k in params:
+        np.testing.assert_array_equal(params[k], before_w[k], err_msg=k)
+    _assert_same_state(opt.state_dict(), before_state)
+    loss, applied = amp_step(tok, tgt, params, opt, DynamicLossScaler(init_scale=2.0 ** 8))
+    assert applied
+    assert any(not np.array_equal(params[k], before_w[k]) for k in params)
+
+
+def _assert_same_state(a, b):
+    if isinstance(a, dict):
+        assert set(a) == set(b)
+        for k in a:
+            _assert_same_state(a[k], b[k])
+    elif isinstance(a, np.ndarray):
+        np.testing.assert_array_equal(a, b)
+    else:
+        assert a == b
+
+
+def _read_png(data: bytes):
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, chunks = 8, {}
+    while pos < len(data):
+        n, = struct.unpack(">I", data[pos:pos + 4])
+        tag, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]
+        crc, = struct.unpack(">I", data[pos + 8 + n:pos + 12 + n])
+        assert zlib.crc32(tag + body) & 0xFFFFFFFF == crc, tag
+        chunks[tag] = chunks.get(tag, b"") + body
+        pos += 12 + n
+    w, h, depth, color = struct.unpack(">IIBB", chunks[b"IHDR"][:10])
+    raw = np.frombuffer(zlib.decompress(chunks[b"IDAT"]), np.uint8).reshape(h, 1 + 3 * w)
+    assert depth == 8 and color == 2 and np.all(raw[:, 0] == 0)
+    return raw[:, 1:].reshape(h, w, 3)
+
+
+def test_png_encoder_round_trips_pixels():
+    from mamba_ext.plot import png_bytes, loss_curve
+    img = np.random.default_rng(0).integers(0, 256, (7, 5, 3), dtype=np.uint8)
+    np.testing.assert_array_equal(_read_png(png_bytes(img)), img)
+    curve = loss_curve(np.linspace(5.5, 1.0, 300), reference=math.log(256))
+    assert curve.shape == (400, 640, 3) and np.any(np.all(curve == (20, 40, 160), axis=-1))
+
+
+def test_train_and_sample_commands(text_file, tmp_path, capsys):
+    from mamba_ext.__main__ import main
+    out = tmp_path / "run"
+    rc = main(["train", "--data", text_file, "--d-model", "16", "--n-layers", "1", "--d-state", "4",
+               "--seq-len", "16", "--batch", "4", "--steps", "6", "--out", str(out),
+               "--checkpointing"])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "step      6/6" in err and "tok/s" in err and "tokens/s" in err
+    assert (out / "checkpoint.safetensors").is_file()
+    _read_png((out / "loss.png").read_bytes())
+    from mamba_ext.checkpoint import load_checkpoint
+    ck = load_checkpoint(out / "checkpoint.safetensors")
+    assert ck["step"] == 6 and ck["config"]["checkpointing"] is True
+    rc = main(["sample", "--checkpoint", str(out), "--prompt", "The ", "--tokens", "12",
+               "--seed", "1"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert text.startswith("The ") and len(text.encode("utf-8", "surrogateescape")) >= 12
+    rc = main(["train", "--resume", str(out / "missing.safetensors")])
+    assert rc == 2
+
+
+def test_batches_are_a_function_of_seed_and_step():
+    data = np.frombuffer(TEXT, np.uint8)
+    a, b = ByteBatches(data, 16, 4, seed=3), ByteBatches(data, 16, 4, seed=3)
+    for step in (0, 7, 7, 123):
+        ta, ya = a.get(step)
+        tb, yb = b.get(step)
+        np.testing.assert_array_equal(ta, tb)
+        np.testing.assert_array_equal(ta[:, 1:], ya[:, :-1])   # targets are the next bytes
+    assert not np.array_equal(a.get(1)[0], a.get(2)[0])
+    with pytest.raises(ValueError, match="seq_len"):
+        ByteBatches(data[:10], 16, 4)
