@@ -80,3 +80,17 @@ fn copy_f32(@builtin(local_invocation_index) li: u32,
     if (i >= p.n) { return; }
     c_dst[i] = c_src[i];
 }
+
+// copy_vec4 bindings (bandwidth probe of the benchmark; n = number of vec4):
+//   1 src (4n) read, 2 dst (4n) read_write
+@group(0) @binding(1) var<storage, read> v_src: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> v_dst: array<vec4<f32>>;
+
+@compute @workgroup_size(WG)
+fn copy_vec4(@builtin(local_invocation_index) li: u32,
+             @builtin(workgroup_id) wid: vec3<u32>,
+             @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(wid, nwg, li, WG);
+    if (i >= p.n) { return; }
+    v_dst[i] = v_src[i];
+}

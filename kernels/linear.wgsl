@@ -19,9 +19,13 @@
 //   2 b     (..)     read        B operand (any strides)
 //   3 bias  (..)     read        bias at bias_off (N) when has_bias = 1
 //   4 c     (..)     read_write  C output, row stride c_rs, column stride 1
-// Tile: BM = 16*TM rows x BN = 16*TN columns per workgroup of 16x16, BK = 16.
-// Out-of-range rows/columns/k are zero-filled on load and skipped on store, so
-// no size needs to be a multiple of a tile.
+// Tile: 64 x 64 outputs per workgroup of 16x16 invocations, each invocation a
+// 4 x 4 block (rows 4*ty.., columns 4*tx..) held in four vec4 registers; k in
+// steps of BK = 16 through workgroup memory. The inner loop is written out by
+// hand (no private arrays: dynamically indexed ones spill to local memory, and
+// that made this kernel 20x slower on an H200). Out-of-range rows/columns/k
+// are zero-filled on load and skipped on store, so no size needs to be a
+// multiple of a tile.
 
 struct Params {
     M: u32, N: u32, K: u32,
@@ -37,71 +41,86 @@ struct Params {
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> c: array<f32>;
 
-override TM: u32 = 4u;   // rows per invocation (TM * TN <= 64)
-override TN: u32 = 4u;   // columns per invocation
+const BM: u32 = 64u;
+const BN: u32 = 64u;
 const BK: u32 = 16u;
 
-var<workgroup> As: array<f32, BK * 16u * TM>;   // As[k][i]  (BK, BM)
-var<workgroup> Bs: array<f32, BK * 16u * TN>;   // Bs[k][j]  (BK, BN)
+var<workgroup> As: array<vec4<f32>, 272>;   // As[k*17 + i/4][i%4]  (BK, BM), row padded: no bank conflicts
+var<workgroup> Bs: array<vec4<f32>, 272>;   // Bs[k*17 + j/4][j%4]  (BK, BN)
+
+fn load_a(i: u32, k: u32) -> f32 {
+    if (i < p.M && k < p.K) { return a[p.a_off + i * p.a_rs + k * p.a_cs]; }
+    return 0.0;
+}
+
+fn load_b(k: u32, j: u32) -> f32 {
+    if (j < p.N && k < p.K) { return b[p.b_off + k * p.b_rs + j * p.b_cs]; }
+    return 0.0;
+}
+
+fn store(i: u32, j0: u32, v: vec4<f32>) {
+    if (i >= p.M) { return; }
+    let base = p.c_off + i * p.c_rs;
+    for (var q = 0u; q < 4u; q++) {
+        let j = j0 + q;
+        if (j < p.N) {
+            var r = v[q];
+            if (p.has_bias == 1u) { r += bias[p.bias_off + j]; }
+            if (p.beta == 1u) { r += c[base + j]; }
+            c[base + j] = r;
+        }
+    }
+}
 
 @compute @workgroup_size(16, 16)
 fn linear_gemm(@builtin(local_invocation_id) lid: vec3<u32>,
                @builtin(workgroup_id) wid: vec3<u32>) {
-    let BM = 16u * TM;
-    let BN = 16u * TN;
     let row0 = wid.y * BM;
     let col0 = wid.x * BN;
     let tid = lid.y * 16u + lid.x;
-    var acc: array<f32, 64>;
-    for (var q = 0u; q < TM * TN; q++) { acc[q] = 0.0; }
-    var ar: array<f32, 8>;
-    var br: array<f32, 8>;
-
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    // Load mapping: each invocation fills one vec4 of As and one of Bs per
+    // k-step. When the operand is contiguous along k (a_cs == 1 / b_rs == 1)
+    // neighbouring invocations take neighbouring k (coalesced reads);
+    // otherwise neighbouring i / j.
+    let a_kfast = p.a_cs == 1u;
+    let b_kfast = p.b_rs == 1u;
     for (var k0 = 0u; k0 < p.K; k0 += BK) {
-        // Load the tiles; consecutive invocations read consecutive addresses
-        // of whichever dimension is contiguous in memory.
-        for (var l = tid; l < BM * BK; l += 256u) {
-            var i: u32; var k: u32;
-            if (p.a_cs == 1u) { i = l / BK; k = l % BK; } else { k = l / BM; i = l % BM; }
-            let gi = row0 + i;
+        {
+            // As slot s = tid: k = s / 16, i4 = s % 16 (4 rows 4*i4..4*i4+3)
+            var k = tid / 16u;
+            var i4 = tid % 16u;
+            if (a_kfast) { k = tid % 16u; i4 = tid / 16u; }
+            let i = row0 + 4u * i4;
             let gk = k0 + k;
-            var v = 0.0;
-            if (gi < p.M && gk < p.K) { v = a[p.a_off + gi * p.a_rs + gk * p.a_cs]; }
-            As[k * BM + i] = v;
-        }
-        for (var l = tid; l < BN * BK; l += 256u) {
-            var j: u32; var k: u32;
-            if (p.b_cs == 1u) { k = l / BN; j = l % BN; } else { j = l / BK; k = l % BK; }
-            let gj = col0 + j;
-            let gk = k0 + k;
-            var v = 0.0;
-            if (gj < p.N && gk < p.K) { v = b[p.b_off + gk * p.b_rs + gj * p.b_cs]; }
-            Bs[k * BN + j] = v;
+            As[k * 17u + i4] = vec4<f32>(load_a(i, gk), load_a(i + 1u, gk),
+                                         load_a(i + 2u, gk), load_a(i + 3u, gk));
+            var kb = tid / 16u;
+            var j4 = tid % 16u;
+            if (b_kfast) { kb = tid % 16u; j4 = tid / 16u; }
+            let j = col0 + 4u * j4;
+            let gkb = k0 + kb;
+            Bs[kb * 17u + j4] = vec4<f32>(load_b(gkb, j), load_b(gkb, j + 1u),
+                                          load_b(gkb, j + 2u), load_b(gkb, j + 3u));
         }
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
-            for (var r = 0u; r < TM; r++) { ar[r] = As[kk * BM + lid.y + 16u * r]; }
-            for (var q = 0u; q < TN; q++) { br[q] = Bs[kk * BN + lid.x + 16u * q]; }
-            for (var r = 0u; r < TM; r++) {
-                for (var q = 0u; q < TN; q++) {
-                    acc[r * TN + q] = fma(ar[r], br[q], acc[r * TN + q]);
-                }
-            }
+            let av = As[kk * 17u + lid.y];
+            let bv = Bs[kk * 17u + lid.x];
+            acc0 = fma(vec4<f32>(av.x), bv, acc0);
+            acc1 = fma(vec4<f32>(av.y), bv, acc1);
+            acc2 = fma(vec4<f32>(av.z), bv, acc2);
+            acc3 = fma(vec4<f32>(av.w), bv, acc3);
         }
         workgroupBarrier();
     }
-
-    for (var r = 0u; r < TM; r++) {
-        let i = row0 + lid.y + 16u * r;
-        if (i >= p.M) { continue; }
-        for (var q = 0u; q < TN; q++) {
-            let j = col0 + lid.x + 16u * q;
-            if (j >= p.N) { continue; }
-            var v = acc[r * TN + q];
-            if (p.has_bias == 1u) { v += bias[p.bias_off + j]; }
-            let ci = p.c_off + i * p.c_rs + j;
-            if (p.beta == 1u) { v += c[ci]; }
-            c[ci] = v;
-        }
-    }
+    let i = row0 + 4u * lid.y;
+    let j = col0 + 4u * lid.x;
+    store(i, j, acc0);
+    store(i + 1u, j, acc1);
+    store(i + 2u, j, acc2);
+    store(i + 3u, j, acc3);
 }

@@ -25,7 +25,7 @@
 // x N states (n = li % N, channel d = group*CPW + li / N); grid (G, nC, B) with
 // G = ceil(D / CPW). Invocations past D (or past CPW*N) take part in barriers
 // but contribute zero. Reductions over n (y, du, dDelta) and over the CPW
-// channels (dBs, dCs) go through workgroup memory.
+// channels (dBs, dCs) go through workgroup memory, once per block of TB steps.
 //
 // Bindings (Q = x_proj output (M, P): dt = Q[:, 0:R], Bs = Q[:, R:R+N], Cs = Q[:, R+N:P]);
 // w = parameter arena (A_log (D, N) at alog_off, D_vec (D) at dvec_off).
@@ -47,14 +47,21 @@ struct Params {
 }
 
 override WG: u32 = 128u;
+// Steps per block of scan_fwd_out / scan_bwd_grads: per-step contributions
+// of a block are kept in workgroup memory (TB * WG floats per array) and
+// reduced once per block, so the sequential loop has no barrier inside.
+override TB: u32 = 16u;
 const TMAX: u32 = 64u;
 
 @group(0) @binding(0) var<uniform> p: Params;
 
-var<workgroup> s1: array<f32, WG>;
-var<workgroup> s2: array<f32, WG>;
-var<workgroup> s3: array<f32, WG>;
-var<workgroup> s4: array<f32, WG>;
+// Row stride WG + 1 (padding against shared-memory bank conflicts in the
+// reductions, whose readers walk the N states of a channel).
+const PADW: u32 = 1u;
+var<workgroup> s1: array<f32, TB * (WG + PADW)>;
+var<workgroup> s2: array<f32, TB * (WG + PADW)>;
+var<workgroup> s3: array<f32, TB * (WG + PADW)>;
+var<workgroup> s4: array<f32, TB * (WG + PADW)>;
 
 struct Lane { n: u32, d: u32, on: bool, b: u32, c: u32, t0: u32, t1: u32 }
 
@@ -140,30 +147,39 @@ fn scan_fwd_carry(@builtin(local_invocation_index) li: u32,
 @compute @workgroup_size(WG)
 fn scan_fwd_out(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let l = lane(li, wid);
+    let cpw = WG / p.N;
     var A = -1.0;
     var h = 0.0;
-    var dv = 0.0;
     if (l.on) {
         A = a_of(fo_w[p.alog_off + l.d * p.N + l.n]);
         h = fo_hck[cidx(l.b, l.c, l.d, l.n)];
-        dv = fo_w[p.dvec_off + l.d];
     }
-    for (var t = l.t0; t < l.t1; t++) {       // uniform bounds: barriers are safe
-        let r = l.b * p.L + t;
-        var contrib = 0.0;
-        var uu = 0.0;
-        if (l.on) {
-            let dl = fo_delta[r * p.D + l.d];
-            uu = fo_u[r * p.D + l.d];
-            h = exp(dl * A) * h + coef_of(dl, A) * fo_Q[r * p.P + p.R + l.n] * uu;
-            contrib = fo_Q[r * p.P + p.R + p.N + l.n] * h;
+    // Blocks of TB steps (uniform bounds: the barriers are in uniform control flow).
+    for (var tb = l.t0; tb < l.t1; tb += TB) {
+        let te = min(tb + TB, l.t1);
+        for (var t = tb; t < te; t++) {
+            let r = l.b * p.L + t;
+            var contrib = 0.0;
+            if (l.on) {
+                let dl = fo_delta[r * p.D + l.d];
+                h = exp(dl * A) * h + coef_of(dl, A) * fo_Q[r * p.P + p.R + l.n] * fo_u[r * p.D + l.d];
+                contrib = fo_Q[r * p.P + p.R + p.N + l.n] * h;
+            }
+            s1[(t - tb) * (WG + PADW) + li] = contrib;
         }
-        s1[li] = contrib;
         workgroupBarrier();
-        if (l.on && l.n == 0u) {
-            var s = 0.0;
-            for (var j = 0u; j < p.N; j++) { s += s1[li + j]; }
-            fo_y[r * p.D + l.d] = s + dv * uu;
+        // y[r, d] = sum_n Cs h (fixed order) + D_vec u, for the block's steps x channels.
+        for (var q = li; q < (te - tb) * cpw; q += WG) {
+            let t = tb + q / cpw;
+            let dl = q % cpw;
+            let d = wid.x * cpw + dl;
+            if (d < p.D) {
+                var s = 0.0;
+                let base = (t - tb) * (WG + PADW) + dl * p.N;
+                for (var j = 0u; j < p.N; j++) { s += s1[base + j]; }
+                let r = l.b * p.L + t;
+                fo_y[r * p.D + d] = s + fo_w[p.dvec_off + d] * fo_u[r * p.D + d];
+            }
         }
         workgroupBarrier();
     }
@@ -229,13 +245,12 @@ fn scan_bwd_carry(@builtin(local_invocation_index) li: u32,
 fn scan_bwd_grads(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let l = lane(li, wid);
     let M = p.B * p.L;
+    let cpw = WG / p.N;
     var A = -1.0;
-    var dv = 0.0;
     var hist: array<f32, TMAX>;   // hist[t - t0] = h_{t-1}
     var carry = 0.0;
     if (l.on) {
         A = a_of(bg_w[p.alog_off + l.d * p.N + l.n]);
-        dv = bg_w[p.dvec_off + l.d];
         var h = bg_hck[cidx(l.b, l.c, l.d, l.n)];
         for (var t = l.t0; t < l.t1; t++) {
             let r = l.b * p.L + t;
@@ -246,52 +261,71 @@ fn scan_bwd_grads(@builtin(local_invocation_index) li: u32, @builtin(workgroup_i
         carry = bg_kc[cidx(l.b, l.c, l.d, l.n)];
     }
     var dA = 0.0;
-    for (var t = l.t1; t > l.t0; t--) {      // uniform bounds: barriers are safe
-        let r = l.b * p.L + t - 1u;
-        var c_du = 0.0; var c_dd = 0.0; var c_db = 0.0; var c_dc = 0.0;
-        var dyv = 0.0; var uu = 0.0;
-        if (l.on) {
-            let dl = bg_delta[r * p.D + l.d];
-            uu = bg_u[r * p.D + l.d];
-            dyv = bg_dy[r * p.D + l.d];
-            let Bn = bg_Q[r * p.P + p.R + l.n];
-            let Cn = bg_Q[r * p.P + p.R + p.N + l.n];
-            let x = dl * A;
-            let ab = exp(x);
-            let coef = coef_of(dl, A);
-            let hp = hist[t - 1u - l.t0];
-            let ht = ab * hp + coef * Bn * uu;
-            let g = Cn * dyv + carry;
-            carry = ab * g;
-            let gbu = g * Bn * uu;         // dLoss/dcoef
-            c_du = g * coef * Bn;
-            c_db = g * coef * uu;
-            c_dc = dyv * ht;
-            if (p.zoh == 1u) {
-                c_dd = g * hp * ab * A + gbu * ab;
-                dA += g * hp * ab * dl + gbu * dl * dl * zoh_dfactor(x);
-            } else {
-                c_dd = g * hp * ab * A + gbu;
-                dA += g * hp * ab * dl;
+    // Blocks of TB steps from the end of the chunk (uniform bounds).
+    var te = l.t1;
+    loop {
+        if (te <= l.t0) { break; }
+        let tb = max(l.t0, select(l.t0, te - TB, te >= TB));
+        for (var t = te; t > tb; t--) {
+            let r = l.b * p.L + t - 1u;
+            var c_du = 0.0; var c_dd = 0.0; var c_db = 0.0; var c_dc = 0.0;
+            if (l.on) {
+                let dl = bg_delta[r * p.D + l.d];
+                let uu = bg_u[r * p.D + l.d];
+                let dyv = bg_dy[r * p.D + l.d];
+                let Bn = bg_Q[r * p.P + p.R + l.n];
+                let Cn = bg_Q[r * p.P + p.R + p.N + l.n];
+                let x = dl * A;
+                let ab = exp(x);
+                let coef = coef_of(dl, A);
+                let hp = hist[t - 1u - l.t0];
+                let ht = ab * hp + coef * Bn * uu;
+                let g = Cn * dyv + carry;
+                carry = ab * g;
+                let gbu = g * Bn * uu;         // dLoss/dcoef
+                c_du = g * coef * Bn;
+                c_db = g * coef * uu;
+                c_dc = dyv * ht;
+                if (p.zoh == 1u) {
+                    c_dd = g * hp * ab * A + gbu * ab;
+                    dA += g * hp * ab * dl + gbu * dl * dl * zoh_dfactor(x);
+                } else {
+                    c_dd = g * hp * ab * A + gbu;
+                    dA += g * hp * ab * dl;
+                }
+            }
+            let k = (t - 1u - tb) * (WG + PADW) + li;
+            s1[k] = c_du; s2[k] = c_dd; s3[k] = c_db; s4[k] = c_dc;
+        }
+        workgroupBarrier();
+        let nt = te - tb;
+        // du, dLoss/d(dpre): sums over the N states of each channel (fixed order)
+        for (var q = li; q < nt * cpw; q += WG) {
+            let t = tb + q / cpw;
+            let dl = q % cpw;
+            let d = wid.x * cpw + dl;
+            if (d < p.D) {
+                let base = (t - tb) * (WG + PADW) + dl * p.N;
+                var su = 0.0; var sd = 0.0;
+                for (var j = 0u; j < p.N; j++) { su += s1[base + j]; sd += s2[base + j]; }
+                let r = l.b * p.L + t;
+                bg_du[r * p.D + d] = su + bg_w[p.dvec_off + d] * bg_dy[r * p.D + d];
+                bg_ddpre[r * p.D + d] = sd * sigmoid(bg_dpre[r * p.D + d]);
             }
         }
-        s1[li] = c_du; s2[li] = c_dd; s3[li] = c_db; s4[li] = c_dc;
-        workgroupBarrier();
-        if (l.on && l.n == 0u) {      // sums over the N states of channel d
-            var su = 0.0; var sd = 0.0;
-            for (var j = 0u; j < p.N; j++) { su += s1[li + j]; sd += s2[li + j]; }
-            bg_du[r * p.D + l.d] = su + dv * dyv;
-            bg_ddpre[r * p.D + l.d] = sd * sigmoid(bg_dpre[r * p.D + l.d]);
-        }
-        if (li < p.N) {                   // sums over the channels of this group
-            let cpw = WG / p.N;
+        // dBs, dCs partials: sums over this group's channels (fixed order)
+        for (var q = li; q < nt * p.N; q += WG) {
+            let t = tb + q / p.N;
+            let n = q % p.N;
+            let base = (t - tb) * (WG + PADW) + n;
             var sb = 0.0; var sc = 0.0;
-            for (var q = 0u; q < cpw; q++) { sb += s3[q * p.N + li]; sc += s4[q * p.N + li]; }
-            let o = (wid.x * M + r) * 2u * p.N;
-            bg_pbc[o + li] = sb;
-            bg_pbc[o + p.N + li] = sc;
+            for (var j = 0u; j < cpw; j++) { sb += s3[base + j * p.N]; sc += s4[base + j * p.N]; }
+            let o = (wid.x * M + l.b * p.L + t) * 2u * p.N;
+            bg_pbc[o + n] = sb;
+            bg_pbc[o + p.N + n] = sc;
         }
         workgroupBarrier();
+        te = tb;
     }
     if (l.on) { bg_pa[cidx(l.b, l.c, l.d, l.n)] = dA; }
 }

@@ -122,28 +122,27 @@ cdef void _cross_entropy(double* row_loss, floating* logits, const int64_t* targ
     # seed_scale = loss_scale / M. exp in the kernel's precision, sums in double.
     cdef idx_t r, v
     cdef floating* row
-    cdef floating mx, e
+    cdef floating mx, e, picked
     cdef double s, inv
     for r in prange(M, schedule='static', num_threads=n_threads, nogil=True):
         row = logits + r * V
+        picked = row[targets[r]]
         mx = row[0]
         for v in range(1, V):
             if row[v] > mx:
                 mx = row[v]
         s = 0.0
-        for v in range(V):
+        for v in range(V):          # row <- exp(row - max), summed in double
             if floating is float:
                 e = expf(row[v] - mx)
             else:
                 e = exp(row[v] - mx)
+            row[v] = e
             s = s + e
-        row_loss[r] = mx + log(s) - row[targets[r]]
+        row_loss[r] = mx + log(s) - picked
         inv = seed_scale / s
-        for v in range(V):
-            if floating is float:
-                row[v] = <floating>(expf(row[v] - mx) * inv)
-            else:
-                row[v] = <floating>(exp(row[v] - mx) * inv)
+        for v in range(V):          # (softmax - onehot) * loss_scale / M
+            row[v] = <floating>(row[v] * inv)
         row[targets[r]] -= <floating>seed_scale
 
 

@@ -44,7 +44,7 @@ cdef extern from *:
     #endif
     #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
     /* Runtime dispatch to AVX-512 / AVX2+FMA clones of the scan loops (wider vectors). */
-    #define MX_CLONES __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+    #define MX_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
     #else
     #define MX_CLONES
     #endif
@@ -80,99 +80,127 @@ cdef extern from *:
         return (x < -0.5f || x > 0.5f) ? big : p;
     }
 
-    /* One chunk of the forward recurrence for one (b, d) job.
-       Delta, u, y: n_steps values ld apart; Bs, Cs: rows ld_bc apart; A, invA (N,);
-       h (n_steps+1, N): row 0 is the entering state, row s+1 the state after step s;
-       em (n_steps, N) = expm1(Delta*A) per step; y may be NULL. */
+    /* Lanes: every kernel works on G = MX_G consecutive channels at once, one
+       vector lane per channel, so no step needs a horizontal sum. Buffers marked
+       (.., G) hold one value per lane, lane index innermost. */
+    #define MX_G 16
+
+    /* One chunk of the forward recurrence for one (b, channel group) job.
+       dl, uu (n_steps, G): Delta and u; Bs, Cs: rows ld_bc apart (shared by all lanes);
+       AT, invAT (N, G): A and 1/A; h (n_steps+1, N, G): row 0 the entering state, row
+       s+1 the state after step s; em1 (n_steps, N, G) = expm1(Delta*A);
+       y (n_steps, G) = sum_n Cs*h (without the D_vec skip), may be NULL. */
     #define MX_SCAN_KERNELS(T, SFX, EXPM1)                                              \\
     static MX_CLONES void mx_scan_chunk_fwd_##SFX(mx_idx n_steps, mx_idx N, int zoh,   \\
-            const T* restrict Delta, const T* restrict u, mx_idx ld,                    \\
+            const T* restrict dl, const T* restrict uu,                                 \\
             const T* restrict Bs, const T* restrict Cs, mx_idx ld_bc,                   \\
-            const T* restrict A, const T* restrict invA, T Dv,                          \\
+            const T* restrict AT, const T* restrict invAT,                              \\
             T* restrict h, T* restrict em1, T* restrict y)                              \\
     {                                                                                   \\
         for (mx_idx s = 0; s < n_steps; s++) {                                          \\
-            const T dlt = Delta[s * ld], uu = u[s * ld];                                \\
-            const T* restrict Bt = Bs + s * ld_bc;                                      \\
-            const T* restrict Ct = Cs + s * ld_bc;                                      \\
-            const T* restrict hp = h + s * N;                                           \\
-            T* restrict hc = h + (s + 1) * N;                                           \\
-            T* restrict e = em1 + s * N;                                                \\
-            T acc = 0;                                                                  \\
-            MX_PRAGMA(omp simd reduction(+:acc))                                        \\
+            const T* restrict ds = dl + s * MX_G;                                       \\
+            const T* restrict us = uu + s * MX_G;                                       \\
+            T acc[MX_G];                                                                \\
+            for (int g = 0; g < MX_G; g++) acc[g] = 0;                                  \\
             for (mx_idx n = 0; n < N; n++) {                                            \\
-                T em = EXPM1(dlt * A[n]);                                               \\
-                T bb = (zoh ? em * invA[n] : dlt) * Bt[n];                              \\
-                T hn = (1 + em) * hp[n] + bb * uu;                                      \\
-                e[n] = em;                                                              \\
-                hc[n] = hn;                                                             \\
-                acc += Ct[n] * hn;                                                      \\
+                const T b = Bs[s * ld_bc + n], c = Cs[s * ld_bc + n];                   \\
+                const T* restrict a = AT + n * MX_G;                                    \\
+                const T* restrict ia = invAT + n * MX_G;                                \\
+                const T* restrict hp = h + (s * N + n) * MX_G;                          \\
+                T* restrict hc = h + ((s + 1) * N + n) * MX_G;                          \\
+                T* restrict e = em1 + (s * N + n) * MX_G;                               \\
+                MX_PRAGMA(omp simd)                                                     \\
+                for (int g = 0; g < MX_G; g++) {                                        \\
+                    T em = EXPM1(ds[g] * a[g]);                                         \\
+                    T bb = (zoh ? em * ia[g] : ds[g]) * b;                              \\
+                    T hn = (1 + em) * hp[g] + bb * us[g];                               \\
+                    e[g] = em;                                                          \\
+                    hc[g] = hn;                                                         \\
+                    acc[g] += c * hn;                                                   \\
+                }                                                                       \\
             }                                                                           \\
-            if (y) y[s * ld] = acc + Dv * uu;                                           \\
+            if (y) for (int g = 0; g < MX_G; g++) y[s * MX_G + g] = acc[g];             \\
         }                                                                               \\
     }                                                                                   \\
     /* Backward through one chunk, steps n_steps-1 .. 0, given h and em1 of the chunk  \\
-       forward. carry (N,) = a_bar[t+1] * dh[t+1] in/out; dBC (n_steps, 2N) rows      \\
-       [dBs | dCs] +=; dAacc (N,) += (A times dLoss/dA); *dDacc +=; du, dDelta +=. */   \\
+       forward. dy (n_steps, G); carry (N, G) = a_bar[t+1] * dh[t+1], in/out;           \\
+       dBC (n_steps, 2N, G) += per-lane [dBs | dCs] terms (summed over lanes later);    \\
+       dAacc (N, G) += A * dLoss/dA; du, dDelta (n_steps, G) += (scan part only). */    \\
     static MX_CLONES void mx_scan_chunk_bwd_##SFX(mx_idx n_steps, mx_idx N, int zoh,   \\
-            const T* restrict Delta, const T* restrict u, const T* restrict dy,         \\
-            mx_idx ld, const T* restrict Bs, const T* restrict Cs, mx_idx ld_bc,        \\
-            const T* restrict A, const T* restrict invA, T Dv,                          \\
+            const T* restrict dl, const T* restrict uu, const T* restrict dy,           \\
+            const T* restrict Bs, const T* restrict Cs, mx_idx ld_bc,                   \\
+            const T* restrict AT, const T* restrict invAT,                              \\
             const T* restrict h, const T* restrict em1,                                 \\
-            T* restrict carry, T* restrict dBC, T* restrict dAacc, T* restrict dDacc,   \\
+            T* restrict carry, T* restrict dBC, T* restrict dAacc,                      \\
             T* restrict du, T* restrict dDelta)                                         \\
     {                                                                                   \\
-        T dD = 0;                                                                       \\
         for (mx_idx s = n_steps - 1; s >= 0; s--) {                                     \\
-            const T dlt = Delta[s * ld], uu = u[s * ld], g = dy[s * ld];                \\
-            const T* restrict Bt = Bs + s * ld_bc;                                      \\
-            const T* restrict Ct = Cs + s * ld_bc;                                      \\
-            const T* restrict hp = h + s * N;                                           \\
-            const T* restrict hc = h + (s + 1) * N;                                     \\
-            const T* restrict e = em1 + s * N;                                          \\
-            T* restrict dB = dBC + s * 2 * N;                                           \\
-            T* restrict dC = dB + N;                                                    \\
-            T dus = 0, dds = 0;                                                         \\
-            MX_PRAGMA(omp simd reduction(+:dus, dds))                                   \\
+            const T* restrict ds = dl + s * MX_G;                                       \\
+            const T* restrict us = uu + s * MX_G;                                       \\
+            const T* restrict gs = dy + s * MX_G;                                       \\
+            T dus[MX_G], dds[MX_G];                                                     \\
+            for (int g = 0; g < MX_G; g++) { dus[g] = 0; dds[g] = 0; }                  \\
             for (mx_idx n = 0; n < N; n++) {                                            \\
-                T em = e[n], ab = 1 + em;                                               \\
-                T f = zoh ? em * invA[n] : dlt;                                         \\
-                T dh = g * Ct[n] + carry[n];                                            \\
-                T dab = dh * hp[n];                                                     \\
-                T bterm = dh * uu * Bt[n];                                              \\
-                dB[n] += dh * uu * f;                                                   \\
-                dC[n] += g * hc[n];                                                     \\
-                dus += dh * f * Bt[n];                                                  \\
-                dds += dab * ab * A[n] + (zoh ? bterm * ab : bterm);                    \\
-                dAacc[n] += dab * ab * dlt * A[n] + (zoh ? bterm * (dlt * ab - f) : 0); \\
-                carry[n] = ab * dh;                                                     \\
+                const T b = Bs[s * ld_bc + n], c = Cs[s * ld_bc + n];                   \\
+                const T* restrict a = AT + n * MX_G;                                    \\
+                const T* restrict ia = invAT + n * MX_G;                                \\
+                const T* restrict hp = h + (s * N + n) * MX_G;                          \\
+                const T* restrict hc = h + ((s + 1) * N + n) * MX_G;                    \\
+                const T* restrict e = em1 + (s * N + n) * MX_G;                         \\
+                T* restrict cr = carry + n * MX_G;                                      \\
+                T* restrict dB = dBC + (s * 2 * N + n) * MX_G;                          \\
+                T* restrict dC = dBC + (s * 2 * N + N + n) * MX_G;                      \\
+                T* restrict dA = dAacc + n * MX_G;                                      \\
+                MX_PRAGMA(omp simd)                                                     \\
+                for (int g = 0; g < MX_G; g++) {                                        \\
+                    T em = e[g], ab = 1 + em;                                           \\
+                    T f = zoh ? em * ia[g] : ds[g];                                     \\
+                    T dh = gs[g] * c + cr[g];                                           \\
+                    T dab = dh * hp[g];                                                 \\
+                    T dhu = dh * us[g];                                                 \\
+                    T bterm = dhu * b;                                                  \\
+                    dB[g] += dhu * f;                                                   \\
+                    dC[g] += gs[g] * hc[g];                                             \\
+                    dus[g] += dh * f * b;                                               \\
+                    dds[g] += dab * ab * a[g] + (zoh ? bterm * ab : bterm);             \\
+                    dA[g] += dab * ab * ds[g] * a[g]                                    \\
+                             + (zoh ? bterm * (ds[g] * ab - f) : 0);                    \\
+                    cr[g] = ab * dh;                                                    \\
+                }                                                                       \\
             }                                                                           \\
-            du[s * ld] += dus + g * Dv;                                                 \\
-            dDelta[s * ld] += dds;                                                      \\
-            dD += g * uu;                                                               \\
+            for (int g = 0; g < MX_G; g++) {                                            \\
+                du[s * MX_G + g] += dus[g];                                             \\
+                dDelta[s * MX_G + g] += dds[g];                                         \\
+            }                                                                           \\
         }                                                                               \\
-        *dDacc += dD;                                                                   \\
     }                                                                                   \\
-    /* Add a thread's dBs/dCs rows (rows, 2N) into the shared rows (ld_bc apart). */    \\
+    /* Add a thread's per-lane dBs/dCs terms (rows, 2N, G), summed over the lanes,      \\
+       into the shared rows (ld_bc apart). */                                           \\
     static void mx_flush_bc_##SFX(T* dBs, T* dCs, mx_idx ld_bc, const T* buf,          \\
                                   mx_idx rows, mx_idx N)                                \\
     {                                                                                   \\
         MX_PRAGMA(omp critical(mamba_ext_scan_bc))                                      \\
         for (mx_idx r = 0; r < rows; r++)                                               \\
-            for (mx_idx n = 0; n < N; n++) {                                            \\
-                dBs[r * ld_bc + n] += buf[r * 2 * N + n];                               \\
-                dCs[r * ld_bc + n] += buf[r * 2 * N + N + n];                           \\
+            for (mx_idx k = 0; k < 2 * N; k++) {                                        \\
+                const T* v = buf + (r * 2 * N + k) * MX_G;                              \\
+                T sum = 0;                                                              \\
+                for (int g = 0; g < MX_G; g++) sum += v[g];                             \\
+                if (k < N) dBs[r * ld_bc + k] += sum;                                   \\
+                else dCs[r * ld_bc + k - N] += sum;                                     \\
             }                                                                           \\
     }                                                                                   \\
-    /* Add one job's dA_log row (zero where the clamp is active) and dD_vec entry. */  \\
-    static void mx_flush_d_##SFX(T* dA_row, const T* acc, const T* A_log_row,           \\
-                                 mx_idx N, T* dD, T dDacc)                              \\
+    /* Add one job's dA_log rows (from dAacc (N, G); zero where the clamp is active)    \\
+       and D_vec entries for its nl channels (A_log rows N apart). */                   \\
+    static void mx_flush_d_##SFX(T* dA_log, const T* acc, const T* A_log, mx_idx N,    \\
+                                 int nl, T* dD, const T* dDacc)                         \\
     {                                                                                   \\
         MX_PRAGMA(omp critical(mamba_ext_scan_d))                                       \\
-        {                                                                               \\
-            for (mx_idx n = 0; n < N; n++)                                              \\
-                if (A_log_row[n] > -10 && A_log_row[n] < 5) dA_row[n] += acc[n];        \\
-            *dD += dDacc;                                                               \\
+        for (int g = 0; g < nl; g++) {                                                  \\
+            for (mx_idx n = 0; n < N; n++) {                                            \\
+                T al = A_log[g * N + n];                                                \\
+                if (al > -10 && al < 5) dA_log[g * N + n] += acc[n * MX_G + g];         \\
+            }                                                                           \\
+            dD[g] += dDacc[g];                                                          \\
         }                                                                               \\
     }
 
@@ -181,24 +209,25 @@ cdef extern from *:
     """
     int mx_threads(int n) noexcept nogil
     float mx_expm1f(float x) noexcept nogil
-    void mx_scan_chunk_fwd_f(idx_t, idx_t, int, const float*, const float*, idx_t,
+    enum: MX_G
+    void mx_scan_chunk_fwd_f(idx_t, idx_t, int, const float*, const float*, const float*,
+                             const float*, idx_t, const float*, const float*,
+                             float*, float*, float*) noexcept nogil
+    void mx_scan_chunk_fwd_d(idx_t, idx_t, int, const double*, const double*, const double*,
+                             const double*, idx_t, const double*, const double*,
+                             double*, double*, double*) noexcept nogil
+    void mx_scan_chunk_bwd_f(idx_t, idx_t, int, const float*, const float*, const float*,
                              const float*, const float*, idx_t, const float*, const float*,
-                             float, float*, float*, float*) noexcept nogil
-    void mx_scan_chunk_fwd_d(idx_t, idx_t, int, const double*, const double*, idx_t,
-                             const double*, const double*, idx_t, const double*, const double*,
-                             double, double*, double*, double*) noexcept nogil
-    void mx_scan_chunk_bwd_f(idx_t, idx_t, int, const float*, const float*, const float*, idx_t,
-                             const float*, const float*, idx_t, const float*, const float*, float,
-                             const float*, const float*, float*, float*, float*, float*,
+                             const float*, const float*, float*, float*, float*,
                              float*, float*) noexcept nogil
-    void mx_scan_chunk_bwd_d(idx_t, idx_t, int, const double*, const double*, const double*, idx_t,
-                             const double*, const double*, idx_t, const double*, const double*, double,
-                             const double*, const double*, double*, double*, double*, double*,
+    void mx_scan_chunk_bwd_d(idx_t, idx_t, int, const double*, const double*, const double*,
+                             const double*, const double*, idx_t, const double*, const double*,
+                             const double*, const double*, double*, double*, double*,
                              double*, double*) noexcept nogil
     void mx_flush_bc_f(float*, float*, idx_t, const float*, idx_t, idx_t) noexcept nogil
     void mx_flush_bc_d(double*, double*, idx_t, const double*, idx_t, idx_t) noexcept nogil
-    void mx_flush_d_f(float*, const float*, const float*, idx_t, float*, float) noexcept nogil
-    void mx_flush_d_d(double*, const double*, const double*, idx_t, double*, double) noexcept nogil
+    void mx_flush_d_f(float*, const float*, const float*, idx_t, int, float*, const float*) noexcept nogil
+    void mx_flush_d_d(double*, const double*, const double*, idx_t, int, double*, const double*) noexcept nogil
 
 
 def expm1f_vec(float[::1] x not None, float[::1] out not None):
@@ -208,31 +237,77 @@ def expm1f_vec(float[::1] x not None, float[::1] out not None):
         out[i] = mx_expm1f(x[i])
 
 
+cdef extern from "stdlib.h":
+    void* aligned_alloc(size_t alignment, size_t size) nogil
+
+
+cdef inline void* scratch(idx_t n, size_t itemsize) noexcept nogil:
+    # n values of itemsize bytes, 64-byte aligned (one AVX-512 vector per lane group)
+    cdef size_t nbytes = ((n * itemsize + 63) // 64) * 64
+    return aligned_alloc(64, nbytes if nbytes > 0 else 64)
+
+
 cdef idx_t scan_nchunks(idx_t L) noexcept nogil:
     return (L + SCAN_CHUNK - 1) // SCAN_CHUNK
 
 
-cdef inline void load_A(floating* A, floating* invA, const floating* A_log_row,
-                        idx_t N) noexcept nogil:
-    # A (N,) = -exp(clamp(A_log, -10, 5)); invA = 1/A
+cdef inline void load_AT(floating* AT, floating* invAT, const floating* A_log,
+                         idx_t N, int nl) noexcept nogil:
+    # AT, invAT (N, G) = A, 1/A of the nl channels whose A_log rows (N,) start at A_log;
+    # A = -exp(clamp(A_log, -10, 5)); padding lanes get A = -1 (their inputs are 0).
     cdef idx_t n
+    cdef int g
     cdef double a
     for n in range(N):
-        a = A_log_row[n]
-        a = -10.0 if a < -10.0 else (5.0 if a > 5.0 else a)
-        A[n] = <floating>(-exp(a))
-        invA[n] = 1 / A[n]
+        for g in range(MX_G):
+            if g < nl:
+                a = A_log[g * N + n]
+                a = -10.0 if a < -10.0 else (5.0 if a > 5.0 else a)
+                AT[n * MX_G + g] = <floating>(-exp(a))
+            else:
+                AT[n * MX_G + g] = -1
+            invAT[n * MX_G + g] = 1 / AT[n * MX_G + g]
 
 
-cdef inline void chunk_fwd(idx_t tn, idx_t N, int zoh, const floating* Delta,
-                           const floating* u, idx_t ld, const floating* Bs,
-                           const floating* Cs, idx_t ld_bc, const floating* A,
-                           const floating* invA, floating Dv, floating* h,
-                           floating* em1, floating* y) noexcept nogil:
+cdef inline void stage(floating* dst, const floating* src, idx_t rows, idx_t ld,
+                       int nl) noexcept nogil:
+    # dst (rows, G) = nl values of each of `rows` rows ld apart; padding lanes 0
+    cdef idx_t s
+    cdef int g
+    for s in range(rows):
+        for g in range(MX_G):
+            dst[s * MX_G + g] = src[s * ld + g] if g < nl else 0
+
+
+cdef inline void state_io(floating* h, floating* hs, idx_t N, int nl, bint store) noexcept nogil:
+    # h (N, G) lanes <-> hs (nl, N) rows of the stored (B, nC, D, N) states
+    cdef idx_t n
+    cdef int g
+    for n in range(N):
+        for g in range(MX_G):
+            if store:
+                if g < nl:
+                    hs[g * N + n] = h[n * MX_G + g]
+            else:
+                h[n * MX_G + g] = hs[g * N + n] if g < nl else 0
+
+
+cdef inline void chunk_fwd(idx_t tn, idx_t N, int zoh, const floating* dl,
+                           const floating* uu, const floating* Bs, const floating* Cs,
+                           idx_t ld_bc, const floating* AT, const floating* invAT,
+                           floating* h, floating* em1, floating* y) noexcept nogil:
     if floating is float:
-        mx_scan_chunk_fwd_f(tn, N, zoh, Delta, u, ld, Bs, Cs, ld_bc, A, invA, Dv, h, em1, y)
+        mx_scan_chunk_fwd_f(tn, N, zoh, dl, uu, Bs, Cs, ld_bc, AT, invAT, h, em1, y)
     else:
-        mx_scan_chunk_fwd_d(tn, N, zoh, Delta, u, ld, Bs, Cs, ld_bc, A, invA, Dv, h, em1, y)
+        mx_scan_chunk_fwd_d(tn, N, zoh, dl, uu, Bs, Cs, ld_bc, AT, invAT, h, em1, y)
+
+
+cdef inline void flush_bc(floating* dBs, floating* dCs, idx_t ld_bc, const floating* buf,
+                          idx_t rows, idx_t N) noexcept nogil:
+    if floating is float:
+        mx_flush_bc_f(dBs, dCs, ld_bc, buf, rows, N)
+    else:
+        mx_flush_bc_d(dBs, dCs, ld_bc, buf, rows, N)
 
 
 cdef int scan_forward(floating* y, floating* hstates,
@@ -241,44 +316,56 @@ cdef int scan_forward(floating* y, floating* hstates,
                       const floating* A_log, const floating* D_vec,
                       idx_t B, idx_t L, idx_t D, idx_t N,
                       int discretization, int n_threads) noexcept nogil:
-    cdef idx_t T = SCAN_CHUNK, nC = scan_nchunks(L)
-    cdef idx_t job, b, d, c, t0, tn, r0
-    cdef int zoh = discretization == 0, failed = 0
+    # Jobs: (sequence b, group of G channels d0 .. d0+nl-1), b-major.
+    cdef idx_t T = SCAN_CHUNK, G = MX_G, nC = scan_nchunks(L), ng = (D + MX_G - 1) // MX_G
+    cdef idx_t job, b, d0, c, t0, tn, r0, s
+    cdef int nl, g, zoh = discretization == 0, failed = 0
     cdef int* failp = &failed
     cdef int nt = mx_threads(n_threads)
     cdef floating* buf = NULL
-    cdef floating* A = NULL
-    cdef floating* invA = NULL
+    cdef floating* AT = NULL
+    cdef floating* invAT = NULL
+    cdef floating* dl = NULL
+    cdef floating* uu = NULL
+    cdef floating* yy = NULL
     cdef floating* h = NULL
     cdef floating* em1 = NULL
     if B * D == 0 or L == 0:
         return 0
-    nt = <int>min(<idx_t>nt, B * D)
+    nt = <int>min(<idx_t>nt, B * ng)
     with parallel(num_threads=nt):
-        # per thread: A, invA (N,); h (T+1, N); em1 (T, N)
-        buf = <floating*>malloc(((2 * T + 3) * N) * sizeof(floating))
+        # per thread: AT, invAT (N, G); dl, uu, yy (T, G); h (T+1, N, G); em1 (T, N, G)
+        buf = <floating*>scratch((2 * N + 3 * T + (2 * T + 1) * N) * G, sizeof(floating))
         if buf == NULL:
             failp[0] = 1
-        A = buf
-        invA = buf + N
-        h = buf + 2 * N
-        em1 = h + (T + 1) * N
-        for job in prange(B * D, schedule='static'):
+        AT = buf
+        invAT = AT + N * G
+        dl = invAT + N * G
+        uu = dl + T * G
+        yy = uu + T * G
+        h = yy + T * G
+        em1 = h + (T + 1) * N * G
+        for job in prange(B * ng, schedule='static'):
             if buf != NULL:
-                b = job // D
-                d = job % D
-                load_A(A, invA, A_log + d * N, N)
-                memset(h, 0, N * sizeof(floating))
+                b = job // ng
+                d0 = (job % ng) * G
+                nl = <int>min(G, D - d0)
+                load_AT(AT, invAT, A_log + d0 * N, N, nl)
+                memset(h, 0, N * G * sizeof(floating))
                 for c in range(nC):
                     t0 = c * T
                     tn = min(T, L - t0)
                     r0 = b * L + t0
-                    if c > 0:  # entering state = last state of the previous chunk
-                        memcpy(h, h + T * N, N * sizeof(floating))
-                    memcpy(hstates + ((b * nC + c) * D + d) * N, h, N * sizeof(floating))
-                    chunk_fwd(tn, N, zoh, Delta + r0 * D + d, u + r0 * D + d, D,
-                              Bs + r0 * ld_bc, Cs + r0 * ld_bc, ld_bc, A, invA, D_vec[d],
-                              h, em1, y + r0 * D + d)
+                    if c > 0:  # entering state = last state of the previous (full) chunk
+                        memcpy(h, h + T * N * G, N * G * sizeof(floating))
+                    state_io(h, hstates + ((b * nC + c) * D + d0) * N, N, nl, True)
+                    stage(dl, Delta + r0 * D + d0, tn, D, nl)
+                    stage(uu, u + r0 * D + d0, tn, D, nl)
+                    chunk_fwd(tn, N, zoh, dl, uu, Bs + r0 * ld_bc, Cs + r0 * ld_bc, ld_bc,
+                              AT, invAT, h, em1, yy)
+                    for s in range(tn):
+                        for g in range(nl):
+                            y[(r0 + s) * D + d0 + g] = yy[s * G + g] + D_vec[d0 + g] * uu[s * G + g]
         free(buf)
     return -1 if failed else 0
 
@@ -291,87 +378,98 @@ cdef int scan_backward(floating* du, floating* dDelta, floating* dBs, floating* 
                        const floating* A_log, const floating* D_vec,
                        idx_t B, idx_t L, idx_t D, idx_t N,
                        int discretization, int n_threads) noexcept nogil:
-    cdef idx_t T = SCAN_CHUNK, nC = scan_nchunks(L)
-    cdef idx_t job, b, d, c, t0, tn, r0
-    cdef int zoh = discretization == 0, failed = 0
+    cdef idx_t T = SCAN_CHUNK, G = MX_G, nC = scan_nchunks(L), ng = (D + MX_G - 1) // MX_G
+    cdef idx_t job, b, d0, c, t0, tn, r0, s, i, r
+    cdef int nl, g, zoh = discretization == 0, failed = 0
     cdef int* failp = &failed
     cdef int nt = mx_threads(n_threads)
     cdef floating* buf = NULL
-    cdef floating* A = NULL
-    cdef floating* invA = NULL
-    cdef floating* h = NULL
-    cdef floating* em1 = NULL
+    cdef floating* AT = NULL
+    cdef floating* invAT = NULL
     cdef floating* carry = NULL
     cdef floating* dAacc = NULL
+    cdef floating* dDacc = NULL
+    cdef floating* dl = NULL
+    cdef floating* uu = NULL
+    cdef floating* dyy = NULL
+    cdef floating* dul = NULL
+    cdef floating* dDl = NULL
+    cdef floating* h = NULL
+    cdef floating* em1 = NULL
     cdef floating* dBC = NULL
-    cdef floating dDacc
     cdef idx_t* cur_b = NULL
     if B * D == 0 or L == 0:
         return 0
-    nt = <int>min(<idx_t>nt, B * D)
+    nt = <int>min(<idx_t>nt, B * ng)
     with parallel(num_threads=nt):
-        # per thread: A, invA, carry, dAacc (N,); h (T+1, N); em1 (T, N);
-        # dBC (L, 2N) = this thread's dBs | dCs rows of sequence cur_b[0]
-        buf = <floating*>malloc(((2 * T + 5) * N + 2 * L * N) * sizeof(floating))
+        # per thread: AT, invAT, carry, dAacc (N, G); dDacc (G,); dl, uu, dyy, dul, dDl (T, G);
+        # h (T+1, N, G); em1 (T, N, G); dBC (L, 2N, G): per-lane dBs | dCs terms of
+        # sequence cur_b[0], summed over lanes when flushed.
+        buf = <floating*>scratch((4 * N + 1 + 5 * T + (2 * T + 1) * N + 2 * L * N) * G,
+                                 sizeof(floating))
         cur_b = <idx_t*>malloc(sizeof(idx_t))
         if buf == NULL or cur_b == NULL:
             failp[0] = 1
         else:
             cur_b[0] = -1
-        A = buf
-        invA = buf + N
-        carry = buf + 2 * N
-        dAacc = buf + 3 * N
-        h = buf + 4 * N
-        em1 = h + (T + 1) * N
-        dBC = em1 + T * N
-        for job in prange(B * D, schedule='static'):
+        AT = buf
+        invAT = AT + N * G
+        carry = invAT + N * G
+        dAacc = carry + N * G
+        dDacc = dAacc + N * G
+        dl = dDacc + G
+        uu = dl + T * G
+        dyy = uu + T * G
+        dul = dyy + T * G
+        dDl = dul + T * G
+        h = dDl + T * G
+        em1 = h + (T + 1) * N * G
+        dBC = em1 + T * N * G
+        for job in prange(B * ng, schedule='static'):
             if buf != NULL and cur_b != NULL:
-                b = job // D
-                d = job % D
+                b = job // ng
+                d0 = (job % ng) * G
+                nl = <int>min(G, D - d0)
                 if b != cur_b[0]:
                     if cur_b[0] >= 0:
                         flush_bc(dBs + cur_b[0] * L * ld_bc, dCs + cur_b[0] * L * ld_bc,
                                  ld_bc, dBC, L, N)
-                    memset(dBC, 0, 2 * L * N * sizeof(floating))
+                    memset(dBC, 0, 2 * L * N * G * sizeof(floating))
                     cur_b[0] = b
-                load_A(A, invA, A_log + d * N, N)
-                memset(carry, 0, 2 * N * sizeof(floating))   # carry and dAacc
-                dDacc = 0
+                load_AT(AT, invAT, A_log + d0 * N, N, nl)
+                memset(carry, 0, (2 * N + 1) * G * sizeof(floating))  # carry, dAacc, dDacc
                 for c in range(nC - 1, -1, -1):
                     t0 = c * T
                     tn = min(T, L - t0)
                     r0 = b * L + t0
-                    memcpy(h, hstates + ((b * nC + c) * D + d) * N, N * sizeof(floating))
-                    chunk_fwd(tn, N, zoh, Delta + r0 * D + d, u + r0 * D + d, D,
-                              Bs + r0 * ld_bc, Cs + r0 * ld_bc, ld_bc, A, invA, D_vec[d],
-                              h, em1, <floating*>NULL)
+                    stage(dl, Delta + r0 * D + d0, tn, D, nl)
+                    stage(uu, u + r0 * D + d0, tn, D, nl)
+                    stage(dyy, dy + r0 * D + d0, tn, D, nl)
+                    state_io(h, <floating*>hstates + ((b * nC + c) * D + d0) * N, N, nl, False)
+                    chunk_fwd(tn, N, zoh, dl, uu, Bs + r0 * ld_bc, Cs + r0 * ld_bc, ld_bc,
+                              AT, invAT, h, em1, <floating*>NULL)
+                    memset(dul, 0, 2 * T * G * sizeof(floating))    # dul, dDl
                     if floating is float:
-                        mx_scan_chunk_bwd_f(tn, N, zoh, Delta + r0 * D + d, u + r0 * D + d,
-                                            dy + r0 * D + d, D, Bs + r0 * ld_bc, Cs + r0 * ld_bc,
-                                            ld_bc, A, invA, D_vec[d], h, em1, carry,
-                                            dBC + t0 * 2 * N, dAacc, &dDacc,
-                                            du + r0 * D + d, dDelta + r0 * D + d)
+                        mx_scan_chunk_bwd_f(tn, N, zoh, dl, uu, dyy, Bs + r0 * ld_bc,
+                                            Cs + r0 * ld_bc, ld_bc, AT, invAT, h, em1, carry,
+                                            dBC + t0 * 2 * N * G, dAacc, dul, dDl)
                     else:
-                        mx_scan_chunk_bwd_d(tn, N, zoh, Delta + r0 * D + d, u + r0 * D + d,
-                                            dy + r0 * D + d, D, Bs + r0 * ld_bc, Cs + r0 * ld_bc,
-                                            ld_bc, A, invA, D_vec[d], h, em1, carry,
-                                            dBC + t0 * 2 * N, dAacc, &dDacc,
-                                            du + r0 * D + d, dDelta + r0 * D + d)
+                        mx_scan_chunk_bwd_d(tn, N, zoh, dl, uu, dyy, Bs + r0 * ld_bc,
+                                            Cs + r0 * ld_bc, ld_bc, AT, invAT, h, em1, carry,
+                                            dBC + t0 * 2 * N * G, dAacc, dul, dDl)
+                    for s in range(tn):
+                        for g in range(nl):
+                            i = s * G + g
+                            r = (r0 + s) * D + d0 + g
+                            du[r] += dul[i] + dyy[i] * D_vec[d0 + g]
+                            dDelta[r] += dDl[i]
+                            dDacc[g] += dyy[i] * uu[i]
                 if floating is float:
-                    mx_flush_d_f(dA_log + d * N, dAacc, A_log + d * N, N, dD_vec + d, dDacc)
+                    mx_flush_d_f(dA_log + d0 * N, dAacc, A_log + d0 * N, N, nl, dD_vec + d0, dDacc)
                 else:
-                    mx_flush_d_d(dA_log + d * N, dAacc, A_log + d * N, N, dD_vec + d, dDacc)
+                    mx_flush_d_d(dA_log + d0 * N, dAacc, A_log + d0 * N, N, nl, dD_vec + d0, dDacc)
         if buf != NULL and cur_b != NULL and cur_b[0] >= 0:
             flush_bc(dBs + cur_b[0] * L * ld_bc, dCs + cur_b[0] * L * ld_bc, ld_bc, dBC, L, N)
         free(buf)
         free(cur_b)
     return -1 if failed else 0
-
-
-cdef inline void flush_bc(floating* dBs, floating* dCs, idx_t ld_bc, const floating* buf,
-                          idx_t rows, idx_t N) noexcept nogil:
-    if floating is float:
-        mx_flush_bc_f(dBs, dCs, ld_bc, buf, rows, N)
-    else:
-        mx_flush_bc_d(dBs, dCs, ld_bc, buf, rows, N)

@@ -25,6 +25,8 @@ FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 # Largest element count any buffer may have: the kernels index with a signed
 # 64-bit Py_ssize_t and allocate bytes, so stay well inside both.
 _MAX_ELEMENTS = np.iinfo(np.intp).max // 16
+# Largest single size (dModel, dInner, ...): BLAS takes 32-bit int dimensions.
+_MAX_DIM = 2 ** 31 - 1
 
 
 class BlockDims(NamedTuple):
@@ -63,11 +65,12 @@ def check_count(name: str, shape) -> None:
                          f"{_MAX_ELEMENTS} that mamba_ext can index")
 
 
-def as_float_array(name: str, value, dtype=None) -> np.ndarray:
+def as_float_array(name: str, value, dtype=None, contiguous=True) -> np.ndarray:
     """Convert an array-like to a C-contiguous float32/float64 array.
 
     ``dtype`` None accepts float32 or float64 as given; otherwise the array must
     already have that dtype (mixing dtypes is a TypeError, never a silent cast).
+    ``contiguous=False`` skips the final copy (the caller checks sizes first).
     """
     if isinstance(value, np.ndarray):
         arr = value
@@ -90,7 +93,8 @@ def as_float_array(name: str, value, dtype=None) -> np.ndarray:
     if dtype is not None and arr.dtype != np.dtype(dtype):
         raise TypeError(f"{name}: dtype {arr.dtype} does not match the other arrays' dtype "
                         f"{np.dtype(dtype)}; convert all inputs to one float dtype")
-    return np.ascontiguousarray(arr)
+    check_count(name, arr.shape)   # before any copy: a broadcast view may be huge
+    return np.ascontiguousarray(arr) if contiguous else arr
 
 
 def _shape_error(name, expected, actual, why=""):
@@ -142,6 +146,9 @@ def check_block_params(params, dtype=None, d_model=None, prefix=""):
                        ("dModel (wInProj columns)", Dm)):
         if size < 1:
             raise ValueError(f"params: {name} must be >= 1, got {size}")
+        if size > _MAX_DIM:
+            raise ValueError(f"params: {name} = {size} exceeds {_MAX_DIM}, the largest size "
+                             f"the BLAS kernels accept")
     dims = BlockDims(Dm=Dm, D=D, N=N, K=K, R=R)
     for n, shape in block_param_shapes(dims).items():
         if arrays[n].shape != shape:
@@ -152,9 +159,9 @@ def check_block_params(params, dtype=None, d_model=None, prefix=""):
     return arrays, dims
 
 
-def check_x(name: str, x, dtype=None) -> np.ndarray:
+def check_x(name: str, x, dtype=None, contiguous=True) -> np.ndarray:
     """Validate a (B, L, Dm) activation; empty B or L is allowed."""
-    arr = as_float_array(name, x, dtype)
+    arr = as_float_array(name, x, dtype, contiguous)
     if arr.ndim != 3:
         raise ValueError(f"{name}: expected a 3-D array (batch, seqLen, dModel), got shape {arr.shape}")
     check_count(name, arr.shape)

@@ -130,7 +130,7 @@ def mamba1_forward(x, params, *, eps=1e-6, discretization="zoh", n_threads=None)
     out : ndarray, shape and dtype of ``x``
     cache : BlockCache for :func:`mamba1_backward`
     """
-    x = check_x("x", x, _params_dtype(params))
+    x = check_x("x", x, _params_dtype(params), contiguous=False)
     arrays, dims = check_block_params(params, dtype=x.dtype, d_model=x.shape[2])
     disc = _discretization(discretization)
     nt = _n_threads(n_threads)
@@ -139,6 +139,7 @@ def mamba1_forward(x, params, *, eps=1e-6, discretization="zoh", n_threads=None)
         raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
     sizes = _sizes(x.shape, dims)
     _check_work_size(sizes)
+    x = np.ascontiguousarray(x)
     out = np.empty_like(x)
     buffer = np.empty(_block.cache_len(sizes), dtype=x.dtype)
     if x.size:
@@ -170,10 +171,11 @@ def mamba1_backward(dout, params, cache, *, n_threads=None):
     if not isinstance(cache, BlockCache):
         raise TypeError(f"cache: expected the BlockCache returned by mamba1_forward, "
                         f"got {type(cache).__name__}")
-    dout = check_x("dout", dout, cache.dtype)
+    dout = check_x("dout", dout, cache.dtype, contiguous=False)
     if dout.shape != cache.x_shape:
         raise ValueError(f"dout: expected shape {cache.x_shape} (the shape of x in the forward), "
                          f"got {dout.shape}")
+    dout = np.ascontiguousarray(dout)
     arrays, dims = check_block_params(params, dtype=cache.dtype, d_model=cache.x_shape[2])
     if dims != cache.dims:
         raise ValueError(f"params: sizes {dims} differ from those of the forward that made "

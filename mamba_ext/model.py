@@ -17,7 +17,6 @@ the shapes; every layer must have the same sizes.
 """
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -113,17 +112,6 @@ def check_model_params(params, dtype=None):
     return arrays, ModelDims(V=V, n_layers=n_layers, block=block)
 
 
-def _resolve_threads(n_threads) -> int:
-    if n_threads is None:
-        env = os.environ.get("OMP_NUM_THREADS", "")
-        n = int(env) if env.isdigit() and int(env) > 0 else (os.cpu_count() or 1)
-        return max(1, n)
-    n = int(n_threads)
-    if n < 1:
-        raise ValueError(f"n_threads: expected None or an integer >= 1, got {n_threads}")
-    return n
-
-
 def _check_eps(eps) -> float:
     e = float(eps)
     if not (np.isfinite(e) and e > 0.0):
@@ -138,6 +126,12 @@ def _sizes(dims: ModelDims, B: int, L: int) -> tuple:
 
 def _layer_lists(arrays: Mapping, n_layers: int) -> list:
     return [[arrays[f"layer{i}.{n}"] for n in BLOCK_PARAM_NAMES] for i in range(n_layers)]
+
+
+def _n_threads(n_threads) -> int:
+    """None -> 0 (OpenMP's default thread count), else an int >= 1 (as the block API)."""
+    from .block import _n_threads as block_threads
+    return block_threads(n_threads)
 
 
 def model_forward(tokens, params, *, eps: float = DEFAULT_EPS, n_threads=None) -> np.ndarray:
@@ -156,7 +150,7 @@ def model_forward(tokens, params, *, eps: float = DEFAULT_EPS, n_threads=None) -
     if B * L:
         _model.forward(logits, tok, arrays["embedding"], arrays["final_norm"],
                        arrays["lm_head_bias"], _layer_lists(arrays, dims.n_layers),
-                       _sizes(dims, B, L), eps, _resolve_threads(n_threads))
+                       _sizes(dims, B, L), eps, _n_threads(n_threads))
     return logits
 
 
@@ -191,7 +185,7 @@ def model_loss_and_grads(tokens, targets, params, checkpointing: bool = False, *
                                  arrays["lm_head_bias"], _layer_lists(arrays, dims.n_layers),
                                  grads["embedding"], grads["final_norm"], grads["lm_head_bias"],
                                  _layer_lists(grads, dims.n_layers), _sizes(dims, B, L), eps,
-                                 scale, bool(checkpointing), _resolve_threads(n_threads))
+                                 scale, bool(checkpointing), _n_threads(n_threads))
     return float(loss), grads
 
 

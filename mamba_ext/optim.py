@@ -29,6 +29,7 @@ import numpy as np
 
 from . import _adamw
 from .amp import _named_arrays, _state_scalar
+from .block import _n_threads
 
 __all__ = ["AdamW", "clip_grad_norm", "DEFAULT_NO_DECAY"]
 
@@ -93,11 +94,11 @@ class AdamW:
 
     ``lr``, ``betas``, ``eps``, ``weight_decay``, ``max_delta`` are attributes
     that may change between steps (schedules); they are validated at each step.
-    ``n_threads``: OpenMP threads for large arrays; 0 = OpenMP default.
+    ``n_threads``: OpenMP threads for large arrays; None = OpenMP's default.
     """
 
     def __init__(self, params: Mapping, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-                 weight_decay=0.01, max_delta=0.0, no_decay=DEFAULT_NO_DECAY, n_threads=0):
+                 weight_decay=0.01, max_delta=0.0, no_decay=DEFAULT_NO_DECAY, n_threads=None):
         if not isinstance(params, Mapping):
             raise TypeError(f"AdamW: params: expected a mapping name -> array, got {type(params).__name__}")
         self.params = {}
@@ -118,9 +119,7 @@ class AdamW:
         self.lr, self.betas, self.eps = lr, betas, eps
         self.weight_decay, self.max_delta = weight_decay, max_delta
         _check_hyper(lr, betas, eps, weight_decay, max_delta)
-        if isinstance(n_threads, bool) or not isinstance(n_threads, numbers.Integral):
-            raise TypeError(f"AdamW: n_threads: expected an int, got {n_threads!r}")
-        self.n_threads = int(n_threads)
+        self.n_threads = _n_threads(n_threads)     # 0 means OpenMP's default
         self.exp_avg = {n: np.zeros_like(a) for n, a in self.params.items()}
         self.exp_avg_sq = {n: np.zeros_like(a) for n, a in self.params.items()}
         self.step_count = 0     # steps applied (bias-correction t of the last one)
@@ -229,7 +228,7 @@ class AdamW:
         self.lr, self.betas, self.eps, self.weight_decay, self.max_delta = lr, (beta1, beta2), eps, wd, md
 
 
-def clip_grad_norm(grads, max_norm: float, n_threads: int = 0) -> float:
+def clip_grad_norm(grads, max_norm: float, n_threads=None) -> float:
     """Clip gradients by their global L2 norm, in place; return the norm before clipping.
 
     ``grads``: mapping name -> array or a sequence of float32/float64 arrays.
@@ -242,6 +241,7 @@ def clip_grad_norm(grads, max_norm: float, n_threads: int = 0) -> float:
     """
     if isinstance(max_norm, bool) or not isinstance(max_norm, numbers.Real) or not max_norm > 0:
         raise ValueError(f"clip_grad_norm: max_norm: expected a number > 0 (inf allowed), got {max_norm!r}")
+    n_threads = _n_threads(n_threads)
     items = _named_arrays("grads", grads)
     for label, g in items:
         if g.dtype not in _FLOATS:

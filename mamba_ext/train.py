@@ -56,6 +56,7 @@ class TrainConfig:
     checkpointing: bool = False
     checkpoint_every: int = 100
     device: str = "cpu"
+    threads: int | None = None       # CPU threads of the kernels (None: OpenMP default)
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -85,7 +86,7 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
 
 
 def amp_step(tokens, targets, params, opt, scaler, *, grad_clip=1.0, checkpointing=False,
-             eps=1e-6):
+             eps=1e-6, n_threads=None):
     """One mixed-precision training step; returns ``(loss, applied)``.
 
     Forward/backward on ``fp16_view(params)`` (fp16-rounded copies of the fp32
@@ -99,7 +100,7 @@ def amp_step(tokens, targets, params, opt, scaler, *, grad_clip=1.0, checkpointi
     from .optim import clip_grad_norm
     loss, grads = model_loss_and_grads(tokens, targets, fp16_view(params),
                                        checkpointing=checkpointing, eps=eps,
-                                       loss_scale=scaler.scale)
+                                       loss_scale=scaler.scale, n_threads=n_threads)
     grads = {k: np.asarray(round_fp16(g), dtype=params[k].dtype) for k, g in grads.items()}
     overflow = bool(scaler.check(grads))
     if not overflow:
@@ -149,14 +150,14 @@ def _set_lr(opt, lr: float) -> None:
     opt.lr = lr
 
 
-def evaluate(params, batches, eps=1e-6) -> float | None:
+def evaluate(params, batches, eps=1e-6, n_threads=None) -> float | None:
     """Mean loss over the fixed held-out batches (None if there are none)."""
     vals = batches.val_batches()
     if not vals:
         return None
     total = 0.0
     for tok, tgt in vals:
-        logits = model_forward(tok, params, eps=eps).astype(np.float64)
+        logits = model_forward(tok, params, eps=eps, n_threads=n_threads).astype(np.float64)
         m = logits.max(-1, keepdims=True)
         lse = m[..., 0] + np.log(np.exp(logits - m).sum(-1))
         total += float(np.mean(lse - np.take_along_axis(logits, tgt[..., None], -1)[..., 0]))
@@ -164,9 +165,13 @@ def evaluate(params, batches, eps=1e-6) -> float | None:
 
 
 def save_state(path, cfg, step, params, opt, scaler, losses) -> None:
+    """``opt``: an AdamW, or the GPU ResidentTrainer (its ``state()`` is stored)."""
     extra = {"scaler": scaler.state_dict() if scaler is not None else None}
+    opt_state = None
+    if opt is not None:
+        opt_state = opt.state_dict() if hasattr(opt, "state_dict") else opt.state()
     ckpt_io.save_checkpoint(path, params, step=step, config=cfg.to_dict(),
-                            optimizer_state=opt.state_dict() if opt is not None else None,
+                            optimizer_state=opt_state,
                             extra=extra, arrays={"losses": np.asarray(losses, np.float64)})
 
 
@@ -180,18 +185,18 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
         tok, tgt = batches.get(step)
         lr = lr_at(cfg, step)
         if trainer is not None:
-            if hasattr(trainer, "lr"):
-                trainer.lr = lr
+            trainer.lr = lr
             loss = float(trainer.step(tok, tgt))
         elif scaler is not None:
             _set_lr(opt, lr)
             loss, applied = amp_step(tok, tgt, params, opt, scaler, grad_clip=cfg.grad_clip,
-                                     checkpointing=cfg.checkpointing, eps=cfg.eps)
+                                     checkpointing=cfg.checkpointing, eps=cfg.eps,
+                                     n_threads=cfg.threads)
             skipped += not applied
         else:
             _set_lr(opt, lr)
             loss, grads = model_loss_and_grads(tok, tgt, params, checkpointing=cfg.checkpointing,
-                                               eps=cfg.eps)
+                                               eps=cfg.eps, n_threads=cfg.threads)
             if cfg.grad_clip:
                 clip_grad_norm(grads, cfg.grad_clip)
             opt.step(grads)
@@ -199,7 +204,10 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
         bar.update(step, float(np.mean(losses[-20:])), (step + 1 - start) * tokens_per_step,
                    force=step + 1 == end)
         if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < end:
-            save_state(path, cfg, step + 1, trainer.params() if trainer else params, opt, scaler, losses)
+            if trainer is not None:
+                save_state(path, cfg, step + 1, trainer.params(), trainer, None, losses)
+            else:
+                save_state(path, cfg, step + 1, params, opt, scaler, losses)
     return skipped
 
 
@@ -254,7 +262,11 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
             raise RuntimeError(f"--device gpu: the GPU executor is unavailable ({e}); "
                                f"install mamba_ext[gpu] or use --device cpu") from None
         trainer = ResidentTrainer(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8,
-                                  weight_decay=cfg.weight_decay, max_delta=cfg.max_delta)
+                                  weight_decay=cfg.weight_decay, max_delta=cfg.max_delta,
+                                  clip=cfg.grad_clip, model_eps=cfg.eps)
+        if state is not None:
+            log("note: --device gpu resumes the weights; the GPU trainer cannot load "
+                "AdamW moments, so they restart from zero (not an exact continuation)")
     else:
         opt = _make_optimizer(cfg, params)
         if state is not None and state["optimizer_state"]:
@@ -281,13 +293,13 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
     wall = time.perf_counter() - t0
     bar.close()
     if trainer is not None:
-        params = trainer.params()
+        params, opt = trainer.params(), trainer
     done = end - start
     save_state(path, cfg, end, params, opt, scaler, losses)
     from .plot import write_loss_curve
     plot_path = os.path.join(out_dir, PLOT_NAME)
     write_loss_curve(plot_path, losses, reference=math.log(VOCAB_SIZE))
-    val = evaluate(params, batches, cfg.eps)
+    val = evaluate(params, batches, cfg.eps, cfg.threads)
     tps = done * cfg.batch * cfg.seq_len / wall if wall > 0 else 0.0
     final = float(np.mean(losses[-50:])) if losses else float("nan")
     summary = {"losses": losses, "final_loss": final, "val_loss": val, "tokens_per_s": tps,

@@ -227,13 +227,21 @@ def test_threads_do_not_change_results():
     base = [rng.standard_normal(n).astype(np.float32) for _ in range(2)] + [
         (rng.random(n) * 0.01).astype(np.float32), rng.standard_normal(n).astype(np.float32)]
     outs = []
-    for threads in (1, 2, 0):
+    for threads in (1, 2, 0):   # 0: OpenMP's default team
         w, m, v, g = (a.copy() for a in base)
         _adamw.adamw_update_array(w, m, v, g, 1e-3, 0.9, 0.999, 1e-8, 0.01, 1e-3, 7, 0.5, threads)
         outs.append((w, m, v))
     for other in outs[1:]:
         for a, b in zip(outs[0], other):
             assert np.array_equal(a, b)
+    # the optimizer with explicit and default thread counts
+    for threads in (1, 2, None):
+        params = {"big": base[0].copy()}
+        AdamW(params, lr=1e-3, max_delta=1e-3, n_threads=threads).step({"big": base[3]})
+        w_ref = base[0].copy()
+        _adamw.adamw_update_array(w_ref, np.zeros(n, np.float32), np.zeros(n, np.float32), base[3],
+                                  1e-3, 0.9, 0.999, 1e-8, 0.01, 1e-3, 1, 1.0, 1)
+        assert np.array_equal(params["big"], w_ref)
     x = base[0]
     ref = float(np.sum(x.astype(np.float64) ** 2))
     for threads in (1, 2):
@@ -406,6 +414,10 @@ def test_bad_params():
         AdamW({"x": np.ones(3)}, betas=0.9)
     with pytest.raises(ValueError, match="max_delta"):
         AdamW({"x": np.ones(3)}, max_delta=float("nan"))
+    with pytest.raises(ValueError, match="n_threads"):
+        AdamW({"x": np.ones(3)}, n_threads=0)
+    with pytest.raises(ValueError, match="n_threads"):
+        clip_grad_norm({"x": np.ones(3)}, 1.0, n_threads=-2)
 
 
 def test_bad_grads_name_the_key():

@@ -8,12 +8,14 @@ eps matters, Euler discretisation, a sequence longer than the scan's chunk.
 Loss = sum(out * dout), dout random; error = max|fd - analytic| / max|analytic|
 per tensor, required <= 1e-6.
 """
+import sys
+
 import numpy as np
 import pytest
 
 import mamba_ext
 from conftest import assert_clamped_grad_zero, clamped_mask
-from mamba_ext.cli import gradcheck
+from mamba_ext.cli import bench, gradcheck
 from mamba_ext.cli.gradcheck import CONFIGS, THRESHOLD, check_case, finite_differences, relative_errors
 
 NAMES = mamba_ext.BLOCK_PARAM_NAMES
@@ -48,7 +50,7 @@ def test_checker_detects_a_wrong_gradient():
     wrong["wConv"] = analytic["wConv"].copy()
     wrong["wConv"][1, 2] += 1e-5 * np.max(np.abs(analytic["wConv"]))
     fd = finite_differences(  # differences of wConv only, the other tensors fixed
-        lambda t: mamba_ext.mamba1_forward(case.x, {**case.params, "wConv": t["wConv"]})[0],
+        lambda t: mamba_ext.mamba1_forward(case.x, {**case.params, "wConv": t["wConv"]}, n_threads=1)[0],
         {"wConv": case.params["wConv"]}, case.dout)
     assert relative_errors(wrong, fd)["wConv"] > 5e-6
     assert relative_errors(analytic, fd)["wConv"] <= THRESHOLD
@@ -65,3 +67,15 @@ def test_gradcheck_command_passes_and_prints_every_tensor(capsys):
 def test_gradcheck_command_exit_status_on_failure(capsys):
     assert gradcheck.main(["--config", "basic", "--threshold", "1e-300"]) == 1
     assert "gradcheck FAILED" in capsys.readouterr().out
+
+
+# --- the bench command (runs, prints its table; no timing is asserted) -----------------------
+
+def test_bench_command_runs_without_torch(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torch", None)      # as if torch were not installed
+    assert bench.main(["--size", "a", "--repeat", "1", "--threads", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "torch not installed" in text
+    row = next(line.split() for line in text.splitlines() if line.strip().startswith("a "))
+    assert row[1:8] == ["64", "128", "16", "4", "4", "2", "256"]
+    assert float(row[8]) > 0 and float(row[13]) > 0       # fwd+bwd ms, bound ms

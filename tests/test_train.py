@@ -26,7 +26,7 @@ def text_file(tmp_path):
 
 def _tiny(text_file, **kw):
     cfg = dict(data=text_file, d_model=32, n_layers=1, d_state=8, seq_len=32, batch=8,
-               steps=8, lr=1e-2, warmup=5, checkpoint_every=3)
+               steps=8, lr=1e-2, warmup=5, checkpoint_every=3, threads=1)
     cfg.update(kw)
     return TrainConfig(**cfg)
 
@@ -62,17 +62,17 @@ def test_amp_step_skips_on_overflow_and_leaves_moments_untouched(text_file):
     tok, tgt = ByteBatches(np.frombuffer(TEXT, np.uint8), 16, 4).get(0)
     # one applied step first, so that the moments are non-zero
     scaler = DynamicLossScaler(init_scale=2.0 ** 10)
-    loss, applied = amp_step(tok, tgt, params, opt, scaler)
+    loss, applied = amp_step(tok, tgt, params, opt, scaler, n_threads=1)
     assert applied and np.isfinite(loss)
     before_w = {k: v.copy() for k, v in params.items()}
     before_state = copy.deepcopy(opt.state_dict())
-    scaler = DynamicLossScaler(init_scale=2.0 ** 40)   # fp16 gradients overflow to inf
-    loss, applied = amp_step(tok, tgt, params, opt, scaler)
+    scaler = DynamicLossScaler(init_scale=2.0 ** 40, max_scale=2.0 ** 50)  # fp16 grads overflow
+    loss, applied = amp_step(tok, tgt, params, opt, scaler, n_threads=1)
     assert not applied and scaler.skipped == 1 and scaler.scale == 2.0 ** 39
     for k in params:
         np.testing.assert_array_equal(params[k], before_w[k], err_msg=k)
     _assert_same_state(opt.state_dict(), before_state)
-    loss, applied = amp_step(tok, tgt, params, opt, DynamicLossScaler(init_scale=2.0 ** 8))
+    loss, applied = amp_step(tok, tgt, params, opt, DynamicLossScaler(init_scale=2.0 ** 8), n_threads=1)
     assert applied
     assert any(not np.array_equal(params[k], before_w[k]) for k in params)
 
@@ -117,7 +117,7 @@ def test_train_and_sample_commands(text_file, tmp_path, capsys):
     out = tmp_path / "run"
     rc = main(["train", "--data", text_file, "--d-model", "16", "--n-layers", "1", "--d-state", "4",
                "--seq-len", "16", "--batch", "4", "--steps", "6", "--out", str(out),
-               "--checkpointing"])
+               "--checkpointing", "--threads", "1"])
     assert rc == 0
     err = capsys.readouterr().err
     assert "step      6/6" in err and "tok/s" in err and "tokens/s" in err

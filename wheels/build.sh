@@ -24,6 +24,8 @@ WORK="$(mktemp -d -t mamba_ext_wheel.XXXXXX)"
 [ "${KEEP_WORK:-0}" = 1 ] || trap 'rm -rf "$WORK"' EXIT
 step() { printf '\n==> %s\n' "$*"; }
 die() { printf 'FAILED: %s\n' "$*" >&2; exit 1; }
+FAILED=()            # checks that failed but let the later steps still run
+soft() { printf 'FAILED: %s\n' "$1" >&2; FAILED+=("$1"); }
 
 PYVER="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 step "Python $PYVER ($("$PYTHON" -c 'import sys; print(sys.executable)')); work dir $WORK"
@@ -96,12 +98,12 @@ EOF
 # unset); step 5 runs them with the compiler. MAMBA_EXT_WHEEL: test_wheel.py
 # checks this wheel instead of building one.
 (cd "$RUN" && "${NOCC[@]}" MAMBA_EXT_WHEEL="$WHEEL" \
-   python -m pytest -q -p no:cacheprovider "$REPO/tests") || die "test suite without a compiler"
+   python -m pytest -q -p no:cacheprovider "$REPO/tests") || soft "test suite without a compiler"
 
 step "5. C-API client tests against the installed wheel, with the compiler"
 (cd "$RUN" && env -u PYTHONPATH PATH="$VENV/bin:$PATH" CI=true MAMBA_EXT_WHEEL="$WHEEL" \
    python -m pytest -q -p no:cacheprovider "$REPO/tests/test_capi.py" "$REPO/tests/test_wheel.py") \
-  || die "C-API tests"
+  || soft "C-API tests with the compiler"
 
 # ---------------------------------------------------------------- 6. no OpenMP
 if [ "${SKIP_NO_OPENMP:-0}" != 1 ]; then
@@ -125,7 +127,10 @@ EOF
   "$VENV/bin/python" -m pip install -q --force-reinstall --no-deps "$NOOMP"
   (cd "$RUN" && "${NOCC[@]}" python -m mamba_ext gradcheck) || die "gradcheck without OpenMP"
   (cd "$RUN" && "${NOCC[@]}" MAMBA_EXT_WHEEL="$WHEEL" python -m pytest -q -p no:cacheprovider \
-     "$REPO/tests") || die "test suite without OpenMP"
+     "$REPO/tests") || soft "test suite without OpenMP"
 fi
 
-step "done: $WHEEL"
+if [ ${#FAILED[@]} -gt 0 ]; then
+  printf '\n%d check(s) FAILED:\n' ${#FAILED[@]}; printf '  - %s\n' "${FAILED[@]}"; exit 1
+fi
+step "all checks passed: $WHEEL"

@@ -37,12 +37,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue from a checkpoint file or run folder (its config is used; "
                         "--steps sets the new total)")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads of the kernels (default: OpenMP's default)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        print("error: --threads must be >= 1", file=sys.stderr)
+        return 2
     for name in ("d_model", "n_layers", "d_state", "seq_len", "batch", "steps"):
         if getattr(args, name) < (0 if name in ("n_layers", "steps") else 1):
             print(f"error: --{name.replace('_', '-')} must be positive", file=sys.stderr)
@@ -59,7 +64,7 @@ def main(argv=None) -> int:
                       d_state=args.d_state, seq_len=args.seq_len, batch=args.batch,
                       steps=args.steps, lr=args.lr, seed=args.seed, amp=args.amp,
                       checkpointing=args.checkpointing, checkpoint_every=args.checkpoint_every,
-                      device=args.device)
+                      device=args.device, threads=args.threads)
     try:
         train(cfg, out, resume=resume, progress=None if args.quiet else sys.stderr)
     except (ValueError, RuntimeError, OSError) as e:

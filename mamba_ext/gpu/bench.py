@@ -87,11 +87,12 @@ def _time_ops(g, ops, clears, repeat, warmup=2):
 
 
 def copy_bandwidth(g, n_floats=1 << 26, repeat=5):
-    """Bytes/s of the copy_f32 kernel on ``n_floats`` floats (read + write)."""
-    from .layers import copy_op
-    n = min(n_floats, g.max_binding // 4)
+    """Bytes/s of the copy_vec4 kernel on ``n_floats`` floats (read + write)."""
+    from .layers import elementwise
+    n = min(n_floats, g.max_binding // 4) // 4 * 4
     a, b = g.buffer(n, "bw_src"), g.buffer(n, "bw_dst")
-    gpu_ms, wall_ms = _time_ops(g, [copy_op(g, a, b, n)], (), repeat)
+    op = elementwise(g, "activations", "copy_vec4", n // 4, [n // 4, 0, 0], [a, b])
+    gpu_ms, wall_ms = _time_ops(g, [op], (), repeat)
     ms = gpu_ms if gpu_ms is not None else wall_ms
     a.destroy(); b.destroy()
     return 8.0 * n / (ms * 1e-3)
@@ -228,6 +229,8 @@ def bench_size(size, repeat, use_torch, loops, profile=False):
             t, w = _time_ops(g, [op], [], 3, warmup=1)
             per.setdefault(op.name, []).append(t if t is not None else w)
         res["profile"] = sorted(((sum(v), len(v), k) for k, v in per.items()), reverse=True)
+        M, P = B * L, R + 2 * N
+        res["gemm_flop"] = 6.0 * M * (Dm * 2 * D + D * P + R * D + D * Dm)
     res["torch"], res["torch_note"] = (torch_bench(x, params, dout, out, dx, repeat, loops)
                                        if use_torch else ([], "skipped (--no-torch)"))
     return res
@@ -271,10 +274,13 @@ def main(argv=None):
     for r in results:
         ours = r["gpu_ms"] if r["gpu_ms"] is not None else r["wall_ms"]
         print(f"\nsize {r['size']}: {r['n_dispatch']} dispatches in one pass, scan chunk "
-              f"{r['chunk']}, GEMM tile {16 * r['tile'][0]}x{16 * r['tile'][1]}; "
+              f"{r['chunk']}, GEMM tile {r['tile'][0]}x{r['tile'][1]}; "
               f"WGSL fwd+bwd {ours:.3f} ms")
         for tot, cnt, name in r.get("profile", []):
-            print(f"  kernel {name:32s} x{cnt:2d} {tot:8.3f} ms")
+            extra = ""
+            if name == "linear_gemm":
+                extra = f"  ({r['gemm_flop'] / (tot * 1e-3) / 1e12:.1f} TFLOP/s)"
+            print(f"  kernel {name:32s} x{cnt:2d} {tot:8.3f} ms{extra}")
         if not r["torch"]:
             print(f"  PyTorch CUDA baselines: {r['torch_note']}")
         for name, ms, err in r["torch"]:

@@ -18,20 +18,19 @@ from .._validate import BlockDims, block_param_shapes
 
 # Scan chunk length T (<= 64, the private history array of scan_bwd_grads).
 SCAN_CHUNK = int(os.environ.get("MAMBA_EXT_GPU_CHUNK", "32"))
-# GEMM tile: rows and columns per invocation (workgroup 16x16 -> 16*TM x 16*TN tile).
-GEMM_TILE = tuple(int(v) for v in os.environ.get("MAMBA_EXT_GPU_GEMM_TILE", "4,4").split(","))
+GEMM_TILE = (64, 64)   # rows x columns of C per workgroup of kernels/linear.wgsl
+SCAN_TB_BWD = int(os.environ.get("MAMBA_EXT_GPU_SCAN_TB_BWD", "4"))
 EW_WG = 256        # elementwise kernels' workgroup size (override constant WG)
 
 
 def gemm(g, M, N, K, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, c, c_off, c_rs,
          bias=None, bias_off=0, beta=0):
     """Op for C = beta*C + A @ B (+ bias); see kernels/linear.wgsl for the strides."""
-    tm, tn = GEMM_TILE
-    grid = (math.ceil(N / (16 * tn)), math.ceil(M / (16 * tm)), 1)
+    grid = (math.ceil(N / GEMM_TILE[1]), math.ceil(M / GEMM_TILE[0]), 1)
     return g.op("linear", "linear_gemm", grid,
                 [M, N, K, a_off, a_rs, a_cs, b_off, b_rs, b_cs, c_off, c_rs, bias_off,
                  0 if bias is None else 1, beta],
-                [a, b, a if bias is None else bias, c], {"TM": tm, "TN": tn})
+                [a, b, a if bias is None else bias, c])
 
 
 def elementwise(g, file, entry, n, params, buffers, wg=EW_WG):
@@ -127,10 +126,18 @@ class BlockLayer:
 
     def _scan_chunk_op(self, entry, buffers):
         grid = (self.s.G, self.nC, self.B)
-        return self.g.op("scan", entry, grid, self._scan_params(), buffers, {"WG": self.s.wg_scan})
+        wg = self.s.wg_scan
+        # TB steps per block: scan_fwd_out keeps one (TB, WG) array (2048
+        # floats), scan_bwd_grads four, and is kept small there because
+        # workgroup memory limits how many workgroups an SM holds (the scan
+        # is latency-bound); measured on an H200, see the README.
+        # 4 arrays of TB*(WG+1) floats stay within 32 KiB.
+        tb = SCAN_TB_BWD if entry == "scan_bwd_grads" else 2048 // wg
+        return self.g.op("scan", entry, grid, self._scan_params(), buffers,
+                         {"WG": wg, "TB": max(1, min(tb, 2048 // (wg + 1)))})
 
     def _scan_flat_op(self, entry, n, buffers):
-        return elementwise(self.g, "scan", entry, n, self._scan_params(), buffers, wg=self.s.wg_scan)
+        return elementwise(self.g, "scan", entry, n, self._scan_params(), buffers, wg=128)
 
     # -------------------------------------------------------------- forward
     def forward_ops(self):

@@ -13,7 +13,6 @@ Size letters: B batch, L seqLen, Dm dModel, V vocab, M = B*L.
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 
@@ -22,16 +21,15 @@ from .block import require_float32
 from .device import gpu
 from .layers import BlockLayer, Scratch, arena_layout, elementwise, gemm, reduce_cols
 
-_LAYER = re.compile(r"layer\d+\.(.+)\Z")
 # Weight decay is off for these (after any "layerN." prefix), as mamba_ext.AdamW's default.
 DEFAULT_NO_DECAY = frozenset({"A_log", "D_vec", "bInProj", "bConv", "bXProj", "bDtProj",
                               "bOutProj", "lm_head_bias", "normWeight", "final_norm"})
 
 
 def _decays(name, no_decay):
-    m = _LAYER.match(name)
-    base = m.group(1) if m else name
-    return not (name in no_decay or base in no_decay)
+    """The rule of mamba_ext.AdamW: no decay when ``name`` equals an entry or
+    ends with "." + entry."""
+    return not any(name == e or name.endswith("." + e) for e in no_decay)
 
 
 def _check_model(params):

@@ -33,8 +33,10 @@
  * inside a call; the model entry allocates its own workspace the same way.
  *
  * Gradients ACCUMULATE (+=): zero them first for a plain gradient.
- * Return value of the int entries: MAMBA_EXT_OK (0) or an error code below;
- * no entry writes NaN into anything or crashes on the reported conditions.
+ * Return value of the int entries: MAMBA_EXT_OK (0) or an error code below.
+ * Arguments are checked first (NULL pointers, sizes < 1, bad options): on
+ * MAMBA_EXT_ERR_ARG nothing has been read or written. Buffer LENGTHS cannot be
+ * checked through a pointer: they are the caller's responsibility.
  * n_threads: OpenMP threads for this call (>= 1; builds without OpenMP run
  * single-threaded whatever is asked).
  */
