@@ -38,11 +38,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Mapping
 
 import numpy as np
 
+from . import checkpoint
 from ._validate import as_float_array
 from .model import check_model_params
 
@@ -81,8 +81,8 @@ def _hf_dims(hf_config: Mapping) -> dict:
         eps = float(cfg.get("layer_norm_epsilon", 1e-5))
     except KeyError as e:
         raise ValueError(f"config.json: missing required field {e.args[0]!r}") from None
-    if not (eps >= 0.0 and math.isfinite(eps)):
-        raise ValueError(f"config.json: layer_norm_epsilon must be a finite number >= 0, got {eps}")
+    if not (eps > 0.0 and math.isfinite(eps)):
+        raise ValueError(f"config.json: layer_norm_epsilon must be a finite number > 0, got {eps}")
     return {"vocab_size": V, "d_model": Dm, "n_layers": n_layers, "d_state": N, "d_conv": K,
             "d_inner": D, "dt_rank": R, "eps": eps, "discretization": "euler"}
 
@@ -211,33 +211,14 @@ def params_to_hf(params: Mapping, config: Mapping, approximate_discretization: b
     return tensors, hf_config
 
 
-# ---- files -------------------------------------------------------------------------------
-
-def _safetensors():
-    try:
-        import safetensors.numpy as stn
-    except ImportError:  # pragma: no cover - depends on the environment
-        raise ImportError("mamba_ext.hf needs the 'safetensors' package: pip install safetensors") from None
-    return stn
-
-
-def _atomic_write(path, write):
-    """Run ``write(tmp_path)`` then move the file into place, so readers never see half a file."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
+# ---- files (mamba_ext.checkpoint reads and writes safetensors, verified, atomically) ----
 
 def load_hf(path, dtype=np.float32):
-    """Load a ``save_pretrained`` folder -> ``(params, config)`` (see :func:`params_from_hf`)."""
-    stn = _safetensors()
+    """Load a ``save_pretrained`` folder -> ``(params, config)`` (see :func:`params_from_hf`).
+
+    Reads ``model.safetensors`` or the shards of ``model.safetensors.index.json``
+    (float32/float16/float64 tensors).
+    """
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise FileNotFoundError(f"{path}: no config.json; expected a Hugging Face save_pretrained folder")
@@ -258,29 +239,21 @@ def load_hf(path, dtype=np.float32):
                                    "expected the safetensors layout of save_pretrained"))
     tensors = {}
     for fname in files:
-        try:
-            part = stn.load_file(fname)
-        except Exception as e:
-            raise ValueError(f"{fname}: cannot read as float safetensors ({e}); bfloat16 files must be "
-                             f"converted to float32 first") from None
+        part, _ = checkpoint.load(fname, require_checksum=False)
         tensors.update(part)
     return params_from_hf(tensors, hf_config, dtype=dtype)
 
 
 def save_hf(path, params, config, approximate_discretization=False):
-    """Write ``config.json`` + ``model.safetensors`` that ``MambaForCausalLM.from_pretrained`` loads.
+    """Write ``config.json`` + ``model.safetensors`` (float32) that
+    ``MambaForCausalLM.from_pretrained`` loads; returns the HF config dict.
 
     Files are written atomically; the folder is created if needed.
     """
     tensors, hf_config = params_to_hf(params, config, approximate_discretization)
-    stn = _safetensors()
     os.makedirs(path, exist_ok=True)
-    tensors32 = {k: v.astype(np.float32) for k, v in tensors.items()}
-    _atomic_write(os.path.join(path, "model.safetensors"),
-                  lambda tmp: stn.save_file(tensors32, tmp, metadata={"format": "pt"}))
-
-    def write_json(tmp):
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(hf_config, f, indent=2)
-    _atomic_write(os.path.join(path, "config.json"), write_json)
+    checkpoint.save(os.path.join(path, "model.safetensors"),
+                    {k: v.astype(np.float32) for k, v in tensors.items()}, {"format": "pt"})
+    text = json.dumps(hf_config, indent=2).encode("utf-8")
+    checkpoint.atomic_write(os.path.join(path, "config.json"), lambda f: f.write(text))
     return hf_config

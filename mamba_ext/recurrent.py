@@ -87,8 +87,8 @@ def init_state(params, batch: int, *, eps: float = 1e-6, discretization: str = "
     if discretization not in DISCRETIZATIONS:
         raise ValueError(f"discretization: expected one of {DISCRETIZATIONS}, got {discretization!r}")
     eps = float(eps)
-    if not (eps >= 0.0 and np.isfinite(eps)):
-        raise ValueError(f"eps: expected a finite number >= 0, got {eps}")
+    if not (eps > 0.0 and np.isfinite(eps)):
+        raise ValueError(f"eps: expected a finite number > 0, got {eps}")
     state = RecurrentState(int(batch), eps, discretization)
     layers, arrays = _validated(params, state)
     for p in layers:
@@ -105,7 +105,7 @@ def _rmsnorm(x, w, eps):
 
 
 def _silu(x):
-    return x / (1 + np.exp(-x))
+    return x * (0.5 + 0.5 * np.tanh(0.5 * x))     # = x * sigmoid(x), no overflow warning
 
 
 def _block_step(x, p, h, tail, eps, euler):

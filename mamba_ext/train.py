@@ -18,7 +18,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -43,7 +43,7 @@ class TrainConfig:
     eps: float = 1e-6
     seq_len: int = 128
     batch: int = 16
-    steps: int = 500
+    steps: int = 1500
     lr: float = 4e-3
     min_lr_frac: float = 0.1         # cosine decay to lr * min_lr_frac
     warmup: int = 30
@@ -229,9 +229,9 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
     start, losses, state = 0, [], None
     if resume is not None:
         state = ckpt_io.load_checkpoint(resume)
-        steps = cfg.steps
+        steps, threads = cfg.steps, cfg.threads   # the only settings a resume may change
         cfg = TrainConfig.from_dict(state["config"])
-        cfg.steps = steps
+        cfg.steps, cfg.threads = steps, threads
         start = state["step"]
         losses = [float(v) for v in state["arrays"].get("losses", np.zeros(0))][:start]
         log(f"resuming from {resume} at step {start}")

@@ -17,6 +17,8 @@ import pytest
 
 from mamba_ext.hf import load_hf, params_from_hf, params_to_hf, save_hf
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")   # everything here is local; never wait on a network
+
 # |ours - theirs| <= ATOL * max|theirs| + RTOL * |theirs|: both sides float32, so the golden
 # README's float32 rule applies (measured: at most ~2.9e-6 * max|theirs|, about 15% of it).
 ATOL, RTOL = 2e-5, 1e-4
@@ -179,6 +181,26 @@ def test_import_refuses_what_we_cannot_represent(change, match):
     change(t, c)
     with pytest.raises(ValueError, match=match):
         params_from_hf(t, c)
+
+
+def test_load_sharded_folder_and_refuse_truncated_file(tmp_path):
+    from mamba_ext import checkpoint
+    p = _our_random_params(9, n_layers=2)
+    tensors, hf_cfg = params_to_hf(p, CONFIG)
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[:7], "model-00002-of-00002.safetensors": names[7:]}
+    for fname, keys in shards.items():
+        checkpoint.save(tmp_path / fname, {k: tensors[k] for k in keys}, {"format": "pt"})
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: f for f, keys in shards.items() for k in keys}}))
+    (tmp_path / "config.json").write_text(json.dumps(hf_cfg))
+    back, _ = load_hf(tmp_path)
+    for k in p:
+        np.testing.assert_array_equal(back[k], p[k], err_msg=k)
+    first = tmp_path / "model-00001-of-00002.safetensors"
+    first.write_bytes(first.read_bytes()[:-4])
+    with pytest.raises(ValueError, match="truncated"):
+        load_hf(tmp_path)
 
 
 def test_load_refuses_folder_without_safetensors(tmp_path):

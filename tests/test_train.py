@@ -2,6 +2,7 @@
 the train/sample commands, and the loss-curve PNG."""
 import copy
 import math
+import os
 import struct
 import zlib
 
@@ -146,3 +147,37 @@ def test_batches_are_a_function_of_seed_and_step():
     assert not np.array_equal(a.get(1)[0], a.get(2)[0])
     with pytest.raises(ValueError, match="seq_len"):
         ByteBatches(data[:10], 16, 4)
+
+
+def _in_ci():
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _gpu_available():
+    try:
+        import mamba_ext.gpu as g
+        return bool(g.available())
+    except Exception:
+        return False
+
+
+def test_gpu_training_matches_cpu_first_loss(text_file, tmp_path):
+    if not _gpu_available():
+        if _in_ci():
+            pytest.fail("no GPU adapter in CI")
+        pytest.skip("no wgpu adapter here")
+    cfg = _tiny(text_file, steps=4, device="gpu")
+    gpu = train(cfg, tmp_path / "g", progress=None, log=lambda s: None)
+    cpu = train(_tiny(text_file, steps=4), tmp_path / "c", progress=None, log=lambda s: None)
+    assert abs(gpu["losses"][0] - cpu["losses"][0]) <= 1e-4 * cpu["losses"][0]
+    assert gpu["losses"][-1] < gpu["losses"][0]
+    from mamba_ext.checkpoint import load_checkpoint
+    ck = load_checkpoint(gpu["checkpoint"])
+    assert ck["step"] == 4 and set(ck["params"]) == set(cpu["params"])
+
+
+def test_gpu_unavailable_gives_a_clear_error(text_file, tmp_path, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "mamba_ext.gpu", None)    # import fails
+    with pytest.raises(RuntimeError, match="--device gpu: the GPU executor is unavailable"):
+        train(_tiny(text_file, device="gpu"), tmp_path / "x", progress=None, log=lambda s: None)

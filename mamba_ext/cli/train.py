@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, metavar="DIR", help="output folder (default runs/<date-time>)")
     p.add_argument("--resume", default=None, metavar="PATH",
                    help="continue from a checkpoint file or run folder (its config is used; "
-                        "--steps sets the new total)")
+                        "only --steps, the new total, and --threads apply)")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads of the kernels (default: OpenMP's default)")
