@@ -1,28 +1,97 @@
 # Scalar activation helpers shared by the kernels, inline, for float and double.
 #
 # silu(x) = x * sigmoid(x); softplus(x) = max(x, 0) + log1p(exp(-|x|)) (no overflow
-# for any x); softplus'(x) = sigmoid(x). Every function picks the single- or
-# double-precision libm routine so float32 never round-trips through double.
-from libc.math cimport exp, expf, log1p, log1pf, expm1, expm1f, fabs, fabsf
+# for any x); softplus'(x) = sigmoid(x).
+# float32 uses the branch-free C functions below instead of libm's scalar expf /
+# log1pf, so that loops over them vectorise (libm is not vectorised here and was
+# the largest cost outside BLAS and the scan); double uses libm.
+from libc.math cimport exp, log1p, expm1, fabs, fabsf
 from mamba_ext._types cimport floating
+
+cdef extern from *:
+    """
+    #include <math.h>
+    #include <stdint.h>
+    #include <string.h>
+    #ifndef MX_ACTIVATIONS_C
+    #define MX_ACTIVATIONS_C
+    #if defined(__GNUC__) && !defined(__clang__)
+    /* FP operations never trap here (no FP exceptions are used); without this GCC
+       refuses to if-convert, hence to vectorise, the selects of the functions below
+       in every loop of the including module defined after this point. */
+    #pragma GCC optimize ("no-trapping-math")
+    #endif
+    /* exp(x) = 2^k e^r, |r| <= ln2/2, k by the 1.5*2^23 rounding trick (x clamped to
+       [-87, 88] so 2^k stays a normal float), e^r by Cephes' expf polynomial.
+       Returns e^r in *er and 2^k in *scale. */
+    static inline void mx_exp_parts(float x, float* er, float* scale) {
+        float xs = x > -87.0f ? x : -87.0f;          /* NaN -> -87; callers keep NaN */
+        xs = xs < 88.0f ? xs : 88.0f;
+        float kf = (xs * 1.44269504f + 12582912.0f) - 12582912.0f;
+        float r = (xs - kf * 0.693359375f) + kf * 2.12194440e-4f;
+        *er = (((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r
+               + 4.1665795894e-2f) * r + 1.6666665459e-1f) * r + 5.0000001201e-1f) * r * r
+               + r + 1.0f;
+        int32_t bits = ((int32_t)kf + 127) << 23;
+        memcpy(scale, &bits, sizeof bits);
+    }
+    /* expf, a few ulp (tested against exp in double). */
+    static inline float mx_expf(float x) {
+        float er, s;
+        mx_exp_parts(x, &er, &s);
+        /* below e^-87 (results near or under FLT_MIN) flush to 0; above e^88, inf */
+        return x < -87.0f ? 0.0f : (x > 88.0f ? INFINITY : (x == x ? er * s : x));
+    }
+    /* expm1f, a few ulp on [-87, 88]: |x| <= 0.5 Taylor polynomial to x^8
+       (truncation < 2e-8 relative), else exp(x) - 1. */
+    static inline float mx_expm1f(float x) {
+        float er, s;
+        mx_exp_parts(x, &er, &s);
+        float p = x * (1.0f + x * (0.5f + x * (1.66666672e-1f + x * (4.16666679e-2f
+                  + x * (8.33333377e-3f + x * (1.38888892e-3f + x * (1.98412701e-4f
+                  + x * 2.48015876e-5f)))))));
+        float big = x > 88.0f ? INFINITY : er * s - 1.0f;
+        return (x < -0.5f || x > 0.5f) ? big : p;              /* NaN -> p = NaN */
+    }
+    /* log1p(y) for y in [0, 1]: w = 1 + y rounded, c = (y - (w - 1)) / w restores
+       the rounding, log(w) with w = m 2^e, m in [sqrt(1/2), sqrt(2)) by Cephes'
+       logf polynomial. */
+    static inline float mx_log1pf_unit(float y) {
+        float w = 1.0f + y;
+        float c = (y - (w - 1.0f)) / w;
+        float e = w > 1.41421356f ? 1.0f : 0.0f;
+        float x = (w > 1.41421356f ? 0.5f * w : w) - 1.0f;
+        float z = x * x;
+        float p = ((((((((7.0376836292e-2f * x - 1.1514610310e-1f) * x + 1.1676998740e-1f) * x
+                  - 1.2420140846e-1f) * x + 1.4249322787e-1f) * x - 1.6668057665e-1f) * x
+                  + 2.0000714765e-1f) * x - 2.4999993993e-1f) * x + 3.3333331174e-1f) * x * z;
+        p += e * -2.12194440e-4f;
+        p += -0.5f * z;
+        return x + p + e * 0.693359375f + c;
+    }
+    #endif
+    """
+    float mx_expf(float x) noexcept nogil
+    float mx_expm1f(float x) noexcept nogil
+    float mx_log1pf_unit(float y) noexcept nogil
 
 
 cdef inline floating exp_(floating x) noexcept nogil:
     if floating is float:
-        return expf(x)
+        return mx_expf(x)
     else:
         return exp(x)
 
 
 cdef inline floating expm1_(floating x) noexcept nogil:
     if floating is float:
-        return expm1f(x)
+        return mx_expm1f(x)
     else:
         return expm1(x)
 
 
 cdef inline floating sigmoid(floating x) noexcept nogil:
-    # exp(-x) may overflow to inf for x << 0: 1/(1+inf) = 0, the right limit.
+    # exp(-x) may be huge for x << 0: 1/(1+huge) -> 0, the right limit.
     return 1 / (1 + exp_(-x))
 
 
@@ -38,7 +107,7 @@ cdef inline floating silu_grad(floating x) noexcept nogil:
 
 cdef inline floating softplus(floating x) noexcept nogil:
     if floating is float:
-        return (x if x > 0 else 0) + log1pf(expf(-fabsf(x)))
+        return (x if x > 0 else 0) + mx_log1pf_unit(mx_expf(-fabsf(x)))
     else:
         return (x if x > 0 else 0) + log1p(exp(-fabs(x)))
 

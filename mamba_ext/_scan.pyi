@@ -1,4 +1,7 @@
 """Compiled selective scan (C contract: _scan.pxd)."""
+from typing import Literal
+
 import numpy as np
 
-def expm1f_vec(x: np.ndarray, out: np.ndarray) -> None: ...
+def float32_function(which: Literal["exp", "expm1", "log1p_unit", "softplus", "sigmoid"],
+                     x: np.ndarray, out: np.ndarray) -> None: ...

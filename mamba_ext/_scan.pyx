@@ -30,6 +30,7 @@ from libc.string cimport memcpy, memset
 from libc.math cimport exp
 from cython.parallel cimport prange, parallel
 from mamba_ext._types cimport floating, idx_t
+from mamba_ext._activations cimport mx_expm1f, mx_expf, mx_log1pf_unit, softplus, sigmoid
 
 cdef extern from *:
     """
@@ -56,28 +57,6 @@ cdef extern from *:
     #else
         return 1;
     #endif
-    }
-
-    /* expm1 in float32, branch-free so that loops over it vectorise; a few ulp on
-       [-87, 88] (tested against expm1 in double). |x| < 0.5: Taylor polynomial to
-       x^8 (truncation < 2e-8 relative). Otherwise exp(x) - 1 with exp(x) = 2^k e^r,
-       |r| <= ln2/2, k by the 1.5*2^23 rounding trick, e^r by Cephes' expf polynomial. */
-    static inline float mx_expm1f(float x) {
-        float xs = x > -87.0f ? x : -87.0f;          /* NaN -> -87 here, kept in p */
-        xs = xs < 88.0f ? xs : 88.0f;
-        float p = x * (1.0f + x * (0.5f + x * (1.66666672e-1f + x * (4.16666679e-2f
-                  + x * (8.33333377e-3f + x * (1.38888892e-3f + x * (1.98412701e-4f
-                  + x * 2.48015876e-5f)))))));
-        float kf = (xs * 1.44269504f + 12582912.0f) - 12582912.0f;
-        float r = (xs - kf * 0.693359375f) + kf * 2.12194440e-4f;
-        float e = (((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r
-                  + 4.1665795894e-2f) * r + 1.6666665459e-1f) * r + 5.0000001201e-1f) * r * r
-                  + r + 1.0f;
-        int32_t bits = ((int32_t)kf + 127) << 23;
-        float s;
-        memcpy(&s, &bits, sizeof s);
-        float big = e * s - 1.0f;
-        return (x < -0.5f || x > 0.5f) ? big : p;
     }
 
     /* Lanes: every kernel works on G = MX_G consecutive channels at once, one
@@ -208,7 +187,6 @@ cdef extern from *:
     MX_SCAN_KERNELS(double, d, expm1)
     """
     int mx_threads(int n) noexcept nogil
-    float mx_expm1f(float x) noexcept nogil
     enum: MX_G
     void mx_scan_chunk_fwd_f(idx_t, idx_t, int, const float*, const float*, const float*,
                              const float*, idx_t, const float*, const float*,
@@ -230,11 +208,22 @@ cdef extern from *:
     void mx_flush_d_d(double*, const double*, const double*, idx_t, int, double*, const double*) noexcept nogil
 
 
-def expm1f_vec(float[::1] x not None, float[::1] out not None):
-    """out = float32 expm1 of x with the scan's vectorised kernel (for tests)."""
-    cdef idx_t i
-    for i in range(min(x.shape[0], out.shape[0])):
-        out[i] = mx_expm1f(x[i])
+def float32_function(str which, float[::1] x not None, float[::1] out not None):
+    """out = which(x) computed by the float32 kernels' own functions (for tests):
+    which in "exp", "expm1", "log1p_unit" (x in [0, 1]), "softplus", "sigmoid"."""
+    cdef idx_t i, n = min(x.shape[0], out.shape[0])
+    cdef int k = ("exp", "expm1", "log1p_unit", "softplus", "sigmoid").index(which)
+    for i in range(n):
+        if k == 0:
+            out[i] = mx_expf(x[i])
+        elif k == 1:
+            out[i] = mx_expm1f(x[i])
+        elif k == 2:
+            out[i] = mx_log1pf_unit(x[i])
+        elif k == 3:
+            out[i] = softplus(x[i])
+        else:
+            out[i] = sigmoid(x[i])
 
 
 cdef extern from "stdlib.h":

@@ -311,3 +311,16 @@ def test_cache_nbytes_scales_linearly_and_with_itemsize():
             n[L, dtype] = fwd(x, params)[1].nbytes
     assert 1.8 <= n[512, np.float32] / n[256, np.float32] <= 2.2
     assert 1.9 <= n[256, np.float64] / n[256, np.float32] <= 2.1
+
+
+@pytest.mark.parametrize("B,L", [(1, 1), (2, 63), (2, 64), (3, 65), (1, 200)])
+def test_cache_nbytes_matches_documented_formula(B, L):
+    """BlockCache docstring / README: itemsize * (M*(Dm + 1 + 4D + P) + B*ceil(L/T)*D*N)."""
+    from mamba_ext import _block
+    T = _block.SCAN_CHUNK_LEN
+    Dm, D, N, K, R = 5, 12, 3, 4, 2
+    for dtype in (np.float32, np.float64):
+        x, params, _ = make(Dm=Dm, D=D, N=N, K=K, R=R, B=B, L=L, dtype=dtype)
+        M, P = B * L, R + 2 * N
+        expected = np.dtype(dtype).itemsize * (M * (Dm + 1 + 4 * D + P) + B * math.ceil(L / T) * D * N)
+        assert fwd(x, params)[1].nbytes == expected

@@ -317,7 +317,7 @@ def scan_reference(u, Delta, Bs, Cs, A_log, D_vec, discretization):
 
 
 def scan_case(dtype, seed=3, B=2, L=70, D=3, N=2, extra=3):
-    """Inputs of one scan; L > SCAN_CHUNK (64) so the chunked backward is used.
+    """Inputs of one scan; L = 70 spans several SCAN_CHUNK time chunks (chunked backward).
     Bs and Cs are columns [0, N) and [N, 2N) of BC (B, L, 2N + extra)."""
     rng = np.random.default_rng(seed)
     return dict(

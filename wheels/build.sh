@@ -64,7 +64,7 @@ echo "repaired: $WHEEL"
 "$PYTHON" - "$WHEEL" <<'EOF'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-libs = [n for n in names if n.startswith("mamba_ext.libs/")]
+libs = [n for n in names if n.startswith("mamba_ext.libs/") and not n.endswith("/")]
 print("   bundled libraries:", ", ".join(n.split("/")[-1] for n in libs) or "none")
 if not any("gomp" in n for n in libs):
     sys.exit("FAILED: libgomp is not bundled in the repaired wheel")
@@ -85,6 +85,10 @@ NOCC=(env -u CI -u PYTHONPATH -u CC -u CXX "PATH=$VENV/bin" "HOME=$HOME")
     if command -v $c >/dev/null 2>&1; then echo "a compiler is on PATH: $c"; exit 1; fi
   done' || die "compiler still reachable"
 RUN="$WORK/run"; mkdir -p "$RUN"            # a folder where no source tree is importable
+# The tests are those of the source snapshot the wheel was built from; they find
+# the golden vectors at <snapshot>/../shared/golden.
+TESTS="$WORK/src/tests"
+[ -d "$REPO/../shared" ] && ln -sfn "$(cd "$REPO/../shared" && pwd)" "$WORK/shared"
 
 step "4. without a compiler: import, gradcheck, test suite"
 (cd "$RUN" && "${NOCC[@]}" python - "$VENV" <<'EOF'
@@ -98,11 +102,11 @@ EOF
 # unset); step 5 runs them with the compiler. MAMBA_EXT_WHEEL: test_wheel.py
 # checks this wheel instead of building one.
 (cd "$RUN" && "${NOCC[@]}" MAMBA_EXT_WHEEL="$WHEEL" \
-   python -m pytest -q -p no:cacheprovider "$REPO/tests") || soft "test suite without a compiler"
+   python -m pytest -q -p no:cacheprovider "$TESTS") || soft "test suite without a compiler"
 
 step "5. C-API client tests against the installed wheel, with the compiler"
 (cd "$RUN" && env -u PYTHONPATH PATH="$VENV/bin:$PATH" CI=true MAMBA_EXT_WHEEL="$WHEEL" \
-   python -m pytest -q -p no:cacheprovider "$REPO/tests/test_capi.py" "$REPO/tests/test_wheel.py") \
+   python -m pytest -q -p no:cacheprovider "$TESTS/test_capi.py" "$TESTS/test_wheel.py") \
   || soft "C-API tests with the compiler"
 
 # ---------------------------------------------------------------- 6. no OpenMP
@@ -127,7 +131,7 @@ EOF
   "$VENV/bin/python" -m pip install -q --force-reinstall --no-deps "$NOOMP"
   (cd "$RUN" && "${NOCC[@]}" python -m mamba_ext gradcheck) || die "gradcheck without OpenMP"
   (cd "$RUN" && "${NOCC[@]}" MAMBA_EXT_WHEEL="$WHEEL" python -m pytest -q -p no:cacheprovider \
-     "$REPO/tests") || soft "test suite without OpenMP"
+     "$TESTS") || soft "test suite without OpenMP"
 fi
 
 if [ ${#FAILED[@]} -gt 0 ]; then

@@ -174,9 +174,16 @@ def main(argv=None):
     sizes = ["a", "b", "c"] if args.size == "all" else [args.size]
     dtype = np.dtype(args.dtype)
 
+    def progress(what):
+        print(f"[bench] {what} ...", file=sys.stderr, flush=True)
+
     # 1. ours for every size first, so that peak RSS does not include torch
-    ours = {s: bench_ours(s, dtype, args.repeat, args.threads) for s in sizes}
+    ours = {}
+    for s in sizes:
+        progress(f"mamba_ext size {s}")
+        ours[s] = bench_ours(s, dtype, args.repeat, args.threads)
     # 2. the bound
+    progress("sgemm and exp rates")
     bound = {s: measure_bound(s, args.repeat) for s in sizes}
     # 3. torch eager (float32), if installed
     torch_res, torch_note = {}, ""
@@ -187,7 +194,9 @@ def main(argv=None):
         except ImportError:
             torch_note = "torch not installed"
         else:
-            torch_res = {s: bench_torch(s, args.repeat, ours[s]) for s in sizes}
+            for s in sizes:
+                progress(f"torch size {s}")
+                torch_res[s] = bench_torch(s, args.repeat, ours[s])
     else:
         torch_note = "torch skipped (--no-torch)"
 
