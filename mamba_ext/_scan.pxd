@@ -11,7 +11,7 @@
 from mamba_ext._types cimport floating, idx_t
 
 cdef enum:
-    SCAN_CHUNK = 32        # T: time steps between stored states (chosen by measurement)
+    SCAN_CHUNK = 64        # T: time steps between stored states (chosen by measurement)
 
 # ceil(L / SCAN_CHUNK)
 cdef idx_t scan_nchunks(idx_t L) noexcept nogil
