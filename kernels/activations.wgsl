@@ -1,4 +1,6 @@
 // activations.wgsl — elementwise kernels: softplus of dt_proj, the SiLU gate.
+// Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank,
+// P = R + 2N, M = B*L rows, V vocab, T scan chunk. common.wgsl is prepended by the loader.
 // One invocation per element, over a 2-D grid (flat_index).
 //
 // softplus_forward bindings:

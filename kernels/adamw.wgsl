@@ -1,4 +1,6 @@
 // adamw.wgsl — one AdamW step over the flat parameter arena (all tensors of the
+// Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank,
+// P = R + 2N, M = B*L rows, V vocab, T scan chunk. common.wgsl is prepended by the loader.
 // model in one buffer; tensors with weight decay first, n_decay elements), the
 // same per-element maths as mamba_ext/_adamw.pyx (PyTorch AdamW):
 //   m = m + (1-b1)(g - m);  v = b2 v + (1-b2) g^2

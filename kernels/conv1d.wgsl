@@ -1,4 +1,6 @@
 // conv1d.wgsl — depthwise causal convolution over time, fused with SiLU.
+// Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank,
+// P = R + 2N, M = B*L rows, V vocab, T scan chunk. common.wgsl is prepended by the loader.
 //
 //   c[b,t,d] = bConv[d] + sum_{k<K, t-k>=0} wConv[d,k] * xc[b,t-k,d],  u = SiLU(c)
 //   (tap k = 0 is the current step; xc = in_proj columns 0..D of Y)

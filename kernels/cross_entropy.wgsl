@@ -1,4 +1,6 @@
 // cross_entropy.wgsl — mean cross-entropy over M rows and its gradient, one
+// Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank,
+// P = R + 2N, M = B*L rows, V vocab, T scan chunk. common.wgsl is prepended by the loader.
 // workgroup per row (model only). The mean over rows is taken on the host in
 // float64 from the per-row losses.
 //

@@ -1,4 +1,6 @@
 // embedding.wgsl — token embedding lookup and its gradient (model only).
+// Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank,
+// P = R + 2N, M = B*L rows, V vocab, T scan chunk. common.wgsl is prepended by the loader.
 //
 // embedding_forward bindings (one invocation per (r, i)):
 //   0 p     uniform   Params (n = M*Dm)

@@ -1,4 +1,6 @@
 // linear.wgsl — tiled matrix product for every linear layer, forward and backward.
+// Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank,
+// P = R + 2N, M = B*L rows, V vocab, T scan chunk. common.wgsl is prepended by the loader.
 //
 //   C[i, j] = beta * C[i, j] + sum_k A(i, k) * B(k, j) (+ bias[j])
 //   A(i, k) = a[a_off + i*a_rs + k*a_cs], B(k, j) = b[b_off + k*b_rs + j*b_cs],

@@ -1,4 +1,6 @@
 // reduce.wgsl — deterministic reductions (no float atomics anywhere).
+// Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank,
+// P = R + 2N, M = B*L rows, V vocab, T scan chunk. common.wgsl is prepended by the loader.
 //
 // reduce_cols: column sums out[o_off + j] += sum_r a[a_off + r*a_rs + j] * b(r, j),
 //   b(r, j) = b[b_off + r*b_rs + j] if use_b else 1. Bias gradients (colsum of

@@ -1,4 +1,6 @@
 // rmsnorm.wgsl — RMSNorm forward and backward, one workgroup per row.
+// Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank,
+// P = R + 2N, M = B*L rows, V vocab, T scan chunk. common.wgsl is prepended by the loader.
 //
 //   inv[r] = 1 / sqrt(mean_i x[r,i]^2 + eps),  xn[r,i] = x[r,i] * inv[r] * w[i]
 //

@@ -1,4 +1,6 @@
 // scan.wgsl — the selective scan (S6), forward and backward, chunked over time.
+// Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank,
+// P = R + 2N, M = B*L rows, V vocab, T scan chunk. common.wgsl is prepended by the loader.
 //
 // Per (b, d, n), with A = -exp(clamp(A_log, -10, 5)) and x_t = Delta_t * A:
 //   a_t = exp(x_t),  b_t = coef_t * Bs_t,  coef_t = expm1(x_t)/A (ZOH) | Delta_t (Euler)

@@ -1,4 +1,6 @@
 // selftest.wgsl — evaluates the scalar helpers of common.wgsl on given inputs,
+// Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank,
+// P = R + 2N, M = B*L rows, V vocab, T scan chunk. common.wgsl is prepended by the loader.
 // so tests can compare them with NumPy (expm1, log1p, softplus, ...).
 //
 // eval_helpers bindings (one invocation per input):

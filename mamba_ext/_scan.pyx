@@ -3,11 +3,15 @@
 
 Size letters: B batch, L seqLen, D dInner, N dState, T = SCAN_CHUNK, nC = ceil(L/T).
 
-Work is split into B*D independent jobs (one sequence b, one channel d), run
-with prange. Per step the inner loop runs over the N states of one channel,
-which are contiguous everywhere (A (D, N), the Bs/Cs rows, the per-thread state
-rows): the hot loops are C below, marked `omp simd`, and in float32 they call a
-branch-free expm1 so the N exponentials of a step are computed as one vector.
+Work is split into B*ceil(D/G) independent jobs (one sequence b, one group of
+G = MX_G = 16 consecutive channels), run with prange. Each channel of a group is
+one vector lane: per step and state n the hot loop runs over the G lanes, with
+Bs[t,n] and Cs[t,n] broadcast, so no step needs a horizontal sum (a first version
+vectorised over n instead and spent most of its time in those sums). Delta, u
+and dy of a chunk are first copied into (T, G) lane buffers (zero-padded lanes
+when D is not a multiple of G). The hot loops are C below, marked `omp simd`,
+compiled for AVX-512 / AVX2 / baseline with runtime dispatch (GCC target_clones);
+in float32 they call the branch-free mx_expm1f of _activations.pxd.
 One exponential per (t, d, n) serves both factors: a_bar = 1 + em and
 b_bar = em / A * Bs with em = expm1(Delta*A) (exact ZOH without cancellation).
 
@@ -22,8 +26,9 @@ A_log outside the open interval (-10, 5) gets exactly zero gradient (clamp).
 The states inside a chunk are recomputed from the stored chunk-entry state by
 the same code as the forward, so they are bitwise the forward's states.
 Per-job gradients of shared tensors (dBs/dCs rows of sequence b, dA_log and
-D_vec row d) are summed in per-thread buffers and added under a critical
-section: dBs/dCs once per sequence a thread visits, dA_log once per job.
+D_vec rows of the group) are summed in per-thread buffers and added under a
+critical section: dBs/dCs (per lane, (L, 2N, G), summed over lanes at the flush)
+once per sequence a thread visits, dA_log once per job.
 """
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset

@@ -43,7 +43,7 @@ class TrainConfig:
     eps: float = 1e-6
     seq_len: int = 128
     batch: int = 16
-    steps: int = 1500
+    steps: int = 1000
     lr: float = 4e-3
     min_lr_frac: float = 0.1         # cosine decay to lr * min_lr_frac
     warmup: int = 30
@@ -281,7 +281,7 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
     bar = _Progress(progress, cfg.steps, start)
     t0 = time.perf_counter()
     skipped = 0
-    end = cfg.steps if stop_after is None else max(start, min(cfg.steps, int(stop_after)))
+    end = max(start, cfg.steps if stop_after is None else min(cfg.steps, int(stop_after)))
     try:
         skipped = _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, bar)
     except KeyboardInterrupt:

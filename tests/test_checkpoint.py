@@ -1,6 +1,5 @@
 """safetensors checkpoints written by mamba_ext.checkpoint: exact round trips,
 interoperability with the safetensors package, and refusal of damaged files."""
-import json
 import os
 
 import numpy as np

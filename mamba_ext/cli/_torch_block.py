@@ -33,11 +33,13 @@ def block_forward(x, p, eps=1e-6):
     dA = Delta.unsqueeze(-1) * A                                             # (B, L, D, N)
     a_bar = torch.exp(dA)
     bu = torch.expm1(dA) / A * Bs.unsqueeze(2) * u.unsqueeze(-1)             # b_bar * u
+    # unbind, not a_bar[:, t]: the backward of one unbind is one stack, while each
+    # indexing op's backward would write a zero tensor of the full (B, L, D, N) size
     h = x.new_zeros(B, D, N)
     ys = []
-    for t in range(L):
-        h = a_bar[:, t] * h + bu[:, t]
-        ys.append((h * Cs[:, t].unsqueeze(1)).sum(-1))                       # (B, D)
+    for a_t, bu_t, c_t in zip(a_bar.unbind(1), bu.unbind(1), Cs.unsqueeze(2).unbind(1)):
+        h = a_t * h + bu_t
+        ys.append((h * c_t).sum(-1))                                         # (B, D)
     y = torch.stack(ys, dim=1) + p["D_vec"] * u
     return F.linear(y * F.silu(z), p["wOutProj"], p["bOutProj"]) + x
 

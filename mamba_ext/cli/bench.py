@@ -203,7 +203,7 @@ def main(argv=None):
     print(f"mamba_ext bench: CPU {args.dtype}, forward+backward of one block, median of {args.repeat} "
           f"(after 1 warm-up); {_cores()} cores; {torch_note}")
     cols = ["size", "Dm", "D", "N", "K", "R", "B", "L", "fwd+bwd ms", "fwd ms", "tokens/s",
-            "peak RSS MB", "cache MB", "bound ms", "ours/bound", "torch ms", "torch/ours"]
+            "peak RSS MiB", "cache MiB", "bound ms", "ours/bound", "torch ms", "torch/ours"]
     rows = []
     for s in sizes:
         o = ours[s]
