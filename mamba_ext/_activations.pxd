@@ -69,11 +69,83 @@ cdef extern from *:
         p += -0.5f * z;
         return x + p + e * 0.693359375f + c;
     }
+    #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+    /* Runtime dispatch to AVX-512 / AVX2 clones of the hot loops (wider vectors). */
+    #define MX_CLONES __attribute__((target_clones("avx512f", "avx2", "default"), unused))
+    #else
+    #define MX_CLONES __attribute__((unused))
+    #endif
+    #ifdef _OPENMP
+    #define MX_PRAGMA(x) _Pragma(#x)
+    #else
+    #define MX_PRAGMA(x)
+    #endif
+
+    /* Elementwise block kernels over n contiguous values (one row), float and double:
+       silu, softplus, the gate y * silu(z) and their backward factors. */
+    #define MX_ELEMENTWISE(T, SFX, EXP, EXPM1, LOG1P_UNIT, FABS)                         \
+    static inline T mx_sigmoid_##SFX(T x) { return 1 / (1 + EXP(-x)); }                 \
+    static MX_CLONES void mx_silu_##SFX(T* out, const T* in, /* may alias */           \
+                                        Py_ssize_t n) {                                  \
+        MX_PRAGMA(omp simd)                                                              \
+        for (Py_ssize_t i = 0; i < n; i++) out[i] = in[i] * mx_sigmoid_##SFX(in[i]);     \
+    }                                                                                    \
+    static MX_CLONES void mx_softplus_##SFX(T* restrict a, Py_ssize_t n) {              \
+        MX_PRAGMA(omp simd)                                                              \
+        for (Py_ssize_t i = 0; i < n; i++)                                               \
+            a[i] = (a[i] > 0 ? a[i] : 0) + LOG1P_UNIT(EXP(-FABS(a[i])));                 \
+    }                                                                                    \
+    /* g = y * silu(z) */                                                                \
+    static MX_CLONES void mx_gate_fwd_##SFX(T* restrict g, const T* restrict y,         \
+                                            const T* restrict z, Py_ssize_t n) {         \
+        MX_PRAGMA(omp simd)                                                              \
+        for (Py_ssize_t i = 0; i < n; i++) g[i] = y[i] * z[i] * mx_sigmoid_##SFX(z[i]);  \
+    }                                                                                    \
+    /* dy = dg * silu(z); dz = dg * y * silu'(z), silu' = s (1 + z (1 - s)) */           \
+    static MX_CLONES void mx_gate_bwd_##SFX(T* restrict dy, T* restrict dz,             \
+            const T* restrict dg, const T* restrict y, const T* restrict z,              \
+            Py_ssize_t n) {                                                              \
+        MX_PRAGMA(omp simd)                                                              \
+        for (Py_ssize_t i = 0; i < n; i++) {                                             \
+            T s = mx_sigmoid_##SFX(z[i]);                                                \
+            dy[i] = dg[i] * z[i] * s;                                                    \
+            dz[i] = dg[i] * y[i] * s * (1 + z[i] * (1 - s));                             \
+        }                                                                                \
+    }                                                                                    \
+    /* d *= silu'(c) */                                                                  \
+    static MX_CLONES void mx_silu_bwd_##SFX(T* restrict d, const T* restrict c,         \
+                                            Py_ssize_t n) {                              \
+        MX_PRAGMA(omp simd)                                                              \
+        for (Py_ssize_t i = 0; i < n; i++) {                                             \
+            T s = mx_sigmoid_##SFX(c[i]);                                                \
+            d[i] *= s * (1 + c[i] * (1 - s));                                            \
+        }                                                                                \
+    }                                                                                    \
+    /* d *= softplus'(x) = sigmoid(x) = -expm1(-sp), from sp = softplus(x) */            \
+    static MX_CLONES void mx_softplus_bwd_##SFX(T* restrict d, const T* restrict sp,    \
+                                                Py_ssize_t n) {                          \
+        MX_PRAGMA(omp simd)                                                              \
+        for (Py_ssize_t i = 0; i < n; i++) d[i] *= -EXPM1(-sp[i]);                       \
+    }
+    MX_ELEMENTWISE(float, f, mx_expf, mx_expm1f, mx_log1pf_unit, fabsf)
+    MX_ELEMENTWISE(double, d, exp, expm1, log1p, fabs)
     #endif
     """
     float mx_expf(float x) noexcept nogil
     float mx_expm1f(float x) noexcept nogil
     float mx_log1pf_unit(float y) noexcept nogil
+    void mx_silu_f(float*, const float*, Py_ssize_t) noexcept nogil
+    void mx_silu_d(double*, const double*, Py_ssize_t) noexcept nogil
+    void mx_softplus_f(float*, Py_ssize_t) noexcept nogil
+    void mx_softplus_d(double*, Py_ssize_t) noexcept nogil
+    void mx_gate_fwd_f(float*, const float*, const float*, Py_ssize_t) noexcept nogil
+    void mx_gate_fwd_d(double*, const double*, const double*, Py_ssize_t) noexcept nogil
+    void mx_gate_bwd_f(float*, float*, const float*, const float*, const float*, Py_ssize_t) noexcept nogil
+    void mx_gate_bwd_d(double*, double*, const double*, const double*, const double*, Py_ssize_t) noexcept nogil
+    void mx_silu_bwd_f(float*, const float*, Py_ssize_t) noexcept nogil
+    void mx_silu_bwd_d(double*, const double*, Py_ssize_t) noexcept nogil
+    void mx_softplus_bwd_f(float*, const float*, Py_ssize_t) noexcept nogil
+    void mx_softplus_bwd_d(double*, const double*, Py_ssize_t) noexcept nogil
 
 
 cdef inline floating exp_(floating x) noexcept nogil:

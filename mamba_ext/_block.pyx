@@ -28,7 +28,10 @@ cimport numpy as cnp
 import numpy as np
 
 from mamba_ext._types cimport floating, idx_t
-from mamba_ext._activations cimport silu, silu_grad, sigmoid, softplus, softplus_grad_from_output
+from mamba_ext._activations cimport (
+    mx_silu_f, mx_silu_d, mx_softplus_f, mx_softplus_d, mx_gate_fwd_f, mx_gate_fwd_d,
+    mx_gate_bwd_f, mx_gate_bwd_d, mx_silu_bwd_f, mx_silu_bwd_d,
+    mx_softplus_bwd_f, mx_softplus_bwd_d)
 from mamba_ext._linear cimport linear_forward, linear_backward
 from mamba_ext._rmsnorm cimport rmsnorm_forward, rmsnorm_backward
 from mamba_ext._conv1d cimport conv1d_forward, conv1d_backward
@@ -71,24 +74,49 @@ cdef idx_t block_cache_len(const mamba_dims* d) noexcept nogil:
     return layout(d).total
 
 
-cdef void gate_forward(floating* g, const floating* y, const floating* Y,
-                       idx_t M, idx_t D, int nt) noexcept nogil:
-    # g (M, D) = y (M, D) * silu(z), z = Y[:, D:2D] of Y (M, 2D)
-    cdef idx_t r, i
+# Elementwise steps, parallel over rows; each row is one call of a vectorised C
+# kernel of _activations.pxd (AVX-512/AVX2 clones).
+# op: 0 silu(a) -> out; 1 softplus in place; 2 gate out = y * silu(z);
+#     3 out *= silu'(a); 4 out *= softplus'(from softplus output a)
+# a, out (M, D) rows D apart, except z: rows lda apart (the z half of Y (M, 2D)).
+cdef void rows_elementwise(int op, floating* out, const floating* a, idx_t lda,
+                           const floating* y, idx_t M, idx_t D, int nt) noexcept nogil:
+    cdef idx_t r
     for r in prange(M, schedule='static', num_threads=nt):
-        for i in range(D):
-            g[r * D + i] = y[r * D + i] * silu(Y[r * 2 * D + D + i])
+        if floating is float:
+            if op == 0:
+                mx_silu_f(out + r * D, a + r * lda, D)
+            elif op == 1:
+                mx_softplus_f(out + r * D, D)
+            elif op == 2:
+                mx_gate_fwd_f(out + r * D, y + r * D, a + r * lda, D)
+            elif op == 3:
+                mx_silu_bwd_f(out + r * D, a + r * lda, D)
+            else:
+                mx_softplus_bwd_f(out + r * D, a + r * lda, D)
+        else:
+            if op == 0:
+                mx_silu_d(out + r * D, a + r * lda, D)
+            elif op == 1:
+                mx_softplus_d(out + r * D, D)
+            elif op == 2:
+                mx_gate_fwd_d(out + r * D, y + r * D, a + r * lda, D)
+            elif op == 3:
+                mx_silu_bwd_d(out + r * D, a + r * lda, D)
+            else:
+                mx_softplus_bwd_d(out + r * D, a + r * lda, D)
 
 
-cdef void block_elementwise(floating* a, idx_t n, int op, int nt) noexcept nogil:
-    # in place over n elements: op 0: silu, op 1: softplus
-    cdef idx_t i
-    if op == 0:
-        for i in prange(n, schedule='static', num_threads=nt):
-            a[i] = silu(a[i])
-    else:
-        for i in prange(n, schedule='static', num_threads=nt):
-            a[i] = softplus(a[i])
+cdef void gate_backward(floating* dy, floating* dz, idx_t ldz, const floating* dg,
+                        const floating* y, const floating* z, idx_t M, idx_t D,
+                        int nt) noexcept nogil:
+    # dy (M, D) = dg * silu(z); dz (rows ldz apart) = dg * y * silu'(z); z rows ldz apart
+    cdef idx_t r
+    for r in prange(M, schedule='static', num_threads=nt):
+        if floating is float:
+            mx_gate_bwd_f(dy + r * D, dz + r * ldz, dg + r * D, y + r * D, z + r * ldz, D)
+        else:
+            mx_gate_bwd_d(dy + r * D, dz + r * ldz, dg + r * D, y + r * D, z + r * ldz, D)
 
 
 cdef void copy_cols(floating* dst, const floating* src, idx_t M, idx_t ncol,
@@ -125,15 +153,15 @@ cdef int block_forward(floating* out, floating* cache,
     rmsnorm_forward(xn, cache + cl.rstd, x, params[P_normWeight], M, Dm, d.eps)
     linear_forward(Y, xn, params[P_wInProj], params[P_bInProj], M, Dm, 2 * D)
     conv1d_forward(u, Y, 2 * D, params[P_wConv], params[P_bConv], B, L, D, K)
-    block_elementwise(u, M * D, 0, nt)
+    rows_elementwise(0, u, u, D, <floating*>NULL, M, D, nt)          # u = silu(c) in place
     linear_forward(Q, u, params[P_wXProj], params[P_bXProj], M, D, P)
     copy_cols(dt, Q, M, R, P)
     linear_forward(Delta, dt, params[P_wDtProj], params[P_bDtProj], M, R, D)
-    block_elementwise(Delta, M * D, 1, nt)
+    rows_elementwise(1, Delta, Delta, D, <floating*>NULL, M, D, nt)  # softplus in place
     rc = scan_forward(cache + cl.y, cache + cl.h, u, Delta, Q + R, Q + R + N, P,
                       params[P_A_log], params[P_D_vec], B, L, D, N, d.discretization, n_threads)
     if rc == 0:
-        gate_forward(u, cache + cl.y, Y, M, D, nt)
+        rows_elementwise(2, u, Y + D, 2 * D, cache + cl.y, M, D, nt)  # u = y * silu(z)
         linear_forward(out, u, params[P_wOutProj], params[P_bOutProj], M, D, Dm)
         for i in range(M * Dm):
             out[i] += x[i]
@@ -168,7 +196,6 @@ cdef int block_backward(floating* dx, floating** grads,
     cdef floating* ddt
     cdef floating* xn
     cdef floating* dxn
-    cdef floating z, sg, g
     if M == 0:
         return 0
     # scratch, zeroed: s1, s2, s3, du, dDelta (M, D); dY (M, 2D); dQ (M, P);
@@ -191,21 +218,14 @@ cdef int block_backward(floating* dx, floating** grads,
     # residual and out_proj: s1 = gated (M, D), s2 = dgated
     for i in range(M * Dm):
         dx[i] += dout[i]
-    gate_forward(s1, yb, Y, M, D, nt)
+    rows_elementwise(2, s1, Y + D, 2 * D, yb, M, D, nt)
     linear_backward(s2, grads[P_wOutProj], grads[P_bOutProj], dout, s1,
                     params[P_wOutProj], M, D, Dm)
     # gate: s1 = dy = dgated * silu(z); dz = dgated * y * silu'(z) into dY[:, D:2D]
-    for r in prange(M, schedule='static', num_threads=nt):
-        for j in range(D):
-            i = r * D + j
-            z = Y[r * 2 * D + D + j]
-            g = s2[i]
-            s1[i] = g * silu(z)
-            dY[r * 2 * D + D + j] = g * yb[i] * silu_grad(z)
+    gate_backward(s1, dY + D, 2 * D, s2, yb, Y + D, M, D, nt)
     # recompute c (s2) and u (s3)
     conv1d_forward(s2, Y, 2 * D, params[P_wConv], params[P_bConv], B, L, D, K)
-    for i in prange(M * D, schedule='static', num_threads=nt):
-        s3[i] = silu(s2[i])
+    rows_elementwise(0, s3, s2, D, <floating*>NULL, M, D, nt)
     rc = scan_backward(du, dDelta, dQ + R, dQ + R + N, grads[P_A_log], grads[P_D_vec],
                        s1, cache + cl.h, s3, Delta, Q + R, Q + R + N, P,
                        params[P_A_log], params[P_D_vec], B, L, D, N,
@@ -214,8 +234,7 @@ cdef int block_backward(floating* dx, floating** grads,
         free(buf)
         return rc
     # softplus: ddelta = dDelta * sigmoid(delta)
-    for i in prange(M * D, schedule='static', num_threads=nt):
-        dDelta[i] = dDelta[i] * softplus_grad_from_output(Delta[i])
+    rows_elementwise(4, dDelta, Delta, D, <floating*>NULL, M, D, nt)
     # dt_proj on the dt columns of Q
     copy_cols(dt, Q, M, R, P)
     linear_backward(ddt, grads[P_wDtProj], grads[P_bDtProj], dDelta, dt,
@@ -225,8 +244,7 @@ cdef int block_backward(floating* dx, floating** grads,
             dQ[r * P + j] += ddt[r * R + j]
     # x_proj, then silu: dc = du * silu'(c)
     linear_backward(du, grads[P_wXProj], grads[P_bXProj], dQ, s3, params[P_wXProj], M, D, P)
-    for i in prange(M * D, schedule='static', num_threads=nt):
-        du[i] = du[i] * silu_grad(s2[i])
+    rows_elementwise(3, du, s2, D, <floating*>NULL, M, D, nt)
     conv1d_backward(dY, 2 * D, grads[P_wConv], grads[P_bConv], du, Y, 2 * D,
                     params[P_wConv], B, L, D, K)
     # in_proj on xn = x * rstd * normWeight (recomputed), then RMSNorm

@@ -44,16 +44,8 @@ cdef extern from *:
     #include <string.h>
     #ifdef _OPENMP
     #include <omp.h>
-    #define MX_PRAGMA(x) _Pragma(#x)
-    #else
-    #define MX_PRAGMA(x)
     #endif
-    #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-    /* Runtime dispatch to AVX-512 / AVX2+FMA clones of the scan loops (wider vectors). */
-    #define MX_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-    #else
-    #define MX_CLONES
-    #endif
+    /* MX_PRAGMA and MX_CLONES come from _activations.pxd */
     typedef Py_ssize_t mx_idx;
 
     static inline int mx_threads(int n) {

@@ -43,7 +43,7 @@ class TrainConfig:
     eps: float = 1e-6
     seq_len: int = 128
     batch: int = 16
-    steps: int = 1000
+    steps: int = 1500
     lr: float = 4e-3
     min_lr_frac: float = 0.1         # cosine decay to lr * min_lr_frac
     warmup: int = 30
