@@ -164,10 +164,21 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=None, help="n_threads for our kernels (default: all)")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
-    args = ap.parse_args(argv)
+    ap.add_argument("--generation", action="store_true",
+                    help="recurrent generation speed (step()) vs re-running the forward, "
+                         "at --tokens tokens")
+    ap.add_argument("--tokens", type=int, default=1000, help="tokens for --generation")
+    # GPU options belong to mamba_ext.gpu.bench: pass the command line on unparsed.
+    args, unknown = ap.parse_known_args(argv)
     if args.device == "gpu":
         from mamba_ext.gpu import bench as gpu_bench
         return gpu_bench.main(argv)
+    if unknown:
+        ap.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.generation:
+        from mamba_ext.recurrent import bench_generation
+        bench_generation(n_tokens=args.tokens, n_threads=args.threads or 1)
+        return 0
     if args.repeat < 1:
         ap.error("--repeat must be >= 1")
     sizes = ["a", "b", "c"] if args.size == "all" else [args.size]
