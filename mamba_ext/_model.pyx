@@ -234,14 +234,14 @@ cdef int model_loss_and_grads(double* loss,
 # Python-level entry points used by mamba_ext/model.py (arguments validated
 # there: C-contiguous arrays of one float dtype, int64 ids, golden shapes).
 
-cdef model_dims _dims(object sizes, double eps):
-    # sizes: (V, n_layers, B, L, Dm, D, N, K, R)
+cdef model_dims _dims(object sizes, double eps, int discretization=0):
+    # sizes: (V, n_layers, B, L, Dm, D, N, K, R); discretization 0 ZOH, 1 Euler
     cdef model_dims d
     d.V, d.n_layers = sizes[0], sizes[1]
     d.block.B, d.block.L, d.block.Dm, d.block.D = sizes[2], sizes[3], sizes[4], sizes[5]
     d.block.N, d.block.K, d.block.R = sizes[6], sizes[7], sizes[8]
     d.block.eps = eps
-    d.block.discretization = 0
+    d.block.discretization = discretization
     return d
 
 
@@ -281,9 +281,9 @@ def workspace_bytes(sizes, bint checkpointing, size_t itemsize):
 
 def forward(cnp.ndarray logits, cnp.ndarray tokens, cnp.ndarray embedding,
             cnp.ndarray final_norm, cnp.ndarray lm_head_bias, list layers,
-            sizes, double eps, int n_threads):
+            sizes, double eps, int discretization, int n_threads):
     """logits (B, L, V) written in place."""
-    cdef model_dims d = _dims(sizes, eps)
+    cdef model_dims d = _dims(sizes, eps, discretization)
     cdef void** t = _ptr_table(layers)
     cdef int status
     cdef bint is32 = embedding.dtype == np.float32
@@ -307,9 +307,10 @@ def loss_and_grads(cnp.ndarray tokens, cnp.ndarray targets, cnp.ndarray embeddin
                    cnp.ndarray final_norm, cnp.ndarray lm_head_bias, list layers,
                    cnp.ndarray g_embedding, cnp.ndarray g_final_norm,
                    cnp.ndarray g_lm_head_bias, list g_layers,
-                   sizes, double eps, double loss_scale, bint checkpointing, int n_threads):
+                   sizes, double eps, int discretization, double loss_scale,
+                   bint checkpointing, int n_threads):
     """Returns the mean loss; the g_* arrays (zeroed by the caller) accumulate."""
-    cdef model_dims d = _dims(sizes, eps)
+    cdef model_dims d = _dims(sizes, eps, discretization)
     cdef void** t = _ptr_table(layers)
     cdef void** gt
     try:

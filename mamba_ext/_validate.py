@@ -186,3 +186,15 @@ def check_tokens(name: str, tokens, vocab_size: int | None = None, shape=None) -
             raise ValueError(f"{name}: token id {int(arr[pos])} at position (batch {pos[0]}, "
                              f"time {pos[1]}) is out of range [0, {vocab_size})")
     return arr
+
+
+# discretization keyword -> the kernels' int code (mamba_dims.discretization)
+DISCRETIZATIONS = {"zoh": 0, "euler": 1}
+
+
+def check_discretization(discretization) -> int:
+    """``"zoh"`` (exact zero-order hold) -> 0, ``"euler"`` (b_bar = Delta*B) -> 1."""
+    if not isinstance(discretization, str) or discretization not in DISCRETIZATIONS:
+        raise ValueError(f"discretization: expected one of {sorted(DISCRETIZATIONS)}, "
+                         f"got {discretization!r}")
+    return DISCRETIZATIONS[discretization]

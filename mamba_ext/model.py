@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._validate import (BLOCK_PARAM_NAMES, BlockDims, as_float_array, check_block_params,
-                        check_count, check_tokens)
+                        check_count, check_discretization, check_tokens)
 
 DEFAULT_EPS = 1e-6
 _LAYER_KEY = re.compile(r"layer(\d+)\.(.+)\Z")
@@ -134,14 +134,18 @@ def _n_threads(n_threads) -> int:
     return block_threads(n_threads)
 
 
-def model_forward(tokens, params, *, eps: float = DEFAULT_EPS, n_threads=None) -> np.ndarray:
+def model_forward(tokens, params, *, eps: float = DEFAULT_EPS, discretization: str = "zoh",
+                  n_threads=None) -> np.ndarray:
     """Logits ``(B, L, V)`` of the model for integer ``tokens`` ``(B, L)``.
 
     ``eps`` is the epsilon of every RMSNorm (1e-6 by default; Hugging Face
-    Mamba checkpoints use 1e-5). Token ids outside ``[0, V)`` raise ValueError
+    Mamba checkpoints use 1e-5). ``discretization`` is ``"zoh"`` (exact) or
+    ``"euler"`` (b_bar = Delta*B, as the CUDA Mamba kernels and Hugging Face
+    ``transformers`` compute). Token ids outside ``[0, V)`` raise ValueError
     naming the id and its position.
     """
     from . import _model
+    disc = check_discretization(discretization)
     arrays, dims = check_model_params(params)
     tok = check_tokens("tokens", tokens, dims.V)
     eps = _check_eps(eps)
@@ -150,12 +154,13 @@ def model_forward(tokens, params, *, eps: float = DEFAULT_EPS, n_threads=None) -
     if B * L:
         _model.forward(logits, tok, arrays["embedding"], arrays["final_norm"],
                        arrays["lm_head_bias"], _layer_lists(arrays, dims.n_layers),
-                       _sizes(dims, B, L), eps, _n_threads(n_threads))
+                       _sizes(dims, B, L), eps, disc, _n_threads(n_threads))
     return logits
 
 
 def model_loss_and_grads(tokens, targets, params, checkpointing: bool = False, *,
-                         eps: float = DEFAULT_EPS, loss_scale: float = 1.0, n_threads=None):
+                         eps: float = DEFAULT_EPS, discretization: str = "zoh",
+                         loss_scale: float = 1.0, n_threads=None):
     """Mean cross-entropy and its gradient with respect to every parameter.
 
     Returns ``(loss, grads)``: ``loss`` a Python float (accumulated in double,
@@ -166,9 +171,11 @@ def model_loss_and_grads(tokens, targets, params, checkpointing: bool = False, *
     recomputes the block caches in the backward pass: bit-identical gradients,
     lower peak memory (see :func:`model_workspace_bytes`). ``loss_scale``
     multiplies the gradient seed dLoss/dlogits (mixed-precision loss scaling):
-    every gradient comes out multiplied by it.
+    every gradient comes out multiplied by it. ``eps`` and ``discretization``
+    as in :func:`model_forward`.
     """
     from . import _model
+    disc = check_discretization(discretization)
     arrays, dims = check_model_params(params)
     tok = check_tokens("tokens", tokens, dims.V)
     tgt = check_tokens("targets", targets, dims.V, shape=tok.shape)
@@ -185,7 +192,7 @@ def model_loss_and_grads(tokens, targets, params, checkpointing: bool = False, *
                                  arrays["lm_head_bias"], _layer_lists(arrays, dims.n_layers),
                                  grads["embedding"], grads["final_norm"], grads["lm_head_bias"],
                                  _layer_lists(grads, dims.n_layers), _sizes(dims, B, L), eps,
-                                 scale, bool(checkpointing), _n_threads(n_threads))
+                                 disc, scale, bool(checkpointing), _n_threads(n_threads))
     return float(loss), grads
 
 
