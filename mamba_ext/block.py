@@ -23,6 +23,12 @@ import zlib
 # spinning vs 370 ms passive on 2 cores). Must be set before libgomp loads, i.e.
 # before the first compiled kernel module is imported; a user's setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Likewise OpenBLAS's idle threads spin for 2^28 cycles (~0.1 s) after each GEMM,
+# i.e. through the whole scan that follows (perf: 27% of size-c cycles in
+# blas_thread_server). 2^4 makes them sleep at once; waking them costs far less
+# than a GEMM. Read when scipy's OpenBLAS loads (importing _block below), so it
+# only applies if scipy.linalg was not imported before.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 import numpy as np  # noqa: E402
 
@@ -35,9 +41,22 @@ __all__ = ["mamba1_forward", "mamba1_backward", "init_mamba1_params", "BlockCach
 _DISCRETIZATIONS = {"zoh": 0, "euler": 1}
 
 
+_FINGERPRINT_SAMPLES = 8192
+
+
 def _fingerprint(arrays) -> tuple:
-    """Cheap identity of the parameter values: CRC-32 of each array's bytes."""
-    return tuple(zlib.crc32(arrays[n]) for n in BLOCK_PARAM_NAMES)
+    """Cheap identity of the parameter values: CRC-32 of each array's bytes, or for an
+    array of more than 8192 values, of 8192 values evenly strided over it (CRC-32 of all
+    16 MB of size-c params, forward and backward, cost ~2% of the step). An optimizer
+    step or other params change the sample; an edit confined to unsampled entries
+    would not be noticed."""
+    fp = []
+    for n in BLOCK_PARAM_NAMES:
+        a = arrays[n].reshape(-1)
+        if a.size > _FINGERPRINT_SAMPLES:
+            a = np.ascontiguousarray(a[::-(-a.size // _FINGERPRINT_SAMPLES)])
+        fp.append(zlib.crc32(a))
+    return tuple(fp)
 
 
 def _n_threads(n_threads) -> int:
@@ -79,8 +98,9 @@ class BlockCache:
     temporary memory.
 
     The cache also records the sizes, dtype, ``x`` shape, eps, discretization
-    and a CRC-32 fingerprint of every parameter, so that using it with other
-    parameters, other shapes or a ``dout`` of another shape raises ValueError.
+    and a CRC-32 fingerprint of every parameter (of a strided sample of 8192 values
+    for larger ones), so that using it with other parameters, other shapes or a
+    ``dout`` of another shape raises ValueError.
     """
 
     __slots__ = ("buffer", "dims", "dtype", "x_shape", "eps", "discretization", "fingerprint")
