@@ -42,16 +42,24 @@ cdef extern from *:
         /* below e^-87 (results near or under FLT_MIN) flush to 0; above e^88, inf */
         return x < -87.0f ? 0.0f : (x > 88.0f ? INFINITY : (x == x ? er * s : x));
     }
-    /* expm1f, a few ulp on [-87, 88]: |x| <= 0.5 Taylor polynomial to x^8
-       (truncation < 2e-8 relative), else exp(x) - 1. */
+    /* expm1f, a few ulp on [-87, 88]: with x = k ln2 + r, expm1(x) = 2^k (e^r - 1)
+       + (2^k - 1), e^r - 1 = r + r^2 P(r) by the same polynomial as mx_exp_parts
+       (no cancellation: k = 0 for |x| < ln2/2, and 2^k - 1 is exact). One polynomial
+       per value, not two: the scan computes one expm1 per (t, d, n). */
     static inline float mx_expm1f(float x) {
-        float er, s;
-        mx_exp_parts(x, &er, &s);
-        float p = x * (1.0f + x * (0.5f + x * (1.66666672e-1f + x * (4.16666679e-2f
-                  + x * (8.33333377e-3f + x * (1.38888892e-3f + x * (1.98412701e-4f
-                  + x * 2.48015876e-5f)))))));
-        float big = x > 88.0f ? INFINITY : er * s - 1.0f;
-        return (x < -0.5f || x > 0.5f) ? big : p;              /* NaN -> p = NaN */
+        float xs = x > -87.0f ? x : -87.0f;          /* NaN -> -87; NaN kept below */
+        xs = xs < 88.0f ? xs : 88.0f;
+        float kf = (xs * 1.44269504f + 12582912.0f) - 12582912.0f;
+        float r = (xs - kf * 0.693359375f) + kf * 2.12194440e-4f;
+        float pm1 = (((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r
+                    + 4.1665795894e-2f) * r + 1.6666665459e-1f) * r + 5.0000001201e-1f) * r * r
+                    + r;
+        float s;
+        int32_t bits = ((int32_t)kf + 127) << 23;
+        memcpy(&s, &bits, sizeof bits);
+        float v = s * pm1 + (s - 1.0f);
+        v = x == 0.0f ? x : v;                        /* expm1(-0) = -0 */
+        return x > 88.0f ? INFINITY : (x == x ? v : x);
     }
     /* log1p(y) for y in [0, 1]: w = 1 + y rounded, c = (y - (w - 1)) / w restores
        the rounding, log(w) with w = m 2^e, m in [sqrt(1/2), sqrt(2)) by Cephes'

@@ -20,6 +20,8 @@ Cache layout (`floating` elements, in this order; block_cache_len is the total):
   total = M*(Dm + 1 + 4D + P) + B*nC*D*N    (never a (B, L, D, N) tensor)
 Recomputed in the backward: xn (from x, rstd), c and u (conv of xc), the gate,
 and the scan states inside each chunk.
+Scratch (forward M*(Dm + D + R), backward M*(7D + P + 2R + 2Dm) values) is kept by
+each calling thread and reused by its next call (mx_workspace below).
 """
 from libc.string cimport memcpy, memset
 from cython.parallel cimport prange

@@ -7,7 +7,7 @@
 #   h[t] = a_bar*h[t-1] + b_bar*u[t] (h[-1] = 0),  y[t] = sum_n Cs[t,n]*h[t,n] + D_vec*u[t]
 # The forward keeps only the states entering each chunk, hstates (B, nC, D, N);
 # the backward recomputes the states inside one chunk at a time (per thread
-# scratch of (2T+1)*N*16 values for 16 channels), so no (B, L, D, N) buffer ever
+# scratch of (2T+1)*N*64 values for 64 channels), so no (B, L, D, N) buffer ever
 # exists. Per-thread dBs/dCs buffer of the backward: (L, 2N, 16) values.
 from mamba_ext._types cimport floating, idx_t
 

@@ -95,7 +95,7 @@ class BlockCache:
     e.g. 30.4 MB for float32, Dm 768, D 1536, N 16, R 48, B 1, L 1024. The
     backward recomputes everything else (the scan states inside each chunk
     included) and needs about ``itemsize * M * (7D + P + 2R + 2Dm)`` bytes of
-    temporary memory.
+    scratch, which each calling thread keeps for its next call (see _block.pyx).
 
     The cache also records the sizes, dtype, ``x`` shape, eps, discretization
     and a CRC-32 fingerprint of every parameter (of a strided sample of 8192 values
