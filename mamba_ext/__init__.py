@@ -9,11 +9,18 @@ cheap and optional parts (``mamba_ext.gpu`` needs wgpu) load only when used.
 import importlib
 import os
 
-# Spinning OpenMP threads (libgomp's default wait policy) take the cores from
-# OpenBLAS's threads between our kernels: measured size-c forward+backward 590 ms
-# spinning vs 370 ms passive on 2 cores. libgomp reads this once, when the first
-# compiled module loads, so it is set here, before any of them; a user's setting wins.
+# Our kernels alternate OpenMP regions with BLAS calls that run OpenBLAS's own
+# threads; idle threads of either pool spinning take the cores from the other.
+# - libgomp's default keeps idle threads spinning: size-c forward+backward 590 ms
+#   spinning vs 370 ms passive on 2 cores.
+# - OpenBLAS's idle threads spin ~0.1 s after each GEMM, i.e. through the whole scan
+#   that follows (perf: 27% of size-c cycles in blas_thread_server); 2^4 cycles makes
+#   them sleep at once, and waking them costs far less than a GEMM.
+# Both are read once, when libgomp / scipy's OpenBLAS load, so they are set here,
+# before any compiled module; a user's own setting wins. (If scipy.linalg was
+# imported before mamba_ext, OpenBLAS keeps its setting.)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 __version__ = "0.1.0"
 

@@ -17,28 +17,16 @@ import math
 import os
 import zlib
 
-# The kernels alternate OpenMP regions with BLAS calls that run their own
-# threads. GNU OpenMP's default is to keep idle threads spinning, which takes
-# the cores from the BLAS threads (measured: size-c forward+backward 590 ms with
-# spinning vs 370 ms passive on 2 cores). Must be set before libgomp loads, i.e.
-# before the first compiled kernel module is imported; a user's setting wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-# Likewise OpenBLAS's idle threads spin for 2^28 cycles (~0.1 s) after each GEMM,
-# i.e. through the whole scan that follows (perf: 27% of size-c cycles in
-# blas_thread_server). 2^4 makes them sleep at once; waking them costs far less
-# than a GEMM. Read when scipy's OpenBLAS loads (importing _block below), so it
-# only applies if scipy.linalg was not imported before.
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+# Thread wait policies (OMP_WAIT_POLICY, OPENBLAS_THREAD_TIMEOUT) are set in
+# mamba_ext/__init__.py, before any compiled module or scipy's OpenBLAS loads.
 
 import numpy as np  # noqa: E402
 
 from . import _block  # noqa: E402
-from ._validate import (BLOCK_PARAM_NAMES, FLOAT_DTYPES, block_param_shapes, check_block_params,
-                        check_count, check_x)
+from ._validate import (BLOCK_PARAM_NAMES, DISCRETIZATIONS, FLOAT_DTYPES, block_param_shapes,
+                        check_block_params, check_count, check_discretization, check_x)
 
 __all__ = ["mamba1_forward", "mamba1_backward", "init_mamba1_params", "BlockCache"]
-
-_DISCRETIZATIONS = {"zoh": 0, "euler": 1}
 
 
 _FINGERPRINT_SAMPLES = 8192
@@ -66,13 +54,6 @@ def _n_threads(n_threads) -> int:
     if isinstance(n_threads, bool) or not isinstance(n_threads, (int, np.integer)) or n_threads < 1:
         raise ValueError(f"n_threads: expected None or an integer >= 1, got {n_threads!r}")
     return int(min(n_threads, 1 << 16))
-
-
-def _discretization(discretization) -> int:
-    if discretization not in _DISCRETIZATIONS:
-        raise ValueError(f"discretization: expected one of {sorted(_DISCRETIZATIONS)}, "
-                         f"got {discretization!r}")
-    return _DISCRETIZATIONS[discretization]
 
 
 class BlockCache:
@@ -160,7 +141,7 @@ def mamba1_forward(x, params, *, eps=1e-6, discretization="zoh", n_threads=None)
     """
     x = check_x("x", x, _params_dtype(params), contiguous=False)
     arrays, dims = check_block_params(params, dtype=x.dtype, d_model=x.shape[2])
-    disc = _discretization(discretization)
+    disc = check_discretization(discretization)
     nt = _n_threads(n_threads)
     eps = float(eps)
     if not (math.isfinite(eps) and eps >= 0):
@@ -219,7 +200,7 @@ def mamba1_backward(dout, params, cache, *, n_threads=None):
     if dout.size:
         _block.backward(dx, [grads[n] for n in BLOCK_PARAM_NAMES], dout, cache.buffer,
                         [arrays[n] for n in BLOCK_PARAM_NAMES], _sizes(dout.shape, dims),
-                        _DISCRETIZATIONS[cache.discretization], nt)
+                        DISCRETIZATIONS[cache.discretization], nt)
     return dx, grads
 
 

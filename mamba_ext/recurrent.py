@@ -23,10 +23,9 @@ import time
 
 import numpy as np
 
-from ._validate import check_tokens
+from ._validate import check_discretization, check_tokens
 from .model import check_model_params
 
-DISCRETIZATIONS = ("zoh", "euler")
 
 
 class RecurrentState:
@@ -84,8 +83,7 @@ def init_state(params, batch: int, *, eps: float = 1e-6, discretization: str = "
     """Zero state for ``batch`` sequences of the model ``params`` (validated here)."""
     if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
         raise ValueError(f"batch: expected an integer >= 1, got {batch!r}")
-    if discretization not in DISCRETIZATIONS:
-        raise ValueError(f"discretization: expected one of {DISCRETIZATIONS}, got {discretization!r}")
+    check_discretization(discretization)
     eps = float(eps)
     if not (eps > 0.0 and np.isfinite(eps)):
         raise ValueError(f"eps: expected a finite number > 0, got {eps}")
