@@ -49,3 +49,24 @@ cdef int block_backward(floating* dx, floating** grads,
                         const floating* dout, const floating* cache,
                         const floating** params,
                         const mamba_dims* d, int n_threads) noexcept nogil
+
+# block_forward with state passing; each of the four state pointers may be NULL.
+# h0 (B, D, N): scan state before step 0 (NULL: zeros); conv_state (B, D, K-1): the
+# in_proj x-half (xc) of the K-1 steps before x, oldest first (NULL: zeros);
+# h_last (B, D, N), conv_tail (B, D, K-1) written (when not NULL) with the same after
+# the last step, to be passed as h0 / conv_state of the next chunk.
+cdef int block_forward_state(floating* out, floating* cache,
+                             floating* h_last, floating* conv_tail,
+                             const floating* x, const floating** params,
+                             const floating* h0, const floating* conv_state,
+                             const mamba_dims* d, int n_threads) noexcept nogil
+
+# block_backward with state passing: dh0 (B, D, N), dconv_state (B, D, K-1) ACCUMULATE
+# (NULL: not wanted); dh_last, dconv_tail: dLoss/d of the forward's h_last, conv_tail
+# (NULL: 0); conv_state: the forward's (NULL: zeros; h0 is kept in the cache).
+cdef int block_backward_state(floating* dx, floating** grads,
+                              floating* dh0, floating* dconv_state,
+                              const floating* dout, const floating* dh_last,
+                              const floating* dconv_tail, const floating* cache,
+                              const floating** params, const floating* conv_state,
+                              const mamba_dims* d, int n_threads) noexcept nogil

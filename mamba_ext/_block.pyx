@@ -20,6 +20,10 @@ Cache layout (`floating` elements, in this order; block_cache_len is the total):
   total = M*(Dm + 1 + 4D + P) + B*nC*D*N    (never a (B, L, D, N) tensor)
 Recomputed in the backward: xn (from x, rstd), c and u (conv of xc), the gate,
 and the scan states inside each chunk.
+State passing (block_forward_state / block_backward_state): h0 enters the scan (and is
+the cache's hstate of chunk 0); conv_state (B, D, K-1) is xc of the K-1 steps before x,
+added to the first K-1 conv outputs (conv_history_*); conv_tail copies xc of the last
+K-1 steps. The caller keeps conv_state for the backward (the cache layout is unchanged).
 Scratch (forward M*(Dm + D + R), backward M*(7D + P + 2R + 2Dm) values) is kept by
 each calling thread and reused by its next call (mx_workspace below).
 """
@@ -36,7 +40,7 @@ from mamba_ext._activations cimport (
 from mamba_ext._linear cimport linear_forward, linear_backward
 from mamba_ext._rmsnorm cimport rmsnorm_forward, rmsnorm_backward
 from mamba_ext._conv1d cimport conv1d_forward, conv1d_backward
-from mamba_ext._scan cimport scan_forward, scan_backward, scan_nchunks, SCAN_CHUNK
+from mamba_ext._scan cimport scan_forward_state, scan_backward_state, scan_nchunks, SCAN_CHUNK
 
 cnp.import_array()
 
@@ -161,9 +165,71 @@ cdef void copy_cols(floating* dst, const floating* src, idx_t M, idx_t ncol,
         memcpy(dst + r * ncol, src + r * ld_src, ncol * sizeof(floating))
 
 
+# Conv history (state passing): the K-1 steps before x, cs (B, D, K-1) oldest first,
+# i.e. cs[b, d, K-1+s] is xc of step s < 0. Only the first K-1 outputs see it; the work
+# is B*D*K^2/2 multiply-adds, so plain loops.
+cdef void conv_history_forward(floating* c, const floating* w, const floating* cs,
+                               idx_t B, idx_t L, idx_t D, idx_t K) noexcept nogil:
+    # c (B, L, D) += w[d, k] * xc[t-k] for the taps k > t that reach before step 0
+    cdef idx_t b, t, k, j
+    for b in range(B):
+        for t in range(min(K - 1, L)):
+            for k in range(t + 1, K):
+                for j in range(D):
+                    c[(b * L + t) * D + j] += w[j * K + k] * cs[(b * D + j) * (K - 1) + K - 1 + t - k]
+
+
+cdef void conv_history_backward(floating* dcs, floating* dw, const floating* dc,
+                                const floating* w, const floating* cs,
+                                idx_t B, idx_t L, idx_t D, idx_t K) noexcept nogil:
+    # VJP of conv_history_forward: dcs (B, D, K-1) += dc w (dcs NULL: not wanted),
+    # dw (D, K) += dc cs (cs NULL: zero history, nothing to add); dc (B, L, D)
+    cdef idx_t b, t, k, j, i
+    for b in range(B):
+        for t in range(min(K - 1, L)):
+            for k in range(t + 1, K):
+                for j in range(D):
+                    i = (b * D + j) * (K - 1) + K - 1 + t - k
+                    if dcs != NULL:
+                        dcs[i] += dc[(b * L + t) * D + j] * w[j * K + k]
+                    if cs != NULL:
+                        dw[j * K + k] += dc[(b * L + t) * D + j] * cs[i]
+
+
+cdef void conv_tail_io(floating* tail, floating* Y, floating* cs, idx_t B, idx_t L,
+                       idx_t D, idx_t K, bint backward) noexcept nogil:
+    # tail (B, D, K-1): xc of steps L-K+1 .. L-1, oldest first; steps < 0 come from cs
+    # (B, D, K-1) (NULL: zeros); xc = the first D columns of Y (M, 2D).
+    # forward: tail = those values (read-only Y, cs); backward (tail = dtail, Y = dY,
+    # cs = dconv_state, may be NULL): dY, dconv_state += dtail.
+    cdef idx_t b, j, i, s
+    for b in range(B):
+        for j in range(D):
+            for i in range(K - 1):
+                s = L - (K - 1) + i
+                if backward:
+                    if s >= 0:
+                        Y[(b * L + s) * 2 * D + j] += tail[(b * D + j) * (K - 1) + i]
+                    elif cs != NULL:
+                        cs[(b * D + j) * (K - 1) + L + i] += tail[(b * D + j) * (K - 1) + i]
+                elif s >= 0:
+                    tail[(b * D + j) * (K - 1) + i] = Y[(b * L + s) * 2 * D + j]
+                else:
+                    tail[(b * D + j) * (K - 1) + i] = cs[(b * D + j) * (K - 1) + L + i] if cs != NULL else 0
+
+
 cdef int block_forward(floating* out, floating* cache,
                        const floating* x, const floating** params,
                        const mamba_dims* d, int n_threads) noexcept nogil:
+    return block_forward_state(out, cache, <floating*>NULL, <floating*>NULL, x, params,
+                               <floating*>NULL, <floating*>NULL, d, n_threads)
+
+
+cdef int block_forward_state(floating* out, floating* cache,
+                             floating* h_last, floating* conv_tail,
+                             const floating* x, const floating** params,
+                             const floating* h0, const floating* conv_state,
+                             const mamba_dims* d, int n_threads) noexcept nogil:
     cdef idx_t B = d.B, L = d.L, Dm = d.Dm, D = d.D, N = d.N, K = d.K, R = d.R
     cdef idx_t M = B * L, P = R + 2 * N, i
     cdef int nt = mx_block_threads(n_threads), rc
@@ -187,13 +253,18 @@ cdef int block_forward(floating* out, floating* cache,
     rmsnorm_forward(xn, cache + cl.rstd, x, params[P_normWeight], M, Dm, d.eps)
     linear_forward(Y, xn, params[P_wInProj], params[P_bInProj], M, Dm, 2 * D)
     conv1d_forward(u, Y, 2 * D, params[P_wConv], params[P_bConv], B, L, D, K)
+    if conv_state != NULL:
+        conv_history_forward(u, params[P_wConv], conv_state, B, L, D, K)
+    if conv_tail != NULL:
+        conv_tail_io(conv_tail, Y, <floating*>conv_state, B, L, D, K, False)
     rows_elementwise(0, u, u, D, <floating*>NULL, M, D, nt)          # u = silu(c) in place
     linear_forward(Q, u, params[P_wXProj], params[P_bXProj], M, D, P)
     copy_cols(dt, Q, M, R, P)
     linear_forward(Delta, dt, params[P_wDtProj], params[P_bDtProj], M, R, D)
     rows_elementwise(1, Delta, Delta, D, <floating*>NULL, M, D, nt)  # softplus in place
-    rc = scan_forward(cache + cl.y, cache + cl.h, u, Delta, Q + R, Q + R + N, P,
-                      params[P_A_log], params[P_D_vec], B, L, D, N, d.discretization, n_threads)
+    rc = scan_forward_state(cache + cl.y, cache + cl.h, h_last, u, Delta, Q + R, Q + R + N, P,
+                            params[P_A_log], params[P_D_vec], h0, B, L, D, N,
+                            d.discretization, n_threads)
     if rc == 0:
         rows_elementwise(2, u, Y + D, 2 * D, cache + cl.y, M, D, nt)  # u = y * silu(z)
         linear_forward(out, u, params[P_wOutProj], params[P_bOutProj], M, D, Dm)
@@ -206,6 +277,17 @@ cdef int block_backward(floating* dx, floating** grads,
                         const floating* dout, const floating* cache,
                         const floating** params,
                         const mamba_dims* d, int n_threads) noexcept nogil:
+    return block_backward_state(dx, grads, <floating*>NULL, <floating*>NULL, dout,
+                                <floating*>NULL, <floating*>NULL, cache, params,
+                                <floating*>NULL, d, n_threads)
+
+
+cdef int block_backward_state(floating* dx, floating** grads,
+                              floating* dh0, floating* dconv_state,
+                              const floating* dout, const floating* dh_last,
+                              const floating* dconv_tail, const floating* cache,
+                              const floating** params, const floating* conv_state,
+                              const mamba_dims* d, int n_threads) noexcept nogil:
     cdef idx_t B = d.B, L = d.L, Dm = d.Dm, D = d.D, N = d.N, K = d.K, R = d.R
     cdef idx_t M = B * L, P = R + 2 * N, r, i, j
     cdef int nt = mx_block_threads(n_threads), rc
@@ -260,11 +342,13 @@ cdef int block_backward(floating* dx, floating** grads,
     gate_backward(s1, dY + D, 2 * D, s2, yb, Y + D, M, D, nt)
     # recompute c (s2) and u (s3)
     conv1d_forward(s2, Y, 2 * D, params[P_wConv], params[P_bConv], B, L, D, K)
+    if conv_state != NULL:
+        conv_history_forward(s2, params[P_wConv], conv_state, B, L, D, K)
     rows_elementwise(0, s3, s2, D, <floating*>NULL, M, D, nt)
-    rc = scan_backward(du, dDelta, dQ + R, dQ + R + N, grads[P_A_log], grads[P_D_vec],
-                       s1, cache + cl.h, s3, Delta, Q + R, Q + R + N, P,
-                       params[P_A_log], params[P_D_vec], B, L, D, N,
-                       d.discretization, n_threads)
+    rc = scan_backward_state(du, dDelta, dQ + R, dQ + R + N, grads[P_A_log], grads[P_D_vec],
+                             dh0, s1, dh_last, cache + cl.h, s3, Delta, Q + R, Q + R + N, P,
+                             params[P_A_log], params[P_D_vec], B, L, D, N,
+                             d.discretization, n_threads)
     if rc != 0:
         return rc
     # softplus: ddelta = dDelta * sigmoid(delta)
@@ -281,6 +365,10 @@ cdef int block_backward(floating* dx, floating** grads,
     rows_elementwise(3, du, s2, D, <floating*>NULL, M, D, nt)
     conv1d_backward(dY, 2 * D, grads[P_wConv], grads[P_bConv], du, Y, 2 * D,
                     params[P_wConv], B, L, D, K)
+    conv_history_backward(dconv_state, grads[P_wConv], du, params[P_wConv], conv_state,
+                          B, L, D, K)
+    if dconv_tail != NULL:
+        conv_tail_io(<floating*>dconv_tail, dY, dconv_state, B, L, D, K, True)
     # in_proj on xn = x * rstd * normWeight (recomputed), then RMSNorm
     for r in range(M):
         for j in range(Dm):
@@ -313,9 +401,17 @@ cdef inline void* ptr(cnp.ndarray a):
     return cnp.PyArray_DATA(a)
 
 
+cdef inline void* optr(object a):
+    # data pointer of an optional array (None: NULL)
+    return NULL if a is None else cnp.PyArray_DATA(<cnp.ndarray>a)
+
+
 def forward(cnp.ndarray x, list params, cnp.ndarray out, cnp.ndarray cache,
-            tuple sizes, double eps, int discretization, int n_threads):
-    """out, cache written from x and the 13 params (BLOCK_PARAM_NAMES order)."""
+            tuple sizes, double eps, int discretization, int n_threads,
+            h0=None, conv_state=None, h_last=None, conv_tail=None):
+    """out, cache written from x and the 13 params (BLOCK_PARAM_NAMES order).
+    Optional (None: zeros / not wanted), C-contiguous of x's dtype: h0, h_last (B, D, N),
+    conv_state, conv_tail (B, D, K-1) (see block_forward_state in _block.pxd)."""
     cdef mamba_dims d = make_dims(sizes, eps, discretization)
     cdef const void* p[MAMBA_NPARAMS]
     cdef int i, rc
@@ -323,22 +419,31 @@ def forward(cnp.ndarray x, list params, cnp.ndarray out, cnp.ndarray cache,
     cdef void* xo = ptr(x)
     cdef void* oo = ptr(out)
     cdef void* co = ptr(cache)
+    cdef void* h0o = optr(h0)
+    cdef void* cso = optr(conv_state)
+    cdef void* hlo = optr(h_last)
+    cdef void* cto = optr(conv_tail)
     for i in range(MAMBA_NPARAMS):
         p[i] = ptr(params[i])
     with nogil:
         if single:
-            rc = block_forward(<float*>oo, <float*>co, <const float*>xo,
-                               <const float**>p, &d, n_threads)
+            rc = block_forward_state(<float*>oo, <float*>co, <float*>hlo, <float*>cto,
+                                     <const float*>xo, <const float**>p, <const float*>h0o,
+                                     <const float*>cso, &d, n_threads)
         else:
-            rc = block_forward(<double*>oo, <double*>co, <const double*>xo,
-                               <const double**>p, &d, n_threads)
+            rc = block_forward_state(<double*>oo, <double*>co, <double*>hlo, <double*>cto,
+                                     <const double*>xo, <const double**>p, <const double*>h0o,
+                                     <const double*>cso, &d, n_threads)
     if rc != 0:
         raise MemoryError("mamba1_forward: out of memory for scratch buffers")
 
 
 def backward(cnp.ndarray dx, list grads, cnp.ndarray dout, cnp.ndarray cache,
-             list params, tuple sizes, int discretization, int n_threads):
-    """dx and grads (BLOCK_PARAM_NAMES order) accumulate the block's VJP."""
+             list params, tuple sizes, int discretization, int n_threads,
+             conv_state=None, dh_last=None, dconv_tail=None, dh0=None, dconv_state=None):
+    """dx and grads (BLOCK_PARAM_NAMES order) accumulate the block's VJP.
+    Optional (None: zeros / not wanted): conv_state (the forward's), dh_last (B, D, N),
+    dconv_tail (B, D, K-1) read; dh0 (B, D, N), dconv_state (B, D, K-1) accumulate."""
     cdef mamba_dims d = make_dims(sizes, 0.0, discretization)
     cdef const void* p[MAMBA_NPARAMS]
     cdef void* g[MAMBA_NPARAMS]
@@ -347,15 +452,24 @@ def backward(cnp.ndarray dx, list grads, cnp.ndarray dout, cnp.ndarray cache,
     cdef void* dxo = ptr(dx)
     cdef void* doo = ptr(dout)
     cdef void* co = ptr(cache)
+    cdef void* cso = optr(conv_state)
+    cdef void* dhlo = optr(dh_last)
+    cdef void* dcto = optr(dconv_tail)
+    cdef void* dh0o = optr(dh0)
+    cdef void* dcso = optr(dconv_state)
     for i in range(MAMBA_NPARAMS):
         p[i] = ptr(params[i])
         g[i] = ptr(grads[i])
     with nogil:
         if single:
-            rc = block_backward(<float*>dxo, <float**>g, <const float*>doo, <const float*>co,
-                                <const float**>p, &d, n_threads)
+            rc = block_backward_state(<float*>dxo, <float**>g, <float*>dh0o, <float*>dcso,
+                                      <const float*>doo, <const float*>dhlo,
+                                      <const float*>dcto, <const float*>co, <const float**>p,
+                                      <const float*>cso, &d, n_threads)
         else:
-            rc = block_backward(<double*>dxo, <double**>g, <const double*>doo,
-                                <const double*>co, <const double**>p, &d, n_threads)
+            rc = block_backward_state(<double*>dxo, <double**>g, <double*>dh0o, <double*>dcso,
+                                      <const double*>doo, <const double*>dhlo,
+                                      <const double*>dcto, <const double*>co, <const double**>p,
+                                      <const double*>cso, &d, n_threads)
     if rc != 0:
         raise MemoryError("mamba1_backward: out of memory for scratch buffers")

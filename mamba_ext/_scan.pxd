@@ -4,11 +4,13 @@
 # Per sequence b and channel d, with A[d,n] = -exp(clamp(A_log[d,n], -10, 5)):
 #   a_bar = exp(Delta*A),  b_bar = (a_bar - 1)/A * Bs  (ZOH, discretization 0)
 #                                 or Delta * Bs          (Euler, discretization 1)
-#   h[t] = a_bar*h[t-1] + b_bar*u[t] (h[-1] = 0),  y[t] = sum_n Cs[t,n]*h[t,n] + D_vec*u[t]
+#   h[t] = a_bar*h[t-1] + b_bar*u[t] (h[-1] = 0, or h0 in scan_forward_state),
+#   y[t] = sum_n Cs[t,n]*h[t,n] + D_vec*u[t]
 # The forward keeps only the states entering each chunk, hstates (B, nC, D, N);
 # the backward recomputes the states inside one chunk at a time (per thread
 # scratch of (2T+1)*N*64 values for 64 channels), so no (B, L, D, N) buffer ever
-# exists. Per-thread dBs/dCs buffer of the backward: (L, 2N, 16) values.
+# exists. Per-thread dBs/dCs buffer of the backward: (L, 2N, 16) values; per-job
+# partial sums (B, ceil(D/64), L*2N + (N+1)*64) reduced in a fixed order (deterministic).
 from mamba_ext._types cimport floating, idx_t
 
 cdef enum:
@@ -39,3 +41,24 @@ cdef int scan_backward(floating* du, floating* dDelta, floating* dBs, floating* 
                        const floating* A_log, const floating* D_vec,
                        idx_t B, idx_t L, idx_t D, idx_t N,
                        int discretization, int n_threads) noexcept nogil
+
+# The same with an initial and final state (any of the four may be NULL: zeros / not
+# wanted): h0 (B, D, N) the state before step 0 (hstates chunk 0 = h0); h_last (B, D, N)
+# written with the state after step L-1.
+cdef int scan_forward_state(floating* y, floating* hstates, floating* h_last,
+                            const floating* u, const floating* Delta,
+                            const floating* Bs, const floating* Cs, idx_t ld_bc,
+                            const floating* A_log, const floating* D_vec, const floating* h0,
+                            idx_t B, idx_t L, idx_t D, idx_t N,
+                            int discretization, int n_threads) noexcept nogil
+
+# dh_last (B, D, N): dLoss/d h_last (read; NULL = 0); dh0 (B, D, N) += dLoss/d h0.
+cdef int scan_backward_state(floating* du, floating* dDelta, floating* dBs, floating* dCs,
+                             floating* dA_log, floating* dD_vec, floating* dh0,
+                             const floating* dy, const floating* dh_last,
+                             const floating* hstates,
+                             const floating* u, const floating* Delta,
+                             const floating* Bs, const floating* Cs, idx_t ld_bc,
+                             const floating* A_log, const floating* D_vec,
+                             idx_t B, idx_t L, idx_t D, idx_t N,
+                             int discretization, int n_threads) noexcept nogil

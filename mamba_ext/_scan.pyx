@@ -30,9 +30,14 @@ A_log outside the open interval (-10, 5) gets exactly zero gradient (clamp).
 The states inside a chunk are recomputed from the stored chunk-entry state by
 the same code as the forward, so they are bitwise the forward's states.
 Per-job gradients of shared tensors (dBs/dCs rows of sequence b, dA_log and
-D_vec rows of the group) are summed in per-thread buffers and added under a
-critical section: dBs/dCs (per lane mod GB = 16, (L, 2N, GB), summed at the flush)
-once per sequence a thread visits, dA_log once per job.
+D_vec rows of the group) go to per-job slots (dBs/dCs per lane mod GB = 16 in a
+per-thread (L, 2N, GB) buffer, folded to the job's (L, 2N) slot at its end) and are
+summed after the parallel loop in a fixed order, so the gradients are bitwise
+reproducible and independent of the thread count (no critical sections).
+
+Optional initial / final states (scan_forward_state, scan_backward_state): h0 is
+the state entering chunk 0 (so hstates chunk 0 = h0); the backward's carry starts
+at dh_last instead of 0, and after step 0 it is a_bar[0] * dh[0] = dLoss/dh0.
 """
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
@@ -173,35 +178,6 @@ cdef extern from *:
                 dDacc[g] += gs[g] * us[g];                                              \\
             }                                                                           \\
         }                                                                               \\
-    }                                                                                   \\
-    /* Add a thread's per-lane dBs/dCs terms (rows, 2N, G), summed over the lanes,      \\
-       into the shared rows (ld_bc apart). */                                           \\
-    static void mx_flush_bc_##SFX(T* dBs, T* dCs, mx_idx ld_bc, const T* buf,          \\
-                                  mx_idx rows, mx_idx N)                                \\
-    {                                                                                   \\
-        MX_PRAGMA(omp critical(mamba_ext_scan_bc))                                      \\
-        for (mx_idx r = 0; r < rows; r++)                                               \\
-            for (mx_idx k = 0; k < 2 * N; k++) {                                        \\
-                const T* v = buf + (r * 2 * N + k) * MX_GB;                             \\
-                T sum = 0;                                                              \\
-                for (int g = 0; g < MX_GB; g++) sum += v[g];                            \\
-                if (k < N) dBs[r * ld_bc + k] += sum;                                   \\
-                else dCs[r * ld_bc + k - N] += sum;                                     \\
-            }                                                                           \\
-    }                                                                                   \\
-    /* Add one job's dA_log rows (from dAacc (N, G); zero where the clamp is active)    \\
-       and D_vec entries for its nl channels (A_log rows N apart). */                   \\
-    static void mx_flush_d_##SFX(T* dA_log, const T* acc, const T* A_log, mx_idx N,    \\
-                                 int nl, T* dD, const T* dDacc)                         \\
-    {                                                                                   \\
-        MX_PRAGMA(omp critical(mamba_ext_scan_d))                                       \\
-        for (int g = 0; g < nl; g++) {                                                  \\
-            for (mx_idx n = 0; n < N; n++) {                                            \\
-                T al = A_log[g * N + n];                                                \\
-                if (al > -10 && al < 5) dA_log[g * N + n] += acc[n * MX_G + g];         \\
-            }                                                                           \\
-            dD[g] += dDacc[g];                                                          \\
-        }                                                                               \\
     }
 
     MX_SCAN_KERNELS(float, f, mx_expm1f)
@@ -223,10 +199,6 @@ cdef extern from *:
                              idx_t, const double*, const double*, idx_t, const double*,
                              const double*, const double*, const double*, const double*,
                              double*, double*, double*, double*, double*, double*) noexcept nogil
-    void mx_flush_bc_f(float*, float*, idx_t, const float*, idx_t, idx_t) noexcept nogil
-    void mx_flush_bc_d(double*, double*, idx_t, const double*, idx_t, idx_t) noexcept nogil
-    void mx_flush_d_f(float*, const float*, const float*, idx_t, int, float*, const float*) noexcept nogil
-    void mx_flush_d_d(double*, const double*, const double*, idx_t, int, double*, const double*) noexcept nogil
 
 
 def float32_function(str which, float[::1] x not None, float[::1] out not None):
@@ -316,12 +288,13 @@ cdef inline void chunk_fwd(idx_t tn, idx_t N, int zoh, const floating* dl,
         mx_scan_chunk_fwd_d(tn, N, zoh, dl, uu, ld, Bs, Cs, ld_bc, AT, invAT, hstep, h, em1, y, Dv)
 
 
-cdef inline void flush_bc(floating* dBs, floating* dCs, idx_t ld_bc, const floating* buf,
-                          idx_t rows, idx_t N) noexcept nogil:
-    if floating is float:
-        mx_flush_bc_f(dBs, dCs, ld_bc, buf, rows, N)
-    else:
-        mx_flush_bc_d(dBs, dCs, ld_bc, buf, rows, N)
+cdef inline void state_add(floating* hs, const floating* h, idx_t N, int nl) noexcept nogil:
+    # hs (nl, N) rows of a (B, D, N) state += lanes h (N, G)
+    cdef idx_t n
+    cdef int g
+    for g in range(nl):
+        for n in range(N):
+            hs[g * N + n] += h[n * MX_G + g]
 
 
 cdef int scan_forward(floating* y, floating* hstates,
@@ -330,6 +303,16 @@ cdef int scan_forward(floating* y, floating* hstates,
                       const floating* A_log, const floating* D_vec,
                       idx_t B, idx_t L, idx_t D, idx_t N,
                       int discretization, int n_threads) noexcept nogil:
+    return scan_forward_state(y, hstates, <floating*>NULL, u, Delta, Bs, Cs, ld_bc, A_log,
+                              D_vec, <floating*>NULL, B, L, D, N, discretization, n_threads)
+
+
+cdef int scan_forward_state(floating* y, floating* hstates, floating* h_last,
+                            const floating* u, const floating* Delta,
+                            const floating* Bs, const floating* Cs, idx_t ld_bc,
+                            const floating* A_log, const floating* D_vec, const floating* h0,
+                            idx_t B, idx_t L, idx_t D, idx_t N,
+                            int discretization, int n_threads) noexcept nogil:
     # Jobs: (sequence b, group of G channels d0 .. d0+nl-1), b-major.
     cdef idx_t T = SCAN_CHUNK, G = MX_G, nC = scan_nchunks(L), ng = (D + MX_G - 1) // MX_G
     cdef idx_t job, b, d0, c, t0, tn, r0, s
@@ -368,7 +351,10 @@ cdef int scan_forward(floating* y, floating* hstates,
                 d0 = (job % ng) * G
                 nl = <int>min(G, D - d0)
                 load_AT(AT, invAT, Dv, A_log + d0 * N, D_vec + d0, N, nl)
-                memset(h, 0, N * G * sizeof(floating))
+                if h0 != NULL:
+                    state_io(h, <floating*>h0 + (b * D + d0) * N, N, nl, False)
+                else:
+                    memset(h, 0, N * G * sizeof(floating))
                 for c in range(nC):
                     t0 = c * T
                     tn = min(T, L - t0)
@@ -386,6 +372,8 @@ cdef int scan_forward(floating* y, floating* hstates,
                         for s in range(tn):
                             for g in range(nl):
                                 y[(r0 + s) * D + d0 + g] = yy[s * G + g]
+                if h_last != NULL:
+                    state_io(h, h_last + (b * D + d0) * N, N, nl, True)
         free(buf)
     return -1 if failed else 0
 
@@ -398,8 +386,26 @@ cdef int scan_backward(floating* du, floating* dDelta, floating* dBs, floating* 
                        const floating* A_log, const floating* D_vec,
                        idx_t B, idx_t L, idx_t D, idx_t N,
                        int discretization, int n_threads) noexcept nogil:
+    return scan_backward_state(du, dDelta, dBs, dCs, dA_log, dD_vec, <floating*>NULL, dy,
+                               <floating*>NULL, hstates, u, Delta, Bs, Cs, ld_bc, A_log, D_vec,
+                               B, L, D, N, discretization, n_threads)
+
+
+cdef int scan_backward_state(floating* du, floating* dDelta, floating* dBs, floating* dCs,
+                             floating* dA_log, floating* dD_vec, floating* dh0,
+                             const floating* dy, const floating* dh_last,
+                             const floating* hstates,
+                             const floating* u, const floating* Delta,
+                             const floating* Bs, const floating* Cs, idx_t ld_bc,
+                             const floating* A_log, const floating* D_vec,
+                             idx_t B, idx_t L, idx_t D, idx_t N,
+                             int discretization, int n_threads) noexcept nogil:
+    # Deterministic: every job writes its shares of the shared gradients (dBs/dCs rows of
+    # its sequence, dA_log/D_vec rows of its channels) to its own slot of partBC / partAD,
+    # and these are summed afterwards in a fixed order (over channel groups, resp. over
+    # sequences). So the result is bitwise the same for any thread count and timing.
     cdef idx_t T = SCAN_CHUNK, G = MX_G, nC = scan_nchunks(L), ng = (D + MX_G - 1) // MX_G
-    cdef idx_t job, b, d0, c, t0, tn, r0, s
+    cdef idx_t job, b, d0, c, t0, tn, r0, s, j, k, r, n
     cdef int nl, g, zoh = discretization == 0, failed = 0
     cdef int* failp = &failed
     cdef int nt = mx_threads(n_threads)
@@ -424,22 +430,29 @@ cdef int scan_backward(floating* du, floating* dDelta, floating* dBs, floating* 
     cdef floating* h = NULL
     cdef floating* em1 = NULL
     cdef floating* dBC = NULL
-    cdef idx_t* cur_b = NULL
+    cdef floating* pbc = NULL
+    cdef floating* part = NULL
+    cdef floating* partBC = NULL
+    cdef floating* partAD = NULL
+    cdef floating sum, al
     if B * D == 0 or L == 0:
         return 0
+    # partBC (B, ng, L, 2N): dBs | dCs terms of each job, summed over its lanes;
+    # partAD (B, ng, N+1, G): each job's dAacc (N, G) and dDacc (G,)
+    part = <floating*>scratch(B * ng * (L * 2 * N + (N + 1) * G), sizeof(floating))
+    if part == NULL:
+        return -1
+    partBC = part
+    partAD = part + B * ng * L * 2 * N
     nt = <int>min(<idx_t>nt, B * ng)
     with parallel(num_threads=nt):
         # per thread: AT, invAT, carry, dAacc (N, G); dDacc, Dv (G,); dl, uu, dyy, dul, dDl
         # (T, G) (lane copies for a partial group); h (T+1, N, G); em1 (T, N, G);
-        # dBC (L, 2N, GB): dBs | dCs terms of sequence cur_b[0] per lane mod GB, summed
-        # over those lanes when flushed.
+        # dBC (L, 2N, GB): the job's dBs | dCs terms per lane mod GB.
         buf = <floating*>scratch((4 * N + 2 + 5 * T + (2 * T + 1) * N) * G
                                  + 2 * L * N * MX_GB, sizeof(floating))
-        cur_b = <idx_t*>malloc(sizeof(idx_t))
-        if buf == NULL or cur_b == NULL:
+        if buf == NULL:
             failp[0] = 1
-        else:
-            cur_b[0] = -1
         AT = buf
         invAT = AT + N * G
         carry = invAT + N * G
@@ -455,18 +468,15 @@ cdef int scan_backward(floating* du, floating* dDelta, floating* dBs, floating* 
         em1 = h + (T + 1) * N * G
         dBC = em1 + T * N * G
         for job in prange(B * ng, schedule='static'):
-            if buf != NULL and cur_b != NULL:
+            if buf != NULL:
                 b = job // ng
                 d0 = (job % ng) * G
                 nl = <int>min(G, D - d0)
-                if b != cur_b[0]:
-                    if cur_b[0] >= 0:
-                        flush_bc(dBs + cur_b[0] * L * ld_bc, dCs + cur_b[0] * L * ld_bc,
-                                 ld_bc, dBC, L, N)
-                    memset(dBC, 0, 2 * L * N * MX_GB * sizeof(floating))
-                    cur_b[0] = b
+                memset(dBC, 0, 2 * L * N * MX_GB * sizeof(floating))
                 load_AT(AT, invAT, Dv, A_log + d0 * N, D_vec + d0, N, nl)
                 memset(carry, 0, (2 * N + 1) * G * sizeof(floating))  # carry, dAacc, dDacc
+                if dh_last != NULL:   # the adjoint entering from after step L-1
+                    state_io(carry, <floating*>dh_last + (b * D + d0) * N, N, nl, False)
                 for c in range(nC - 1, -1, -1):
                     t0 = c * T
                     tn = min(T, L - t0)
@@ -500,12 +510,43 @@ cdef int scan_backward(floating* du, floating* dDelta, floating* dBs, floating* 
                             for g in range(nl):
                                 du[(r0 + s) * D + d0 + g] += dul[s * G + g]
                                 dDelta[(r0 + s) * D + d0 + g] += dDl[s * G + g]
-                if floating is float:
-                    mx_flush_d_f(dA_log + d0 * N, dAacc, A_log + d0 * N, N, nl, dD_vec + d0, dDacc)
-                else:
-                    mx_flush_d_d(dA_log + d0 * N, dAacc, A_log + d0 * N, N, nl, dD_vec + d0, dDacc)
-        if buf != NULL and cur_b != NULL and cur_b[0] >= 0:
-            flush_bc(dBs + cur_b[0] * L * ld_bc, dCs + cur_b[0] * L * ld_bc, ld_bc, dBC, L, N)
+                if dh0 != NULL:       # carry = a_bar[0] * dh[0] = dLoss/dh0
+                    state_add(dh0 + (b * D + d0) * N, carry, N, nl)
+                # the job's slots: dBC summed over its GB lanes; dAacc, dDacc copied
+                pbc = partBC + job * L * 2 * N
+                for k in range(L * 2 * N):
+                    sum = 0
+                    for g in range(MX_GB):
+                        sum = sum + dBC[k * MX_GB + g]
+                    pbc[k] = sum
+                memcpy(partAD + job * (N + 1) * G, dAacc, (N + 1) * G * sizeof(floating))
         free(buf)
-        free(cur_b)
+    if not failed:
+        # dBs/dCs row r of sequence b: sum over the channel groups j = 0 .. ng-1
+        for r in prange(B * L, schedule='static', num_threads=nt, nogil=True):
+            b = r // L
+            for k in range(2 * N):
+                sum = 0
+                for j in range(ng):
+                    sum = sum + partBC[((b * ng + j) * L + r - b * L) * 2 * N + k]
+                if k < N:
+                    dBs[r * ld_bc + k] += sum
+                else:
+                    dCs[r * ld_bc + k - N] += sum
+        # dA_log (zero where the clamp is active), D_vec: sum over the sequences b = 0 .. B-1
+        for j in range(ng):
+            d0 = j * G
+            nl = <int>min(G, D - d0)
+            for g in range(nl):
+                for n in range(N + 1):
+                    sum = 0
+                    for b in range(B):
+                        sum = sum + partAD[(b * ng + j) * (N + 1) * G + n * G + g]
+                    if n == N:
+                        dD_vec[d0 + g] += sum
+                    else:
+                        al = A_log[(d0 + g) * N + n]
+                        if al > -10 and al < 5:
+                            dA_log[(d0 + g) * N + n] += sum
+    free(part)
     return -1 if failed else 0

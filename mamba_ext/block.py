@@ -6,6 +6,15 @@ P = R + 2N, M = B*L, T = SCAN_CHUNK (64), nC = ceil(L / T).
     out, cache = mamba1_forward(x, params)             # x (B, L, Dm)
     dx, grads = mamba1_backward(dout, params, cache)   # grads: dict of the 13 names
 
+State passing (a long sequence in chunks; same outputs and gradients as one piece):
+
+    out, cache, (h, tail) = mamba1_forward(x0, params, return_state=True)
+    out1, cache1, state1 = mamba1_forward(x1, params, h0=h, conv_state=tail,
+                                          return_state=True)
+    dx1, g1 = mamba1_backward(dout1, params, cache1)    # g1["h0"], g1["conv_state"]
+    dx0, g0 = mamba1_backward(dout0, params, cache, dh_last=g1["h0"],
+                              dconv_tail=g1["conv_state"])
+
 The maths is that of ``shared/golden/README.md``; the kernels are the Cython
 modules ``_block`` (composition), ``_linear``, ``_rmsnorm``, ``_conv1d`` and
 ``_scan``. The forward cache holds O(B*L*(Dm + D)) values plus the scan state
@@ -23,8 +32,9 @@ import zlib
 import numpy as np  # noqa: E402
 
 from . import _block  # noqa: E402
-from ._validate import (BLOCK_PARAM_NAMES, DISCRETIZATIONS, FLOAT_DTYPES, block_param_shapes,
-                        check_block_params, check_count, check_discretization, check_x)
+from ._validate import (BLOCK_PARAM_NAMES, DISCRETIZATIONS, FLOAT_DTYPES, as_float_array,
+                        block_param_shapes, check_block_params, check_count,
+                        check_discretization, check_x)
 
 __all__ = ["mamba1_forward", "mamba1_backward", "init_mamba1_params", "BlockCache"]
 
@@ -82,11 +92,18 @@ class BlockCache:
     and a CRC-32 fingerprint of every parameter (of a strided sample of 8192 values
     for larger ones), so that using it with other parameters, other shapes or a
     ``dout`` of another shape raises ValueError.
+
+    With state passing, ``has_h0`` records whether the forward got ``h0`` (it is the
+    hstate of chunk 0, kept in ``buffer``) and ``conv_state`` holds a copy of the
+    forward's ``conv_state`` (B, D, K-1) or None; the backward then also returns
+    their gradients.
     """
 
-    __slots__ = ("buffer", "dims", "dtype", "x_shape", "eps", "discretization", "fingerprint")
+    __slots__ = ("buffer", "dims", "dtype", "x_shape", "eps", "discretization", "fingerprint",
+                 "has_h0", "conv_state")
 
-    def __init__(self, buffer, dims, dtype, x_shape, eps, discretization, fingerprint):
+    def __init__(self, buffer, dims, dtype, x_shape, eps, discretization, fingerprint,
+                 has_h0=False, conv_state=None):
         self.buffer = buffer
         self.dims = dims
         self.dtype = np.dtype(dtype)
@@ -94,6 +111,8 @@ class BlockCache:
         self.eps = float(eps)
         self.discretization = discretization
         self.fingerprint = fingerprint
+        self.has_h0 = bool(has_h0)
+        self.conv_state = conv_state
 
     @property
     def nbytes(self) -> int:
@@ -119,7 +138,8 @@ def _check_work_size(sizes) -> None:
     check_count("backward scratch", (M * (7 * D + P + 2 * R + 2 * Dm),))
 
 
-def mamba1_forward(x, params, *, eps=1e-6, discretization="zoh", n_threads=None):
+def mamba1_forward(x, params, *, h0=None, conv_state=None, return_state=False, eps=1e-6,
+                   discretization="zoh", n_threads=None):
     """Forward pass of one Mamba-1 block.
 
     Parameters
@@ -133,11 +153,22 @@ def mamba1_forward(x, params, *, eps=1e-6, discretization="zoh", n_threads=None)
     discretization : "zoh" (exact zero-order hold, default) or "euler" (b_bar = Delta*B).
     n_threads : None (OpenMP default) or int >= 1, threads of the scan and elementwise
         kernels (BLAS uses its own threads).
+    h0 : None or array (B, D, N) of x's dtype
+        Scan state before step 0 (default zeros), e.g. the ``h_last`` of the previous chunk.
+    conv_state : None or array (B, D, K-1) of x's dtype
+        The conv's history: the in_proj x-half (xc, before the conv) of the K-1 steps
+        before ``x``, oldest first (``recurrent.RecurrentState.conv``'s layout); default
+        zeros.
+    return_state : bool
+        Also return ``(h_last, conv_tail)``: the scan state after the last step (B, D, N)
+        and xc of the last K-1 steps (B, D, K-1), oldest first, taken from ``conv_state``
+        where L < K-1; pass them as ``h0`` / ``conv_state`` of the next chunk.
 
     Returns
     -------
     out : ndarray, shape and dtype of ``x``
     cache : BlockCache for :func:`mamba1_backward`
+    state : ``(h_last, conv_tail)``, only with ``return_state=True``
     """
     x = check_x("x", x, _params_dtype(params), contiguous=False)
     arrays, dims = check_block_params(params, dtype=x.dtype, d_model=x.shape[2])
@@ -148,14 +179,37 @@ def mamba1_forward(x, params, *, eps=1e-6, discretization="zoh", n_threads=None)
         raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
     sizes = _sizes(x.shape, dims)
     _check_work_size(sizes)
+    B, L = sizes[:2]
+    h_shape, c_shape = (B, dims.D, dims.N), (B, dims.D, dims.K - 1)
+    if h0 is not None:
+        h0 = _check_state("h0", h0, x.dtype, h_shape, "(batch, dInner, dState)")
+    if conv_state is not None:
+        conv_state = _check_state("conv_state", conv_state, x.dtype, c_shape,
+                                  "(batch, dInner, dConv-1)").copy()   # kept for the backward
     x = np.ascontiguousarray(x)
     out = np.empty_like(x)
     buffer = np.empty(_block.cache_len(sizes), dtype=x.dtype)
+    h_last = conv_tail = None
+    if return_state:
+        h_last = np.zeros(h_shape, x.dtype) if h0 is None else h0.copy()
+        conv_tail = np.zeros(c_shape, x.dtype) if conv_state is None else conv_state.copy()
     if x.size:
         _block.forward(x, [arrays[n] for n in BLOCK_PARAM_NAMES], out, buffer, sizes,
-                       eps, disc, nt)
-    cache = BlockCache(buffer, dims, x.dtype, x.shape, eps, discretization, _fingerprint(arrays))
+                       eps, disc, nt, h0=h0, conv_state=conv_state, h_last=h_last,
+                       conv_tail=conv_tail)
+    cache = BlockCache(buffer, dims, x.dtype, x.shape, eps, discretization, _fingerprint(arrays),
+                       has_h0=h0 is not None, conv_state=conv_state)
+    if return_state:
+        return out, cache, (h_last, conv_tail)
     return out, cache
+
+
+def _check_state(name, value, dtype, shape, letters):
+    """A state array (h0, conv_state, dh_last, dconv_tail): x's dtype, exactly ``shape``."""
+    arr = as_float_array(name, value, dtype, contiguous=False)
+    if arr.shape != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)} {letters}, got {arr.shape}")
+    return np.ascontiguousarray(arr)
 
 
 def _params_dtype(params):
@@ -169,13 +223,19 @@ def _params_dtype(params):
     return None
 
 
-def mamba1_backward(dout, params, cache, *, n_threads=None):
+def mamba1_backward(dout, params, cache, *, dh_last=None, dconv_tail=None, n_threads=None):
     """Backward pass (vector-Jacobian product) of one Mamba-1 block.
 
     ``dout`` (B, L, Dm) is dLoss/d``out`` of the forward that made ``cache``; ``params``
     must be the same values the forward used. Returns ``(dx, grads)``: ``dx`` of the
     shape of ``x``, ``grads`` a dict with the 13 names, shapes and dtype of ``params``.
     dLoss/dA_log is exactly 0 where A_log <= -10 or A_log >= 5 (the clamp).
+
+    State passing: ``dh_last`` (B, D, N) and ``dconv_tail`` (B, D, K-1) are dLoss/d of the
+    state the forward returned with ``return_state=True`` (default zeros; e.g. the
+    ``grads["h0"]`` / ``grads["conv_state"]`` of the next chunk's backward). ``grads``
+    also holds ``"h0"`` (B, D, N) when the forward got ``h0``, and ``"conv_state"``
+    (B, D, K-1) when it got ``conv_state`` (only those given).
     """
     if not isinstance(cache, BlockCache):
         raise TypeError(f"cache: expected the BlockCache returned by mamba1_forward, "
@@ -195,12 +255,32 @@ def mamba1_backward(dout, params, cache, *, n_threads=None):
         raise ValueError(f"params: values of {changed} differ from those the forward used; "
                          f"the cache is only valid with the same params")
     nt = _n_threads(n_threads)
+    B, L = dout.shape[:2]
+    h_shape, c_shape = (B, dims.D, dims.N), (B, dims.D, dims.K - 1)
+    if dh_last is not None:
+        dh_last = _check_state("dh_last", dh_last, cache.dtype, h_shape, "(batch, dInner, dState)")
+    if dconv_tail is not None:
+        dconv_tail = _check_state("dconv_tail", dconv_tail, cache.dtype, c_shape,
+                                  "(batch, dInner, dConv-1)")
     dx = np.zeros_like(dout)
     grads = {n: np.zeros_like(arrays[n]) for n in BLOCK_PARAM_NAMES}
+    dh0 = np.zeros(h_shape, cache.dtype) if cache.has_h0 else None
+    dconv_state = np.zeros(c_shape, cache.dtype) if cache.conv_state is not None else None
     if dout.size:
         _block.backward(dx, [grads[n] for n in BLOCK_PARAM_NAMES], dout, cache.buffer,
                         [arrays[n] for n in BLOCK_PARAM_NAMES], _sizes(dout.shape, dims),
-                        DISCRETIZATIONS[cache.discretization], nt)
+                        DISCRETIZATIONS[cache.discretization], nt, conv_state=cache.conv_state,
+                        dh_last=dh_last, dconv_tail=dconv_tail, dh0=dh0,
+                        dconv_state=dconv_state)
+    elif L == 0:   # an empty chunk passes its state through unchanged
+        if dh0 is not None and dh_last is not None:
+            dh0 += dh_last
+        if dconv_state is not None and dconv_tail is not None:
+            dconv_state += dconv_tail
+    if dh0 is not None:
+        grads["h0"] = dh0
+    if dconv_state is not None:
+        grads["conv_state"] = dconv_state
     return dx, grads
 
 
