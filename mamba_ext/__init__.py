@@ -24,6 +24,25 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 __version__ = "0.1.0"
 
+
+def _check_built() -> None:
+    """A clear error instead of "cannot import name '_block'" when Python picks up an
+    unbuilt source checkout (e.g. ``python -m mamba_ext`` run in the repository root
+    after a plain ``pip install .``, since ``-m`` puts the current folder first)."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+    here = os.path.dirname(os.path.abspath(__file__))
+    if any(os.path.exists(os.path.join(here, "_block" + sfx)) for sfx in EXTENSION_SUFFIXES):
+        return
+    if os.path.exists(os.path.join(here, os.pardir, "setup.py")):
+        raise ImportError(
+            f"mamba_ext is being imported from the source checkout {os.path.dirname(here)}, "
+            f"whose compiled modules are not built. Build them in place "
+            f"(python -m pip install -e .  or  python setup.py build_ext --inplace), "
+            f"or run from another folder so that the installed mamba_ext is imported.")
+
+
+_check_built()
+
 # public name -> submodule that defines it
 _EXPORTS = {
     "BLOCK_PARAM_NAMES": "_validate",
