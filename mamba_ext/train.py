@@ -165,11 +165,10 @@ def evaluate(params, batches, eps=1e-6, n_threads=None) -> float | None:
 
 
 def save_state(path, cfg, step, params, opt, scaler, losses) -> None:
-    """``opt``: an AdamW, or the GPU ResidentTrainer (its ``state()`` is stored)."""
+    """``opt``: an AdamW or the GPU ResidentTrainer; both give the same
+    ``state_dict()`` format, so CPU and GPU checkpoints hold the same keys."""
     extra = {"scaler": scaler.state_dict() if scaler is not None else None}
-    opt_state = None
-    if opt is not None:
-        opt_state = opt.state_dict() if hasattr(opt, "state_dict") else opt.state()
+    opt_state = opt.state_dict() if opt is not None else None
     ckpt_io.save_checkpoint(path, params, step=step, config=cfg.to_dict(),
                             optimizer_state=opt_state,
                             extra=extra, arrays={"losses": np.asarray(losses, np.float64)})
@@ -264,9 +263,8 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
         trainer = ResidentTrainer(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8,
                                   weight_decay=cfg.weight_decay, max_delta=cfg.max_delta,
                                   clip=cfg.grad_clip, model_eps=cfg.eps)
-        if state is not None:
-            log("note: --device gpu resumes the weights; the GPU trainer cannot load "
-                "AdamW moments, so they restart from zero (not an exact continuation)")
+        if state is not None and state["optimizer_state"]:
+            trainer.load_state_dict(state["optimizer_state"])
     else:
         opt = _make_optimizer(cfg, params)
         if state is not None and state["optimizer_state"]:

@@ -311,3 +311,96 @@ def test_no_adapter_message(monkeypatch):
 def test_kernel_sources_found():
     src = kernel_source("scan")
     assert "fn scan_bwd_grads" in src and "fn expm1_f" in src
+
+
+# ---------------------------------------------------------- optimizer state
+def _state_batches(V, n, seed):
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(0, V, (2, 7)), rng.integers(0, V, (2, 7))) for _ in range(n)]
+
+
+_STATE_KW = dict(lr=3e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
+
+
+def test_trainer_state_round_trip_continues_exactly():
+    params = random_model(V=17, Dm=8, n_layers=1, D=16, N=4, K=3, R=1, seed=31)
+    batches = _state_batches(17, 4, seed=6)
+    full = G.ResidentTrainer(params, **_STATE_KW)
+    for tok, tgt in batches:
+        full.step(tok, tgt)
+    first = G.ResidentTrainer(params, **_STATE_KW)
+    for tok, tgt in batches[:2]:
+        first.step(tok, tgt)
+    sd = first.state_dict()
+    assert sd["step"] == 2 and sd["skipped"] == 0 and sd["lr"] == 3e-3 and sd["beta2"] == 0.99
+    assert set(sd) == set(mamba_ext.AdamW({k: v.copy() for k, v in params.items()}).state_dict())
+    assert all(sd[f"exp_avg.{k}"].dtype == np.float32 and sd[f"exp_avg_sq.{k}"].shape == params[k].shape
+               for k in params)
+    assert np.any(sd["exp_avg.embedding"])
+    # a fresh trainer from the weights after step 2, with defaults that the state overrides
+    resumed = G.ResidentTrainer(first.params(), lr=1.0, betas=(0.5, 0.5), weight_decay=0.0)
+    resumed.load_state_dict(sd)
+    assert resumed.t == 2 and resumed.lr == 3e-3 and resumed.betas == (0.9, 0.99)
+    for tok, tgt in batches[2:]:
+        resumed.step(tok, tgt)
+    got, ref = resumed.params(), full.params()
+    for k in params:      # the same kernels on the same data: bit-identical (deterministic GPU)
+        assert np.array_equal(got[k], ref[k]), k
+    rs, fs = resumed.state_dict(), full.state_dict()
+    assert rs["step"] == fs["step"] == 4
+    for k in params:
+        assert np.array_equal(rs[f"exp_avg_sq.{k}"], fs[f"exp_avg_sq.{k}"]), k
+
+
+def test_trainer_loads_cpu_adamw_state():
+    params = random_model(V=17, Dm=8, n_layers=1, D=16, N=4, K=3, R=1, seed=33)
+    batches = _state_batches(17, 3, seed=7)
+    cpu = {k: v.copy() for k, v in params.items()}
+    opt = mamba_ext.AdamW(cpu, **_STATE_KW)
+    for tok, tgt in batches[:2]:
+        assert opt.step(mamba_ext.model_loss_and_grads(tok, tgt, cpu)[1])
+    tr = G.ResidentTrainer({k: v.copy() for k, v in cpu.items()})    # default hyper-parameters
+    tr.load_state_dict(opt.state_dict())
+    assert tr.t == 2
+    before = {k: v.copy() for k, v in cpu.items()}
+    tok, tgt = batches[2]
+    tr.step(tok, tgt)
+    assert opt.step(mamba_ext.model_loss_and_grads(tok, tgt, cpu)[1])
+    got = tr.params()
+    for k in params:
+        # the third step's change: bias correction t=3 and the moments both carried over
+        assert nerr(got[k] - before[k], cpu[k] - before[k]) <= 1e-5 * 100, k
+        assert nerr(got[k], cpu[k]) <= 1e-5, k
+    sd = tr.state_dict()
+    for k in params:
+        assert nerr(sd[f"exp_avg.{k}"], opt.exp_avg[k]) <= 1e-4, k
+
+
+def test_trainer_load_state_dict_refuses_bad_state():
+    params = random_model(V=11, Dm=6, n_layers=1, D=12, N=3, K=2, R=1, seed=35)
+    tr = G.ResidentTrainer(params, **_STATE_KW)
+    tok = np.arange(14).reshape(2, 7) % 11
+    tr.step(tok, tok)
+    good = tr.state_dict()
+    w0 = tr.params()
+    bad_m = good["exp_avg.layer0.wConv"].copy()
+    bad_m[0, 0] = np.nan
+    cases = [
+        ({k: v for k, v in good.items() if k != "exp_avg_sq.embedding"}, ValueError, "exp_avg_sq.embedding"),
+        ({**good, "exp_avg.layer0.wConv": bad_m}, ValueError, "exp_avg.layer0.wConv"),
+        ({**good, "exp_avg.final_norm": good["exp_avg.final_norm"][:-1]}, ValueError, "exp_avg.final_norm"),
+        ({**good, "exp_avg_sq.lm_head_bias": -np.ones(11, np.float32)}, ValueError, "lm_head_bias"),
+        ({**good, "exp_avg.embedding": good["exp_avg.embedding"].astype(np.float64)}, TypeError,
+         "exp_avg.embedding"),
+        ({**good, "step": -1}, ValueError, "step"),
+        ({**good, "beta1": 1.5}, ValueError, "beta"),
+        ({**good, "m.embedding": good["exp_avg.embedding"]}, ValueError, "m.embedding"),
+    ]
+    for state, err, key in cases:
+        with pytest.raises(err, match=key.replace(".", r"\.")):
+            tr.load_state_dict(state)
+    after = tr.state_dict()        # nothing changed: moments, counts, hyper-parameters, weights
+    assert set(after) == set(good)
+    for k, v in good.items():
+        assert np.array_equal(after[k], v), k
+    assert all(np.array_equal(tr.params()[k], w0[k]) for k in params)

@@ -181,3 +181,23 @@ def test_gpu_unavailable_gives_a_clear_error(text_file, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "mamba_ext.gpu", None)    # import fails
     with pytest.raises(RuntimeError, match="--device gpu: the GPU executor is unavailable"):
         train(_tiny(text_file, device="gpu"), tmp_path / "x", progress=None, log=lambda s: None)
+
+
+def test_gpu_resume_restores_optimizer_state(text_file, tmp_path):
+    if not _gpu_available():
+        if _in_ci():
+            pytest.fail("no GPU adapter in CI")
+        pytest.skip("no wgpu adapter here")
+    from mamba_ext.checkpoint import load_checkpoint
+    cfg = _tiny(text_file, steps=6, device="gpu")
+    quiet = dict(progress=None, log=lambda s: None)
+    full = train(copy.deepcopy(cfg), tmp_path / "a", **quiet)
+    part = train(copy.deepcopy(cfg), tmp_path / "b", stop_after=3, **quiet)
+    ck = load_checkpoint(part["checkpoint"])["optimizer_state"]
+    cpu_keys = set(load_checkpoint(train(_tiny(text_file, steps=1), tmp_path / "c", **quiet)
+                                   ["checkpoint"])["optimizer_state"])
+    assert set(ck) == cpu_keys and ck["step"] == 3          # same keys as a CPU checkpoint
+    resumed = train(copy.deepcopy(cfg), tmp_path / "b", resume=part["checkpoint"], **quiet)
+    assert resumed["losses"] == full["losses"]            # bit-identical losses, every step
+    for k in full["params"]:
+        np.testing.assert_array_equal(resumed["params"][k], full["params"][k], err_msg=k)

@@ -166,6 +166,8 @@ class ResidentTrainer:
     untouched; counted in ``skipped``). ``clip`` > 0 clips the global gradient
     norm (computed on the GPU, reported as ``last_grad_norm``). One submit per
     step: forward, backward, grad norm and AdamW in one compute pass.
+    ``state_dict()`` / ``load_state_dict()`` use ``mamba_ext.AdamW``'s format,
+    so a run resumes exactly from a GPU or a CPU optimizer state.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
@@ -204,6 +206,7 @@ class ResidentTrainer:
         self._plans = {}
         self.t = 0
         self.skipped = 0
+        self.nonfinite = 0      # carried in state_dict for AdamW compatibility (see state_dict)
         self.last_grad_norm = float("nan")
 
     def _adam_params(self, t):
@@ -233,18 +236,54 @@ class ResidentTrainer:
             self.t += 1
         return loss
 
-    def params(self) -> dict:
-        """The current weights, copied back from the GPU (keys like the input)."""
-        flat = gpu().read(self.w, self.n)
+    def _read(self, buf) -> dict:
+        """One arena buffer copied back to the host, split per tensor (keys like the input)."""
+        flat = gpu().read(buf, self.n)
         return {k: flat[self.offs[k]:self.offs[k] + a.size].reshape(a.shape).copy()
                 for k, a in self.arrays.items()}
 
+    def params(self) -> dict:
+        """The current weights, copied back from the GPU (keys like the input)."""
+        return self._read(self.w)
+
     def state(self) -> dict:
         """AdamW moments ``m.<name>``, ``v.<name>`` and the step count ``t``."""
-        g = gpu()
         out = {"t": self.t, "skipped": self.skipped}
         for tag, buf in (("m", self.m), ("v", self.v)):
-            flat = g.read(buf, self.n)
-            for k, a in self.arrays.items():
-                out[f"{tag}.{k}"] = flat[self.offs[k]:self.offs[k] + a.size].reshape(a.shape).copy()
+            out.update({f"{tag}.{k}": a for k, a in self._read(buf).items()})
         return out
+
+    def state_dict(self) -> dict:
+        """The optimizer state in the flat format of ``mamba_ext.AdamW.state_dict()``
+        (so CPU and GPU checkpoints share it): float32 ``exp_avg.<name>`` and
+        ``exp_avg_sq.<name>`` plus scalars ``step``, ``skipped``, ``nonfinite``,
+        ``lr``, ``beta1``, ``beta2``, ``eps``, ``weight_decay``, ``max_delta``.
+        The GPU kernel does not count per-element guard hits: ``nonfinite`` is
+        the count carried over from a loaded state (0 otherwise)."""
+        b1, b2 = self.betas
+        out = {"step": self.t, "skipped": self.skipped, "nonfinite": self.nonfinite,
+               "lr": self.lr, "beta1": b1, "beta2": b2, "eps": self.eps,
+               "weight_decay": self.weight_decay, "max_delta": self.max_delta}
+        for tag, buf in (("exp_avg", self.m), ("exp_avg_sq", self.v)):
+            out.update({f"{tag}.{k}": a for k, a in self._read(buf).items()})
+        return out
+
+    def load_state_dict(self, state) -> None:
+        """Restore from :meth:`state_dict` output or a CPU ``AdamW.state_dict()``
+        of the same parameters. Everything is validated first, by the very
+        rules of ``mamba_ext.AdamW.load_state_dict`` (exact keys; each moment a
+        float32 array of its parameter's shape, finite, ``exp_avg_sq`` >= 0;
+        counts integral >= 0; valid hyper-parameters): a bad state raises
+        ValueError/TypeError naming the key and leaves the trainer unchanged.
+        Then the moments are uploaded to the GPU arenas and ``step`` becomes
+        the bias-correction count of the next step."""
+        from ..optim import AdamW
+        # a host AdamW over zero weights of the same names/shapes validates and holds the state
+        host = AdamW({k: np.zeros_like(a) for k, a in self.arrays.items()})
+        host.load_state_dict(state)
+        g = gpu()
+        for buf, moments in ((self.m, host.exp_avg), (self.v, host.exp_avg_sq)):
+            g.write(buf, np.concatenate([moments[k].ravel() for k in self.order]))
+        self.t, self.skipped, self.nonfinite = host.step_count, host.skipped, host.nonfinite
+        self.lr, self.betas, self.eps = host.lr, tuple(host.betas), host.eps
+        self.weight_decay, self.max_delta = host.weight_decay, host.max_delta
