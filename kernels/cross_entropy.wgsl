@@ -14,7 +14,6 @@
 struct Params { M: u32, V: u32, scale: f32 }
 
 override WG: u32 = 128u;
-var<workgroup> red: array<f32, WG>;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
@@ -22,25 +21,7 @@ var<workgroup> red: array<f32, WG>;
 @group(0) @binding(3) var<storage, read_write> dlogits: array<f32>;
 @group(0) @binding(4) var<storage, read_write> losses: array<f32>;
 
-// Fixed-order tree reduction (sum if is_max is false, else max).
-fn block_reduce(li: u32, v: f32, is_max: bool) -> f32 {
-    red[li] = v;
-    workgroupBarrier();
-    var n = WG;
-    loop {
-        if (n <= 1u) { break; }
-        let half = (n + 1u) / 2u;
-        if (li < n - half) {
-            if (is_max) { red[li] = max(red[li], red[li + half]); }
-            else { red[li] = red[li] + red[li + half]; }
-        }
-        workgroupBarrier();
-        n = half;
-    }
-    let total = red[0];
-    workgroupBarrier();
-    return total;
-}
+// #include block_reduce.wgsl
 
 @compute @workgroup_size(WG)
 fn cross_entropy_forward_backward(@builtin(local_invocation_index) li: u32,

@@ -24,7 +24,6 @@
 struct Params { M: u32, C: u32, w_off: u32, eps: f32 }
 
 override WG: u32 = 128u;
-var<workgroup> red: array<f32, WG>;
 
 @group(0) @binding(0) var<uniform> p: Params;
 
@@ -33,24 +32,7 @@ var<workgroup> red: array<f32, WG>;
 @group(0) @binding(3) var<storage, read_write> f_xn: array<f32>;
 @group(0) @binding(4) var<storage, read_write> f_inv: array<f32>;
 
-// Tree sum of red[0..WG) in a fixed order (deterministic); every invocation
-// gets the total.
-fn block_sum(li: u32, v: f32) -> f32 {
-    red[li] = v;
-    workgroupBarrier();
-    // WG is not required to be a power of two: fold the tail first.
-    var n = WG;
-    loop {
-        if (n <= 1u) { break; }
-        let half = (n + 1u) / 2u;
-        if (li < n - half) { red[li] = red[li] + red[li + half]; }
-        workgroupBarrier();
-        n = half;
-    }
-    let total = red[0];
-    workgroupBarrier();
-    return total;
-}
+// #include block_reduce.wgsl
 
 @compute @workgroup_size(WG)
 fn rmsnorm_forward(@builtin(local_invocation_index) li: u32,
@@ -63,7 +45,7 @@ fn rmsnorm_forward(@builtin(local_invocation_index) li: u32,
     if (valid) {
         for (var i = li; i < p.C; i += WG) { let v = f_x[base + i]; ss += v * v; }
     }
-    let total = block_sum(li, ss);
+    let total = block_reduce(li, ss, false);
     if (!valid) { return; }
     let inv = 1.0 / sqrt(total / f32(p.C) + p.eps);
     for (var i = li; i < p.C; i += WG) {
@@ -94,7 +76,7 @@ fn rmsnorm_backward(@builtin(local_invocation_index) li: u32,
             dot += b_w[p.w_off + i] * b_dxn[base + i] * b_x[base + i];
         }
     }
-    let total = block_sum(li, dot);
+    let total = block_reduce(li, dot, false);
     if (!valid) { return; }
     let k = inv * inv * inv * total / f32(p.C);
     for (var i = li; i < p.C; i += WG) {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import struct
 import threading
 from dataclasses import dataclass
@@ -54,10 +55,15 @@ def _kernel_dir_sources():
     return lambda name: (repo_kernels / name).read_text(encoding="utf-8")
 
 
+_INCLUDE = re.compile(r"^// #include (\w+\.wgsl)[ \t]*$", re.M)
+
+
 def kernel_source(file: str) -> str:
-    """WGSL of ``kernels/<file>.wgsl`` with ``common.wgsl`` prepended."""
+    """WGSL of ``kernels/<file>.wgsl`` with ``common.wgsl`` prepended and every
+    ``// #include NAME.wgsl`` line replaced by that file (WGSL has no include)."""
     read = _kernel_dir_sources()
-    return read("common.wgsl") + "\n" + read(file + ".wgsl")
+    body = _INCLUDE.sub(lambda m: read(m.group(1)), read(file + ".wgsl"))
+    return read("common.wgsl") + "\n" + body
 
 
 @dataclass
