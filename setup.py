@@ -1,10 +1,10 @@
-"""Build of mamba_ext: every ``mamba_ext/*.pyx`` becomes one extension module.
+"""Build of mamba_ext: every ``mamba_ext/cpu/*.pyx`` becomes one extension module.
 
 Environment switches
 --------------------
 MAMBA_EXT_DEBUG=1        bounds/wraparound checks on, -O0 -g (debug build).
 MAMBA_EXT_NO_OPENMP=1    build without OpenMP even where the compiler has it.
-MAMBA_EXT_MODULES=a,b    build only these modules (e.g. ``_scan,_block``); for
+MAMBA_EXT_MODULES=a,b    build only these modules (e.g. ``scan,block``); for
                          quick rebuilds during development.
 """
 import os
@@ -57,12 +57,12 @@ def extensions():
     only = [m for m in os.environ.get("MAMBA_EXT_MODULES", "").split(",") if m]
     opt = ["-O0", "-g"] if DEBUG else ["-O3", "-fno-math-errno"]
     exts = []
-    for pyx in sorted(glob.glob(os.path.join("mamba_ext", "*.pyx"))):
+    for pyx in sorted(glob.glob(os.path.join("mamba_ext", "cpu", "*.pyx"))):
         mod = os.path.splitext(os.path.basename(pyx))[0]
         if only and mod not in only:
             continue
         exts.append(Extension(
-            "mamba_ext." + mod, [pyx],
+            "mamba_ext.cpu." + mod, [pyx],
             include_dirs=[numpy.get_include(), os.path.join("mamba_ext", "include")],
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
             extra_compile_args=opt + omp_c,
@@ -82,10 +82,13 @@ setup(
     ext_modules=extensions(),
     # The WGSL sources live in kernels/ at the top of the repository and ship
     # inside the wheel as the package ``mamba_ext.kernels``.
-    packages=["mamba_ext", "mamba_ext.cli", "mamba_ext.gpu", "mamba_ext.kernels", "mamba_ext.include"],
+    packages=["mamba_ext", "mamba_ext.cpu", "mamba_ext.gpu", "mamba_ext.io", "mamba_ext.training",
+              "mamba_ext.testing", "mamba_ext.bench", "mamba_ext.cli", "mamba_ext.kernels",
+              "mamba_ext.include"],
     package_dir={"mamba_ext.kernels": "kernels"},
     package_data={
-        "mamba_ext": ["*.pxd", "*.pyi", "py.typed"],
+        "mamba_ext": ["py.typed"],
+        "mamba_ext.cpu": ["*.pxd", "*.pyi"],
         "mamba_ext.kernels": ["*.wgsl"],
         "mamba_ext.include": ["mamba_ext/*.h"],
     },

@@ -26,12 +26,12 @@ __version__ = "0.1.0"
 
 
 def _check_built() -> None:
-    """A clear error instead of "cannot import name '_block'" when Python picks up an
+    """A clear error instead of "cannot import name 'block'" when Python picks up an
     unbuilt source checkout (e.g. ``python -m mamba_ext`` run in the repository root
     after a plain ``pip install .``, since ``-m`` puts the current folder first)."""
     from importlib.machinery import EXTENSION_SUFFIXES
     here = os.path.dirname(os.path.abspath(__file__))
-    if any(os.path.exists(os.path.join(here, "_block" + sfx)) for sfx in EXTENSION_SUFFIXES):
+    if any(os.path.exists(os.path.join(here, "cpu", "block" + sfx)) for sfx in EXTENSION_SUFFIXES):
         return
     if os.path.exists(os.path.join(here, os.pardir, "setup.py")):
         raise ImportError(

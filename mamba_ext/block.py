@@ -31,7 +31,7 @@ import zlib
 
 import numpy as np  # noqa: E402
 
-from . import _block  # noqa: E402
+from .cpu import block as _block  # noqa: E402
 from ._validate import (BLOCK_PARAM_NAMES, DISCRETIZATIONS, FLOAT_DTYPES, as_float_array,
                         block_param_shapes, check_block_params, check_count,
                         check_discretization, check_x)

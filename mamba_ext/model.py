@@ -3,7 +3,7 @@
 token embedding -> ``n_layers`` Mamba-1 blocks -> final RMSNorm -> LM head tied to
 the embedding (+ ``lm_head_bias``) -> mean cross-entropy over all B*L positions.
 The maths is that of ``shared/golden/README.md``; the compiled core is
-``mamba_ext/_model.pyx`` (C contract in ``_model.pxd``).
+``mamba_ext/cpu/model.pyx`` (C contract in ``_model.pxd``).
 
 Parameters are a flat dict (see :func:`MODEL_PARAM_NAMES`)::
 
@@ -144,7 +144,7 @@ def model_forward(tokens, params, *, eps: float = DEFAULT_EPS, discretization: s
     ``transformers`` compute). Token ids outside ``[0, V)`` raise ValueError
     naming the id and its position.
     """
-    from . import _model
+    from .cpu import model as _model
     disc = check_discretization(discretization)
     arrays, dims = check_model_params(params)
     tok = check_tokens("tokens", tokens, dims.V)
@@ -174,7 +174,7 @@ def model_loss_and_grads(tokens, targets, params, checkpointing: bool = False, *
     every gradient comes out multiplied by it. ``eps`` and ``discretization``
     as in :func:`model_forward`.
     """
-    from . import _model
+    from .cpu import model as _model
     disc = check_discretization(discretization)
     arrays, dims = check_model_params(params)
     tok = check_tokens("tokens", tokens, dims.V)
@@ -200,7 +200,7 @@ def model_workspace_bytes(params, batch: int, seq_len: int, checkpointing: bool 
     """Bytes the compiled loss-and-grads allocates internally for these sizes
     (layer inputs, block caches — one instead of n_layers when checkpointing —,
     logits and gradient buffers)."""
-    from . import _model
+    from .cpu import model as _model
     arrays, dims = check_model_params(params)
     return int(_model.workspace_bytes(_sizes(dims, int(batch), int(seq_len)), bool(checkpointing),
                                       arrays["embedding"].itemsize))

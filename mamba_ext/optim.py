@@ -1,6 +1,6 @@
 """AdamW and global-norm gradient clipping over dicts of NumPy arrays.
 
-The arithmetic runs in the compiled kernel ``mamba_ext._adamw`` (one fused,
+The arithmetic runs in the compiled kernel ``mamba_ext.cpu.adamw`` (one fused,
 in-place pass per parameter; exact maths documented in ``_adamw.pxd``).
 
 AdamW follows ``torch.optim.AdamW`` (amsgrad=False, maximize=False), step t:
@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from . import _adamw
+from .cpu import adamw as _adamw
 from .amp import _named_arrays, _state_scalar
 from .block import _n_threads
 

@@ -1,4 +1,4 @@
-"""AdamW (mamba_ext.optim / mamba_ext._adamw) and clip_grad_norm.
+"""AdamW (mamba_ext.optim / mamba_ext.cpu.adamw) and clip_grad_norm.
 
 The reference is an independent NumPy transcription of PyTorch's
 torch.optim.AdamW single-tensor algorithm, in float64. When torch is
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mamba_ext import AdamW, clip_grad_norm
-from mamba_ext import _adamw
+from mamba_ext.cpu import adamw as _adamw
 from mamba_ext.optim import DEFAULT_NO_DECAY
 
 try:

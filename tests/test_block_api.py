@@ -316,7 +316,7 @@ def test_cache_nbytes_scales_linearly_and_with_itemsize():
 @pytest.mark.parametrize("B,L", [(1, 1), (2, 63), (2, 64), (3, 65), (1, 200)])
 def test_cache_nbytes_matches_documented_formula(B, L):
     """BlockCache docstring / README: itemsize * (M*(Dm + 1 + 4D + P) + B*ceil(L/T)*D*N)."""
-    from mamba_ext import _block
+    from mamba_ext.cpu import block as _block
     T = _block.SCAN_CHUNK_LEN
     Dm, D, N, K, R = 5, 12, 3, 4, 2
     for dtype in (np.float32, np.float64):

@@ -9,7 +9,7 @@ against the source tree by path:
   ``mamba_ext.get_include()``, calls ``import_mamba_ext()`` and runs the block,
   model and AdamW entries through the capsule's function table;
 * cy_client.pyx — cimports the kernels from the installed ``.pxd`` files
-  (``from mamba_ext._block cimport block_forward ...``).
+  (``from mamba_ext.cpu.block cimport block_forward ...``).
 
 Both are checked against the golden vectors; the table's layout is checked
 against the snapshot tests/capi_abi.txt so that an accidental ABI change fails.
@@ -144,7 +144,7 @@ def test_header_and_pxd_ship_with_the_installed_package():
     pkg = installed_package_dir()
     assert Path(mamba_ext.get_include()).resolve() == pkg / "include"
     assert installed_header().is_file()
-    for pxd in ("_types.pxd", "_block.pxd", "_model.pxd", "_adamw.pxd"):
+    for pxd in ("cpu/types.pxd", "cpu/block.pxd", "cpu/model.pxd", "cpu/adamw.pxd"):
         assert (pkg / pxd).is_file(), f"{pxd} missing from the installed package {pkg}"
 
 
@@ -210,13 +210,13 @@ def test_abi_matches_snapshot():
 
 
 def test_runtime_table_matches_header():
-    from mamba_ext import _capi
+    from mamba_ext.cpu import capi as _capi
 
     abi = header_abi_text(installed_header())
     assert _capi.abi_version() == int(_macro(abi, "MAMBA_EXT_ABI_VERSION"))
     assert _capi.api_count() == int(_macro(abi, "MAMBA_EXT_API_COUNT"))
     name = _macro(abi, "MAMBA_EXT_CAPSULE_NAME").strip('"')
-    assert name == "mamba_ext._capi._C_API"
+    assert name == "mamba_ext.cpu.capi._C_API"
     assert type(_capi._C_API).__name__ == "PyCapsule"
     assert f'"{name}"' in repr(_capi._C_API)
 
@@ -225,7 +225,7 @@ def test_runtime_table_matches_header():
 
 @needs_compiler
 def test_c_client_sees_the_table(c_client):
-    from mamba_ext import _capi
+    from mamba_ext.cpu import capi as _capi
     abi, count, header_abi, header_count = c_client.api_info()
     assert (abi, count) == (_capi.abi_version(), _capi.api_count())
     assert (header_abi, header_count) == (abi, count)
@@ -384,7 +384,7 @@ def test_c_api_rejects_bad_arguments(c_client):
 
 @needs_compiler
 def test_import_with_wrong_abi_version_raises_clearly(c_client):
-    from mamba_ext import _capi
+    from mamba_ext.cpu import capi as _capi
     abi, count = _capi.abi_version(), _capi.api_count()
     c_client.load_api(abi, count)                    # what import_mamba_ext() does
     with pytest.raises(ImportError, match=rf"version mismatch.*ABI version {abi + 1}.*"

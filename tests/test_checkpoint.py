@@ -1,4 +1,4 @@
-"""safetensors checkpoints written by mamba_ext.checkpoint: exact round trips,
+"""safetensors checkpoints written by mamba_ext.io.checkpoint: exact round trips,
 interoperability with the safetensors package, and refusal of damaged files."""
 import os
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import mamba_ext
-from mamba_ext import checkpoint as ck
+from mamba_ext.io import checkpoint as ck
 
 
 def _tensors():

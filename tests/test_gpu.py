@@ -14,7 +14,7 @@ import pytest
 
 from conftest import (BLOCK_GOLDEN, MODEL_GOLDEN, assert_clamped_grad_zero, assert_golden_close,
                       golden_block_case, load_golden)
-import reference
+from mamba_ext.testing import reference
 
 from mamba_ext.gpu.device import available
 

@@ -15,7 +15,7 @@ import os
 import numpy as np
 import pytest
 
-from mamba_ext.hf import load_hf, params_from_hf, params_to_hf, save_hf
+from mamba_ext.io.hf import load_hf, params_from_hf, params_to_hf, save_hf
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")   # everything here is local; never wait on a network
 
@@ -184,7 +184,7 @@ def test_import_refuses_what_we_cannot_represent(change, match):
 
 
 def test_load_sharded_folder_and_refuse_truncated_file(tmp_path):
-    from mamba_ext import checkpoint
+    from mamba_ext.io import checkpoint
     p = _our_random_params(9, n_layers=2)
     tensors, hf_cfg = params_to_hf(p, CONFIG)
     names = sorted(tensors)

@@ -4,7 +4,7 @@ import pytest
 
 import mamba_ext
 from mamba_ext.model import check_model_params, model_workspace_bytes
-import reference
+from mamba_ext.testing import reference
 
 V, DM, NL = 7, 4, 2
 

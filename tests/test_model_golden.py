@@ -8,7 +8,7 @@ import pytest
 
 import mamba_ext
 from conftest import MODEL_GOLDEN, assert_golden_close, load_golden
-import reference
+from mamba_ext.testing import reference
 
 
 def _case(name):

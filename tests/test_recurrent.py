@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_golden_close, load_golden
-import reference as ref
+from mamba_ext.testing import reference as ref
 from mamba_ext._validate import BlockDims, block_param_shapes
 from mamba_ext.recurrent import generate, init_state, step
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import mamba_ext
-from mamba_ext.train import TrainConfig, amp_step, train
-from mamba_ext.data import ByteBatches
+from mamba_ext.training.loop import TrainConfig, amp_step, train
+from mamba_ext.training.data import ByteBatches
 
 TEXT = (b"The quick brown fox jumps over the lazy dog. " * 3
         + b"def add(a, b):\n    return a + b\n\n" * 3
@@ -106,7 +106,7 @@ def _read_png(data: bytes):
 
 
 def test_png_encoder_round_trips_pixels():
-    from mamba_ext.plot import png_bytes, loss_curve
+    from mamba_ext.training.plot import png_bytes, loss_curve
     img = np.random.default_rng(0).integers(0, 256, (7, 5, 3), dtype=np.uint8)
     np.testing.assert_array_equal(_read_png(png_bytes(img)), img)
     curve = loss_curve(np.linspace(5.5, 1.0, 300), reference=math.log(256))
@@ -124,7 +124,7 @@ def test_train_and_sample_commands(text_file, tmp_path, capsys):
     assert "step      6/6" in err and "tok/s" in err and "tokens/s" in err
     assert (out / "checkpoint.safetensors").is_file()
     _read_png((out / "loss.png").read_bytes())
-    from mamba_ext.checkpoint import load_checkpoint
+    from mamba_ext.io.checkpoint import load_checkpoint
     ck = load_checkpoint(out / "checkpoint.safetensors")
     assert ck["step"] == 6 and ck["config"]["checkpointing"] is True
     rc = main(["sample", "--checkpoint", str(out), "--prompt", "The ", "--tokens", "12",
@@ -171,7 +171,7 @@ def test_gpu_training_matches_cpu_first_loss(text_file, tmp_path):
     cpu = train(_tiny(text_file, steps=4), tmp_path / "c", progress=None, log=lambda s: None)
     assert abs(gpu["losses"][0] - cpu["losses"][0]) <= 1e-4 * cpu["losses"][0]
     assert gpu["losses"][-1] < gpu["losses"][0]
-    from mamba_ext.checkpoint import load_checkpoint
+    from mamba_ext.io.checkpoint import load_checkpoint
     ck = load_checkpoint(gpu["checkpoint"])
     assert ck["step"] == 4 and set(ck["params"]) == set(cpu["params"])
 
@@ -188,7 +188,7 @@ def test_gpu_resume_restores_optimizer_state(text_file, tmp_path):
         if _in_ci():
             pytest.fail("no GPU adapter in CI")
         pytest.skip("no wgpu adapter here")
-    from mamba_ext.checkpoint import load_checkpoint
+    from mamba_ext.io.checkpoint import load_checkpoint
     cfg = _tiny(text_file, steps=6, device="gpu")
     quiet = dict(progress=None, log=lambda s: None)
     full = train(copy.deepcopy(cfg), tmp_path / "a", **quiet)

@@ -24,13 +24,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE_PKG = REPO / "mamba_ext"
+CPU_PKG = SOURCE_PKG / "cpu"
 EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
 
 
 def compiled_module_names():
-    """Every mamba_ext/*.pyx of the source tree becomes one compiled module."""
-    names = sorted(p.stem for p in SOURCE_PKG.glob("*.pyx"))
-    assert names, f"no .pyx files under {SOURCE_PKG}"
+    """Every mamba_ext/cpu/*.pyx of the source tree becomes one compiled module (``cpu.<name>``)."""
+    names = sorted("cpu." + p.stem for p in CPU_PKG.glob("*.pyx"))
+    assert names, f"no .pyx files under {CPU_PKG}"
     return names
 
 
@@ -39,11 +40,11 @@ def expected_wheel_files():
     kernels = sorted((REPO / "kernels").glob("*.wgsl"))
     assert kernels, "no WGSL kernels in kernels/"
     files = {f"mamba_ext/kernels/{p.name}" for p in kernels}
-    files |= {f"mamba_ext/{p.name}" for p in SOURCE_PKG.glob("*.pxd")}
+    files |= {f"mamba_ext/cpu/{p.name}" for p in CPU_PKG.glob("*.pxd")}
     files |= {"mamba_ext/include/mamba_ext/mamba_ext.h", "mamba_ext/py.typed",
               "mamba_ext/__init__.py"}
     for mod in compiled_module_names():
-        files |= {f"mamba_ext/{mod}.pyi"}
+        files |= {f"mamba_ext/{mod.replace('.', '/')}.pyi"}
     return files
 
 
@@ -81,7 +82,7 @@ def test_wheel_ships_kernels_pxd_header_stubs_and_modules(wheel_path):
     assert not missing, f"{wheel_path.name} lacks {missing}"
     for mod in compiled_module_names():
         # one binary per .pyx, for the wheel's own Python tag
-        built = [n for n in names if n.startswith(f"mamba_ext/{mod}.") and n.endswith(".so")]
+        built = [n for n in names if n.startswith(f"mamba_ext/{mod.replace('.', '/')}.") and n.endswith(".so")]
         assert len(built) == 1, f"{mod}: compiled module not in the wheel ({built})"
     assert not [n for n in names if n.startswith("tests/")], "tests leaked into the wheel"
     assert not [n for n in names if n.startswith("mamba_ext/") and n.endswith(".c")], \
@@ -125,7 +126,7 @@ def test_stub_matches_compiled_module(mod):
     the same parameters, and the stub declares nothing the module lacks."""
     import importlib
     module = importlib.import_module(f"mamba_ext.{mod}")
-    pyi = Path(module.__file__).with_name(f"{mod}.pyi")
+    pyi = Path(module.__file__).with_name(f"{mod.split('.')[-1]}.pyi")
     assert pyi.is_file(), f"no type stub {pyi.name} next to {module.__file__}"
     stubs = _stub_functions(pyi)
     funcs = {name: f for name, f in vars(module).items()

@@ -92,9 +92,9 @@ TESTS="$WORK/src/tests"
 
 step "4. without a compiler: import, gradcheck, test suite"
 (cd "$RUN" && "${NOCC[@]}" python - "$VENV" <<'EOF'
-import sys, mamba_ext, mamba_ext._block, mamba_ext._capi
+import sys, mamba_ext, mamba_ext.cpu.block, mamba_ext.cpu.capi
 assert mamba_ext.__file__.startswith(sys.argv[1]), mamba_ext.__file__
-print("   imported", mamba_ext.__file__, "C API ABI", mamba_ext._capi.abi_version())
+print("   imported", mamba_ext.__file__, "C API ABI", mamba_ext.cpu.capi.abi_version())
 EOF
 ) || die "import from the venv"
 (cd "$RUN" && "${NOCC[@]}" python -m mamba_ext gradcheck) || die "gradcheck"

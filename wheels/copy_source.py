@@ -26,7 +26,7 @@ def source_files(repo):
             dirs[:] = [x for x in dirs if x not in _SKIP_DIRS and not x.startswith(".venv")]
             rel = os.path.relpath(d, repo)
             for f in names:
-                generated = rel == "mamba_ext" and f.endswith((".c", ".cpp"))
+                generated = rel == os.path.join("mamba_ext", "cpu") and f.endswith((".c", ".cpp"))
                 if not generated and not f.endswith((".so", ".pyd", ".o")):
                     files.append(os.path.normpath(os.path.join(rel, f)))
         return files

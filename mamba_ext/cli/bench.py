@@ -15,7 +15,7 @@ cache bytes. Then, in the same process:
   default thread count and 1 thread), its agreement with ours, and the ratio
   torch/ours.
 
-``--device gpu`` hands the whole command line to ``mamba_ext.gpu.bench.main``.
+``--device gpu`` hands the whole command line to ``mamba_ext.bench.gpu.main``.
 
 Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank, M = B*L.
 """
@@ -126,7 +126,7 @@ def measure_bound(size, repeat, cores):
 
 def bench_torch(size, repeat, ours):
     import torch
-    from mamba_ext.cli import _torch_block as tb
+    from mamba_ext.testing import torch_block as tb
     x, params, dout = make_inputs(size, np.float32)
     tx, tp = tb.make_inputs(x, params)
     tdout = torch.tensor(dout)
@@ -168,10 +168,10 @@ def main(argv=None):
                     help="recurrent generation speed (step()) vs re-running the forward, "
                          "at --tokens tokens")
     ap.add_argument("--tokens", type=int, default=1000, help="tokens for --generation")
-    # GPU options belong to mamba_ext.gpu.bench: pass the command line on unparsed.
+    # GPU options belong to mamba_ext.bench.gpu: pass the command line on unparsed.
     args, unknown = ap.parse_known_args(argv)
     if args.device == "gpu":
-        from mamba_ext.gpu import bench as gpu_bench
+        from mamba_ext.bench import gpu as gpu_bench
         return gpu_bench.main(argv)
     if unknown:
         ap.error(f"unrecognized arguments: {' '.join(unknown)}")

@@ -11,9 +11,9 @@ import sys
 
 import numpy as np
 
-from mamba_ext.checkpoint import load_checkpoint
+from mamba_ext.io.checkpoint import load_checkpoint
 from mamba_ext.recurrent import generate
-from mamba_ext.train import CHECKPOINT_NAME
+from mamba_ext.training.loop import CHECKPOINT_NAME
 
 
 def main(argv=None) -> int:

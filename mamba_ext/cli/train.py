@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from mamba_ext.train import CHECKPOINT_NAME, TrainConfig, train
+from mamba_ext.training.loop import CHECKPOINT_NAME, TrainConfig, train
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,8 +7,8 @@ Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRan
 """
 import numpy as np
 
-from mamba_ext._types cimport idx_t
-from mamba_ext._block cimport (mamba_dims, MAMBA_NPARAMS, block_cache_len,
+from mamba_ext.cpu.types cimport idx_t
+from mamba_ext.cpu.block cimport (mamba_dims, MAMBA_NPARAMS, block_cache_len,
                                block_forward, block_backward)
 
 

@@ -8,8 +8,8 @@
  *         then call through the table, from any thread, without the GIL:
  *             mamba_ext_API->block_forward_f32(out, cache, x, params, &dims, 1);
  *
- * The table is exported by the extension module mamba_ext._capi as the capsule
- * `mamba_ext._capi._C_API`. It is versioned and APPEND-ONLY: entries are never
+ * The table is exported by the extension module mamba_ext.cpu.capi as the capsule
+ * `mamba_ext.cpu.capi._C_API`. It is versioned and APPEND-ONLY: entries are never
  * removed, reordered or changed; new entries are added at the end and raise
  * `count`. MAMBA_EXT_ABI_VERSION changes only for an incompatible change (then
  * import_mamba_ext() refuses with a clear ImportError instead of crashing).
@@ -50,10 +50,10 @@
 extern "C" {
 #endif
 
-#define MAMBA_EXT_ABI_VERSION 1
+#define MAMBA_EXT_ABI_VERSION 2
 /* Number of function pointers in the table this header declares. */
 #define MAMBA_EXT_API_COUNT 14
-#define MAMBA_EXT_CAPSULE_NAME "mamba_ext._capi._C_API"
+#define MAMBA_EXT_CAPSULE_NAME "mamba_ext.cpu.capi._C_API"
 
 #define MAMBA_EXT_NPARAMS 13
 enum {                            /* index into the 13-pointer parameter arrays */
@@ -160,7 +160,7 @@ typedef struct mamba_ext_api {
 static const mamba_ext_api *mamba_ext_API = NULL;
 #endif
 
-/* Import mamba_ext._capi and return its table if it has ABI version
+/* Import mamba_ext.cpu.capi and return its table if it has ABI version
  * `abi_version` and at least `min_count` entries; else set ImportError (or the
  * import's own error) and return NULL. Needs the GIL. */
 static inline const mamba_ext_api *mamba_ext_load_api(int abi_version, int min_count)

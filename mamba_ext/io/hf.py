@@ -43,8 +43,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import checkpoint
-from ._validate import as_float_array
-from .model import check_model_params
+from .._validate import as_float_array
+from ..model import check_model_params
 
 A_LOG_MIN, A_LOG_MAX = -10.0, 5.0   # our forward clamps A_log to this range (golden README step 7)
 
@@ -211,7 +211,7 @@ def params_to_hf(params: Mapping, config: Mapping, approximate_discretization: b
     return tensors, hf_config
 
 
-# ---- files (mamba_ext.checkpoint reads and writes safetensors, verified, atomically) ----
+# ---- files (mamba_ext.io.checkpoint reads and writes safetensors, verified, atomically) ----
 
 def load_hf(path, dtype=np.float32):
     """Load a ``save_pretrained`` folder -> ``(params, config)`` (see :func:`params_from_hf`).

@@ -1,7 +1,7 @@
 """Training loop of a byte-level Mamba-1 language model (CPU, or the GPU executor).
 
 One step: the batch of step ``k`` (a pure function of seed and ``k``, see
-``mamba_ext.data``), loss and exact gradients (``model_loss_and_grads``),
+``mamba_ext.training.data``), loss and exact gradients (``model_loss_and_grads``),
 global-norm clipping, AdamW with a warmup + cosine learning rate. With
 ``amp=True`` the forward/backward runs on the fp16-rounded view of the fp32
 master weights with a dynamic loss scale; gradients are rounded to fp16,
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import checkpoint as ckpt_io
+from ..io import checkpoint as ckpt_io
 from .data import VOCAB_SIZE, ByteBatches, load_corpus, DEFAULT_MAX_BYTES
-from .model import init_model_params, model_forward, model_loss_and_grads
+from ..model import init_model_params, model_forward, model_loss_and_grads
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
 PLOT_NAME = "loss.png"
@@ -96,8 +96,8 @@ def amp_step(tokens, targets, params, opt, scaler, *, grad_clip=1.0, checkpointi
     stay untouched and the scale backs off. Otherwise they are unscaled in
     float32, clipped, and AdamW updates the fp32 master weights.
     """
-    from .amp import fp16_view, round_fp16
-    from .optim import clip_grad_norm
+    from ..amp import fp16_view, round_fp16
+    from ..optim import clip_grad_norm
     loss, grads = model_loss_and_grads(tokens, targets, fp16_view(params),
                                        checkpointing=checkpointing, eps=eps,
                                        loss_scale=scaler.scale, n_threads=n_threads)
@@ -141,7 +141,7 @@ class _Progress:
 
 
 def _make_optimizer(cfg: TrainConfig, params: dict):
-    from .optim import AdamW
+    from ..optim import AdamW
     return AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8,
                  weight_decay=cfg.weight_decay, max_delta=cfg.max_delta)
 
@@ -177,7 +177,7 @@ def save_state(path, cfg, step, params, opt, scaler, losses) -> None:
 def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, bar) -> int:
     """Steps ``start .. end-1``; appends to ``losses``; returns the number of
     AMP steps skipped on overflow."""
-    from .optim import clip_grad_norm
+    from ..optim import clip_grad_norm
     tokens_per_step = cfg.batch * cfg.seq_len
     skipped = 0
     for step in range(start, end):
@@ -256,7 +256,7 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
         if cfg.amp:
             raise ValueError("--amp is not supported with --device gpu")
         try:
-            from .gpu import ResidentTrainer
+            from ..gpu import ResidentTrainer
         except Exception as e:  # wgpu missing, no adapter, executor not built ...
             raise RuntimeError(f"--device gpu: the GPU executor is unavailable ({e}); "
                                f"install mamba_ext[gpu] or use --device cpu") from None
@@ -270,7 +270,7 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
         if state is not None and state["optimizer_state"]:
             opt.load_state_dict(state["optimizer_state"])
         if cfg.amp:
-            from .amp import DynamicLossScaler
+            from ..amp import DynamicLossScaler
             scaler = DynamicLossScaler()
             if state is not None and state["extra"].get("scaler"):
                 scaler.load_state_dict(state["extra"]["scaler"])

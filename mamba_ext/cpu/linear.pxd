@@ -1,5 +1,5 @@
 # Dense layers over BLAS (scipy.linalg.cython_blas), callable without the GIL.
-from mamba_ext._types cimport floating, idx_t
+from mamba_ext.cpu.types cimport floating, idx_t
 
 # out (M, OC) = inp (M, C) @ weight (OC, C)^T + bias (OC,)   [bias may be NULL]
 cdef void linear_forward(floating* out, const floating* inp, const floating* weight,

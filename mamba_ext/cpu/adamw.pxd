@@ -4,7 +4,7 @@
 # dtype. All functions are callable without the GIL and never allocate.
 # n_threads >= 1 is the OpenMP team size for large n (n < 65536 always runs on
 # the calling thread); n_threads <= 0 means the OpenMP default.
-from mamba_ext._types cimport floating, idx_t
+from mamba_ext.cpu.types cimport floating, idx_t
 
 # One AdamW step (PyTorch torch.optim.AdamW semantics) over n elements, in place:
 #   gi    = g[i] * grad_scale                          (unscale / clip factor)

@@ -236,7 +236,7 @@ def save_checkpoint(path, params: dict, *, step: int, config: dict,
     tensors.update({f"optim.{k}": v for k, v in opt_t.items()})
     tensors.update({f"array.{k}": v for k, v in (arrays or {}).items()})
     meta = {
-        "format": "mamba_ext.train/1",
+        "format": "mamba_ext.training.loop/1",
         "step": str(int(step)),
         "config": json.dumps(config, sort_keys=True),
         "optimizer": json.dumps(opt_s, sort_keys=True, default=_json_default),
@@ -258,7 +258,7 @@ def load_checkpoint(path) -> dict:
     ``config``, ``optimizer_state``, ``extra``, ``arrays``. (Tuples stored in the
     optimizer state come back as lists.)"""
     tensors, meta = load(path, require_checksum=True)
-    if meta.get("format") != "mamba_ext.train/1":
+    if meta.get("format") != "mamba_ext.training.loop/1":
         raise ValueError(f"{os.fspath(path)}: not a mamba_ext training checkpoint "
                          f"(format {meta.get('format')!r})")
     try:

@@ -11,7 +11,7 @@
 # scratch of (2T+1)*N*64 values for 64 channels), so no (B, L, D, N) buffer ever
 # exists. Per-thread dBs/dCs buffer of the backward: (L, 2N, 16) values; per-job
 # partial sums (B, ceil(D/64), L*2N + (N+1)*64) reduced in a fixed order (deterministic).
-from mamba_ext._types cimport floating, idx_t
+from mamba_ext.cpu.types cimport floating, idx_t
 
 cdef enum:
     SCAN_CHUNK = 64        # T: steps between stored states; 16/32/64 measured within noise

@@ -1,7 +1,7 @@
 # Depthwise causal conv1d over time (size letters in _types.pxd).
 # out[b,t,d] = bias[d] + sum_{k<K, t-k>=0} weight[d,k] * inp[b,t-k,d]
 # (tap k = 0 multiplies the current step, zero history before t = 0).
-from mamba_ext._types cimport floating, idx_t
+from mamba_ext.cpu.types cimport floating, idx_t
 
 # out (B, L, D) contiguous written; inp rows (B*L of them) start ld_in elements apart
 # (ld_in >= D, e.g. the xc half of the in_proj output with ld_in = 2D).

@@ -7,7 +7,7 @@ dinp = rstd * (g - xhat * mean(g * xhat)),  dweight = sum over rows of dout * xh
 Row sums are accumulated in double for both precisions.
 """
 from libc.math cimport sqrt
-from mamba_ext._types cimport floating, idx_t
+from mamba_ext.cpu.types cimport floating, idx_t
 
 
 cdef void rmsnorm_forward(floating* out, floating* rstd, const floating* inp,

@@ -4,7 +4,7 @@
 # (the enum below); each points to a C-contiguous buffer of the golden shape.
 # All functions are callable without the GIL and report failure (only: out of
 # memory for internal scratch) by a non-zero return value, never by a crash.
-from mamba_ext._types cimport floating, idx_t
+from mamba_ext.cpu.types cimport floating, idx_t
 
 cdef enum:
     MAMBA_NPARAMS = 13

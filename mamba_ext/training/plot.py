@@ -102,6 +102,6 @@ def loss_curve(losses, reference=None, width=640, height=400, smooth=50) -> np.n
 
 def write_loss_curve(path, losses, reference=None, **kw) -> None:
     """Write the loss-curve PNG atomically (temp file + os.replace)."""
-    from .checkpoint import atomic_write
+    from ..io.checkpoint import atomic_write
     data = png_bytes(loss_curve(losses, reference, **kw))
     atomic_write(path, lambda f: f.write(data))

@@ -32,15 +32,15 @@ from cython.parallel cimport prange
 cimport numpy as cnp
 import numpy as np
 
-from mamba_ext._types cimport floating, idx_t
-from mamba_ext._activations cimport (
+from mamba_ext.cpu.types cimport floating, idx_t
+from mamba_ext.cpu.activations cimport (
     mx_silu_f, mx_silu_d, mx_softplus_f, mx_softplus_d, mx_gate_fwd_f, mx_gate_fwd_d,
     mx_gate_bwd_f, mx_gate_bwd_d, mx_silu_bwd_f, mx_silu_bwd_d,
     mx_softplus_bwd_f, mx_softplus_bwd_d)
-from mamba_ext._linear cimport linear_forward, linear_backward
-from mamba_ext._rmsnorm cimport rmsnorm_forward, rmsnorm_backward
-from mamba_ext._conv1d cimport conv1d_forward, conv1d_backward
-from mamba_ext._scan cimport scan_forward_state, scan_backward_state, scan_nchunks, SCAN_CHUNK
+from mamba_ext.cpu.linear cimport linear_forward, linear_backward
+from mamba_ext.cpu.rmsnorm cimport rmsnorm_forward, rmsnorm_backward
+from mamba_ext.cpu.conv1d cimport conv1d_forward, conv1d_backward
+from mamba_ext.cpu.scan cimport scan_forward_state, scan_backward_state, scan_nchunks, SCAN_CHUNK
 
 cnp.import_array()
 

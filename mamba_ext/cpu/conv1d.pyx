@@ -10,9 +10,9 @@ stack tile so every inner loop is a contiguous, vectorised (restrict, AVX-512 /
 AVX2 clones) pass over the CB channels. Taps beyond KB are done in further passes.
 """
 from cython.parallel cimport prange
-from mamba_ext._types cimport floating, idx_t
+from mamba_ext.cpu.types cimport floating, idx_t
 # (cimported for its C prelude: the MX_CLONES / MX_PRAGMA macros used below)
-from mamba_ext._activations cimport mx_silu_f
+from mamba_ext.cpu.activations cimport mx_silu_f
 
 cdef extern from *:
     """

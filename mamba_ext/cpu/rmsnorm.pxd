@@ -1,5 +1,5 @@
 # RMSNorm: out = inp * rstd * weight, rstd = 1/sqrt(mean(inp^2) + eps), per row.
-from mamba_ext._types cimport floating, idx_t
+from mamba_ext.cpu.types cimport floating, idx_t
 
 # out (M, C) and rstd (M,) written; inp (M, C), weight (C,) read.
 cdef void rmsnorm_forward(floating* out, floating* rstd, const floating* inp,

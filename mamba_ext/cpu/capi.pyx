@@ -4,7 +4,7 @@
 
 The table type is declared in ``include/mamba_ext/mamba_ext.h`` (shipped in the
 wheel; ``mamba_ext.get_include()``); this module fills one static instance and
-exports a pointer to it as the capsule ``mamba_ext._capi._C_API``, the way
+exports a pointer to it as the capsule ``mamba_ext.cpu.capi._C_API``, the way
 numpy exports its C API. C code gets it with ``import_mamba_ext()``.
 
 Every entry is a thin wrapper over the Cython kernels (_block.pxd, _model.pxd,
@@ -19,13 +19,13 @@ R dtRank, P = R + 2N, M = B*L, V vocab size.
 from cpython.pycapsule cimport PyCapsule_New
 from libc.stdint cimport int64_t
 
-from mamba_ext._types cimport floating, idx_t
-from mamba_ext._block cimport (mamba_dims, MAMBA_NPARAMS, block_cache_len,
+from mamba_ext.cpu.types cimport floating, idx_t
+from mamba_ext.cpu.block cimport (mamba_dims, MAMBA_NPARAMS, block_cache_len,
                                block_forward, block_backward)
-from mamba_ext._model cimport (model_dims, model_loss_and_grads, MODEL_OK,
+from mamba_ext.cpu.model cimport (model_dims, model_loss_and_grads, MODEL_OK,
                                MODEL_ERR_NOMEM, MODEL_ERR_TOKEN, MODEL_ERR_EMPTY)
-from mamba_ext._adamw cimport adamw_step
-from mamba_ext._scan cimport scan_nchunks, scan_forward, scan_backward
+from mamba_ext.cpu.adamw cimport adamw_step
+from mamba_ext.cpu.scan cimport scan_nchunks, scan_forward, scan_backward
 
 # The header is the single definition of the table; compiling this file
 # against it makes the C compiler check every entry's type below.
@@ -296,7 +296,7 @@ _table.scan_backward_f32 = _scan_backward[float]
 _table.scan_forward_f64 = _scan_forward[double]
 _table.scan_backward_f64 = _scan_backward[double]
 
-_C_API = PyCapsule_New(<void*>&_table, b"mamba_ext._capi._C_API", NULL)
+_C_API = PyCapsule_New(<void*>&_table, b"mamba_ext.cpu.capi._C_API", NULL)
 
 ABI_VERSION = MAMBA_EXT_ABI_VERSION
 API_COUNT = MAMBA_EXT_API_COUNT

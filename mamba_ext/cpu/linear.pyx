@@ -13,7 +13,7 @@ that no size passed to BLAS exceeds INT_MAX (callers validate that C and OC
 fit; see ``_validate.check_count``).
 """
 from scipy.linalg.cython_blas cimport sgemm, dgemm
-from mamba_ext._types cimport floating, idx_t
+from mamba_ext.cpu.types cimport floating, idx_t
 
 cdef extern from "limits.h":
     const int INT_MAX

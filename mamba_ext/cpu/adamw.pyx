@@ -6,7 +6,7 @@
 # gcc -fopt-info-vec: the float32 AdamW loop vectorises on baseline x86-64
 # SSE2; the float64 one needs AVX2 for its 64-bit compare masks, else scalar).
 from cython.parallel cimport prange
-from mamba_ext._types cimport floating, idx_t
+from mamba_ext.cpu.types cimport floating, idx_t
 from libc.math cimport sqrt, sqrtf, INFINITY
 
 cdef enum:

@@ -14,8 +14,8 @@
 # All functions run without the GIL and never crash on bad token ids: they
 # return a status (MODEL_OK, or one of the MODEL_ERR_* codes) instead.
 from libc.stdint cimport int64_t
-from mamba_ext._types cimport floating, idx_t
-from mamba_ext._block cimport mamba_dims
+from mamba_ext.cpu.types cimport floating, idx_t
+from mamba_ext.cpu.block cimport mamba_dims
 
 cdef enum:
     MODEL_OK = 0

@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from .._validate import BlockDims
-from .device import gpu
+from ..gpu.device import gpu
 
 NOMINAL_BW = 4.0e12   # bytes/s, H200 device copy as measured through wgpu (issue 4)
 
@@ -88,7 +88,7 @@ def _time_ops(g, ops, clears, repeat, warmup=2):
 
 def copy_bandwidth(g, n_floats=1 << 26, repeat=5):
     """Bytes/s of the copy_vec4 kernel on ``n_floats`` floats (read + write)."""
-    from .layers import elementwise
+    from ..gpu.layers import elementwise
     n = min(n_floats, g.max_binding // 4) // 4 * 4
     a, b = g.buffer(n, "bw_src"), g.buffer(n, "bw_dst")
     op = elementwise(g, "activations", "copy_vec4", n // 4, [n // 4, 0, 0], [a, b])
@@ -161,7 +161,7 @@ def torch_bench(x, params, dout, ref_out, ref_dx, repeat, loops):
     tx = torch.tensor(x, device=dev, requires_grad=True)
     tp = {k: torch.tensor(v, device=dev, requires_grad=True) for k, v in params.items()}
     td = torch.tensor(dout, device=dev)
-    from mamba_ext.cli import _torch_block
+    from mamba_ext.testing import torch_block as _torch_block
     impls = [("torch chunked (no time loop)", torch_chunked_block)]
     if loops:
         impls.append(("torch Python time loop", _torch_block.block_forward))
@@ -195,8 +195,8 @@ def torch_bench(x, params, dout, ref_out, ref_dx, repeat, loops):
 
 def bench_size(size, repeat, use_torch, loops, profile=False):
     from mamba_ext.cli.bench import SIZES
-    from .block import _Plan
-    from . import layers
+    from ..gpu.block import _Plan
+    from ..gpu import layers
     Dm, D, N, K, R, B, L = SIZES[size]
     g = gpu()
     dims = BlockDims(Dm=Dm, D=D, N=N, K=K, R=R)
@@ -207,7 +207,7 @@ def bench_size(size, repeat, use_torch, loops, profile=False):
     before = g.bytes_allocated
     plan = _Plan(dims, B, L, 1e-6, "zoh", layers.SCAN_CHUNK)
     mem = g.bytes_allocated - before
-    from .block import BLOCK_PARAM_NAMES
+    from ..gpu.block import BLOCK_PARAM_NAMES
     plan.upload_params({k: params[k] for k in BLOCK_PARAM_NAMES})
     g.write(plan.x, x)
     g.write(plan.dout, dout)

@@ -27,11 +27,11 @@ from cython.parallel cimport prange
 cimport numpy as cnp
 import numpy as np
 
-from mamba_ext._types cimport floating, idx_t
-from mamba_ext._block cimport (mamba_dims, MAMBA_NPARAMS, block_cache_len,
+from mamba_ext.cpu.types cimport floating, idx_t
+from mamba_ext.cpu.block cimport (mamba_dims, MAMBA_NPARAMS, block_cache_len,
                                block_forward, block_backward)
-from mamba_ext._linear cimport linear_forward, linear_backward
-from mamba_ext._rmsnorm cimport rmsnorm_forward, rmsnorm_backward
+from mamba_ext.cpu.linear cimport linear_forward, linear_backward
+from mamba_ext.cpu.rmsnorm cimport rmsnorm_forward, rmsnorm_backward
 
 cnp.import_array()
 

@@ -43,8 +43,8 @@ from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
 from libc.math cimport exp
 from cython.parallel cimport prange, parallel
-from mamba_ext._types cimport floating, idx_t
-from mamba_ext._activations cimport mx_expm1f, mx_expf, mx_log1pf_unit, softplus, sigmoid
+from mamba_ext.cpu.types cimport floating, idx_t
+from mamba_ext.cpu.activations cimport mx_expm1f, mx_expf, mx_log1pf_unit, softplus, sigmoid
 
 cdef extern from *:
     """

@@ -6,7 +6,7 @@
 # log1pf, so that loops over them vectorise (libm is not vectorised here and was
 # the largest cost outside BLAS and the scan); double uses libm.
 from libc.math cimport exp, log1p, expm1, fabs, fabsf
-from mamba_ext._types cimport floating
+from mamba_ext.cpu.types cimport floating
 
 cdef extern from *:
     """
