@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-# The public contract: names and order of shared/golden/README.md.
+# The public contract: names and order of docs/semantics.md.
 BLOCK_PARAM_NAMES = (
     "wInProj", "bInProj", "wConv", "bConv", "wXProj", "bXProj",
     "wDtProj", "bDtProj", "A_log", "D_vec", "wOutProj", "bOutProj", "normWeight",

@@ -15,7 +15,7 @@ State passing (a long sequence in chunks; same outputs and gradients as one piec
     dx0, g0 = mamba1_backward(dout0, params, cache, dh_last=g1["h0"],
                               dconv_tail=g1["conv_state"])
 
-The maths is that of ``shared/golden/README.md``; the kernels are the Cython
+The maths is that of ``docs/semantics.md``; the kernels are the Cython
 modules ``_block`` (composition), ``_linear``, ``_rmsnorm``, ``_conv1d`` and
 ``_scan``. The forward cache holds O(B*L*(Dm + D)) values plus the scan state
 at chunk boundaries (see :class:`BlockCache`), never a (B, L, D, N) tensor.

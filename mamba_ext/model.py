@@ -2,7 +2,7 @@
 
 token embedding -> ``n_layers`` Mamba-1 blocks -> final RMSNorm -> LM head tied to
 the embedding (+ ``lm_head_bias``) -> mean cross-entropy over all B*L positions.
-The maths is that of ``shared/golden/README.md``; the compiled core is
+The maths is that of ``docs/semantics.md``; the compiled core is
 ``mamba_ext/cpu/model.pyx`` (C contract in ``_model.pxd``).
 
 Parameters are a flat dict (see :func:`MODEL_PARAM_NAMES`)::

@@ -9,7 +9,7 @@ state is the scan state ``h`` (B, D, N) and the conv tail (B, D, K-1): the in_pr
 of the last K-1 steps, oldest first (zeros = the zero history of the full forward). Each
 step costs O(layers * B * (Dm*D + D*N + V*Dm)), independent of the position.
 
-Maths per step (shared/golden/README.md, one time step; row = one batch element):
+Maths per step (docs/semantics.md, one time step; row = one batch element):
 RMSNorm -> in_proj -> causal conv over [tail, x] -> SiLU -> x_proj -> dt_proj + softplus ->
 a_bar = exp(Delta*A), b_bar = (a_bar-1)/A * B (zoh, via expm1) or Delta*B (euler) ->
 h = a_bar*h + b_bar*u -> y = C.h + D*u -> y*SiLU(z) -> out_proj + residual; final RMSNorm,

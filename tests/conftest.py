@@ -1,11 +1,11 @@
-"""Shared test helpers: the golden files of ../shared/golden and their tolerance rule.
+"""Shared test helpers: the golden files of tests/data/golden and their tolerance rule.
 
 Test modules import these as ``from conftest import load_golden, assert_golden_close``
 (this folder is put on ``sys.path`` below, because pytest runs with
 ``--import-mode=importlib``, which does not do it). ``reference`` (the float64
 NumPy reference of the block and the model) is importable the same way.
 
-The tolerance rule is the one of ``shared/golden/README.md`` ("Recommended
+The tolerance rule is the one of ``docs/semantics.md`` ("Recommended
 tolerance for a float32 re-implementation"); see :func:`assert_golden_close`.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
-# The cases documented in shared/golden/README.md. Listed explicitly so that a
+# The cases documented in docs/semantics.md. Listed explicitly so that a
 # missing folder or file FAILS (load_golden raises) instead of parametrizing
 # over nothing; files added later are picked up as well.
 KNOWN_BLOCK_GOLDEN = (
@@ -36,8 +36,8 @@ A_LOG_MIN, A_LOG_MAX = -10.0, 5.0
 
 
 def golden_dir() -> Path:
-    """``<repo>/../shared/golden`` — the reference vectors, outside the repo."""
-    return TESTS_DIR.parent.parent / "shared" / "golden"
+    """``tests/data/golden`` — the reference vectors, kept inside the repository."""
+    return TESTS_DIR / "data" / "golden"
 
 
 def _listed(prefix: str, known) -> list:
@@ -58,7 +58,7 @@ def load_golden(name: str) -> dict:
     path = golden_dir() / (name if name.endswith(".npz") else name + ".npz")
     if not path.is_file():
         raise FileNotFoundError(f"golden case {name!r} not found at {path} "
-                                f"(expected the shared/golden folder next to the repo)")
+                                f"(expected in tests/data/golden)")
     with np.load(path, allow_pickle=False) as z:
         data = {k: z[k] for k in z.files}
     if "dims" not in data or data["dims"].dtype != np.int64:

@@ -1,6 +1,6 @@
-"""The block against the golden vectors of ../shared/golden and the float64 reference.
+"""The block against the golden vectors of tests/data/golden and the float64 reference.
 
-Golden rule (shared/golden/README.md): |ours - ref| <= 2e-5 max|ref| + 1e-4 |ref|;
+Golden rule (docs/semantics.md): |ours - ref| <= 2e-5 max|ref| + 1e-4 |ref|;
 in *clamp* cases dx and the gradients except g_A_log get 2e-3 max|ref|; g_A_log
 exactly 0 where A_log <= -10 or >= 5.
 """

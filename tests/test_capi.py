@@ -300,7 +300,7 @@ def test_c_api_adamw_step(c_client, dtype, rtol):
 
 
 def scan_reference(u, Delta, Bs, Cs, A_log, D_vec, discretization):
-    """Sequential selective scan in float64 (shared/golden/README.md steps 7-10)."""
+    """Sequential selective scan in float64 (docs/semantics.md steps 7-10)."""
     A = -np.exp(np.clip(A_log, -10.0, 5.0))                # (D, N)
     Bsz, L, D = u.shape
     h = np.zeros((Bsz, D, A.shape[1]))

@@ -1,6 +1,6 @@
-"""The whole model against the golden model_* files of ../shared/golden.
+"""The whole model against the golden model_* files of tests/data/golden.
 
-Rule (shared/golden/README.md): logits and every g_* within
+Rule (docs/semantics.md): logits and every g_* within
 2e-5 * max|ref| + 1e-4 * |ref|; loss relative error <= 1e-6.
 """
 import numpy as np

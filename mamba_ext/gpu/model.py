@@ -2,7 +2,7 @@
 resident AdamW trainer.
 
 embedding -> n_layers blocks -> final RMSNorm -> tied LM head (+ lm_head_bias)
--> mean cross-entropy (shared/golden/README.md). Parameters, gradients and
+-> mean cross-entropy (docs/semantics.md). Parameters, gradients and
 AdamW moments each live in ONE flat GPU buffer (an "arena"; tensors with weight
 decay first), so grad-norm and AdamW are single dispatches over the arena. A
 training step is one command buffer with one compute pass (forward, backward,

@@ -20,7 +20,7 @@ with ``config.json`` and ``model.safetensors`` (or shards listed in
     lm_head.weight (optional, tied)     (V, Dm)     must equal the embedding; lm_head_bias = 0
 
 Why the conv taps flip: transformers runs ``nn.Conv1d(padding=K-1)`` (cross-correlation),
-whose tap ``K-1`` multiplies the current step; our tap 0 does (shared/golden/README.md).
+whose tap ``K-1`` multiplies the current step; our tap 0 does (docs/semantics.md).
 
 Two semantic differences are carried in the returned config rather than in weights:
 the RMSNorm epsilon (``layer_norm_epsilon``, 1e-5 there; 1e-6 is our default) and the

@@ -1,6 +1,6 @@
 """Independent float64 NumPy reference of the Mamba-1 block and the small model.
 
-Written from the semantics in shared/golden/README.md ("Exact semantics"), step
+Written from the semantics in docs/semantics.md ("Exact semantics"), step
 by step, with a plain sequential scan; it shares no code with mamba_ext. Slow
 and simple on purpose: it is what the tests compare the compiled core against
 (besides the golden files, which this module is itself checked against).
