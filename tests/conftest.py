@@ -10,14 +10,34 @@ tolerance for a float32 re-implementation"); see :func:`assert_golden_close`.
 """
 from __future__ import annotations
 
+import importlib
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
+
+def optional(module: str, why: str):
+    """Import an optional test dependency, or skip the calling test with a reason.
+
+    ``why`` says what the dependency is for and how to get it (``"pip install torch"``).
+    Under ``CI=true`` a missing optional dependency FAILS instead: CI installs every one,
+    so a test that would vanish there is a broken install, not a skip.
+    Usable at module level (skips the whole file) or inside a test or fixture.
+    """
+    try:
+        return importlib.import_module(module)
+    except Exception as e:          # ImportError, or a broken install (OSError, ...)
+        msg = f"optional dependency {module!r} unavailable ({type(e).__name__}: {e}); {why}"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("CI=true: " + msg, pytrace=False)
+        pytest.skip(msg, allow_module_level=True)
+
 
 # The cases documented in docs/semantics.md. Listed explicitly so that a
 # missing folder or file FAILS (load_golden raises) instead of parametrizing

@@ -97,7 +97,7 @@ print("   imported", mamba_ext.__file__, "C API ABI", mamba_ext.cpu.capi.abi_ver
 EOF
 ) || die "import from the venv"
 (cd "$RUN" && "${NOCC[@]}" python -m mamba_ext gradcheck) || die "gradcheck"
-# The C/Cython client tests of tests/test_capi.py skip here (no compiler; CI
+# The C/Cython client tests of tests/capi/ skip here (no compiler; CI
 # unset); step 5 runs them with the compiler. MAMBA_EXT_WHEEL: test_wheel.py
 # checks this wheel instead of building one.
 (cd "$RUN" && "${NOCC[@]}" MAMBA_EXT_WHEEL="$WHEEL" \
@@ -105,7 +105,7 @@ EOF
 
 step "5. C-API client tests against the installed wheel, with the compiler"
 (cd "$RUN" && env -u PYTHONPATH PATH="$VENV/bin:$PATH" CI=true MAMBA_EXT_WHEEL="$WHEEL" \
-   python -m pytest -q -p no:cacheprovider "$TESTS/test_capi.py" "$TESTS/test_wheel.py") \
+   python -m pytest -q -p no:cacheprovider "$TESTS/capi" "$TESTS/packaging") \
   || soft "C-API tests with the compiler"
 
 # ---------------------------------------------------------------- 6. no OpenMP

@@ -3,7 +3,7 @@ ignored by git) into a fresh folder, so that a wheel is built from sources
 only: in-place build products (*.so, generated *.c, build/) never leak in, and
 the build never writes into the checkout.
 
-Used by wheels/build.sh and tests/test_wheel.py.
+Used by wheels/build.sh and tests/packaging/test_wheel.py.
 Usage: python wheels/copy_source.py REPO DEST
 """
 import os

@@ -10,7 +10,7 @@ any error exceeds the threshold (1e-6), or if the A_log gradient is not exactly
 0 at the clamp bounds.
 
 The same configurations and the same checker are used by
-``tests/test_block_gradcheck.py``.
+``tests/cpu/test_block_gradcheck.py``.
 
 Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank.
 """

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SOURCE_PKG = REPO / "mamba_ext"
 CPU_PKG = SOURCE_PKG / "cpu"
 EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")

@@ -7,6 +7,7 @@ import pytest
 
 import mamba_ext
 from mamba_ext.io import checkpoint as ck
+from conftest import optional
 
 
 def _tensors():
@@ -41,7 +42,7 @@ def test_round_trip_is_exact(tmp_path):
 
 
 def test_interoperates_with_the_safetensors_package(tmp_path):
-    st = pytest.importorskip("safetensors.numpy")
+    st = optional("safetensors.numpy", "pip install safetensors")
     t = _tensors()
     ck.save(tmp_path / "ours.safetensors", t)
     theirs = st.load_file(str(tmp_path / "ours.safetensors"))

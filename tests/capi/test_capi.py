@@ -1,6 +1,6 @@
 """C API and Cython-level API of the INSTALLED mamba_ext.
 
-Two small external extensions (sources in tests/capi_ext/) are compiled here
+Two small external extensions (sources in tests/capi/capi_ext/) are compiled here
 against the package that ``import mamba_ext`` finds (the pip-installed one in
 CI; the in-place build with PYTHONPATH=<repo> during development), never
 against the source tree by path:
@@ -12,7 +12,7 @@ against the source tree by path:
   (``from mamba_ext.cpu.block cimport block_forward ...``).
 
 Both are checked against the golden vectors; the table's layout is checked
-against the snapshot tests/capi_abi.txt so that an accidental ABI change fails.
+against the snapshot tests/capi/capi_abi.txt so that an accidental ABI change fails.
 """
 from __future__ import annotations
 
@@ -199,11 +199,11 @@ def test_abi_matches_snapshot():
         old_entries = [ln for ln in snap_lines if " entry " in ln]
         new_entries = [ln for ln in cur_lines if " entry " in ln]
         appended = new_entries[:len(old_entries)] == old_entries
-        hint = ("entries were only appended: update tests/capi_abi.txt (and "
+        hint = ("entries were only appended: update tests/capi/capi_abi.txt (and "
                 "MAMBA_EXT_API_COUNT)" if same_version and appended else
                 "an existing entry, struct or constant changed: that breaks every "
                 "compiled client; revert it, or bump MAMBA_EXT_ABI_VERSION on purpose")
-        pytest.fail(f"C API differs from the snapshot tests/capi_abi.txt ({hint}).\n"
+        pytest.fail(f"C API differs from the snapshot tests/capi/capi_abi.txt ({hint}).\n"
                     f"Header now:\n{current}")
     n_entries = sum(1 for ln in cur_lines if ln.startswith("mamba_ext_api entry "))
     assert int(_macro(current, "MAMBA_EXT_API_COUNT")) == n_entries
