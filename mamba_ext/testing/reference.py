@@ -15,10 +15,15 @@ import numpy as np
 A_LOG_MIN, A_LOG_MAX = -10.0, 5.0
 
 
+def rmsnorm_forward(x, weight, eps=1e-6):
+    """x (..., Dm) -> (x * rstd * weight, rstd (..., 1)); eps inside the root (step 1)."""
+    rstd = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    return x * rstd * weight, rstd
+
+
 def rmsnorm(x, weight, eps=1e-6):
-    """x (..., Dm) -> x / sqrt(mean(x^2) + eps) * weight; eps inside the root."""
-    inv = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
-    return x * inv * weight
+    """The normalised rows of :func:`rmsnorm_forward` alone."""
+    return rmsnorm_forward(x, weight, eps)[0]
 
 
 def sigmoid(v):
@@ -33,49 +38,103 @@ def softplus(v):
     return np.maximum(v, 0.0) + np.log1p(np.exp(-np.abs(v)))
 
 
-def block_forward(x, params, eps=1e-6, discretization="zoh"):
+def linear_forward(x, weight, bias):
+    """x (..., in) @ weight (out, in)^T + bias (out,) -> (..., out) (steps 2, 5, 6, 12)."""
+    return x @ weight.T + bias
+
+
+def conv1d_forward(xc, weight, bias, conv_state=None):
+    """Causal depthwise conv (step 3): xc (B, L, D), weight (D, K), bias (D,) -> conv (B, L, D).
+
+    Tap k multiplies step t-k. ``conv_state`` (B, K-1, D), oldest first, is the input
+    history before t = 0 (zeros when None).
+    """
+    B, L, D = xc.shape
+    K = weight.shape[1]
+    hist = np.zeros((B, K - 1, D)) if conv_state is None else np.asarray(conv_state, np.float64)
+    full = np.concatenate([hist, xc], axis=1)            # (B, K-1+L, D)
+    conv = np.broadcast_to(bias, xc.shape).copy()
+    for k in range(K):
+        conv += weight[:, k] * full[:, K - 1 - k:K - 1 - k + L, :]
+    return conv
+
+
+def a_of(A_log):
+    """A = -exp(clamp(A_log, A_LOG_MIN, A_LOG_MAX)) (step 7), (D, N)."""
+    return -np.exp(np.clip(A_log, A_LOG_MIN, A_LOG_MAX))
+
+
+def scan_forward(u, delta, A, Bs, Cs, D_vec, discretization="zoh", h0=None):
+    """Selective scan (steps 8-10), sequential in time.
+
+    u, delta (B, L, D); A (D, N); Bs, Cs (B, L, N); D_vec (D,); h0 (B, D, N) or None.
+    Returns (y (B, L, D), h_last (B, D, N)).
+    """
+    B, L, D = u.shape
+    N = A.shape[1]
+    h = np.zeros((B, D, N)) if h0 is None else np.array(h0, dtype=np.float64)
+    y = np.empty((B, L, D))
+    for t in range(L):
+        dA = delta[:, t, :, None] * A                     # (B, D, N)
+        a_bar = np.exp(dA)
+        if discretization == "zoh":                       # 8. exact ZOH
+            b_bar = np.expm1(dA) / A * Bs[:, t, None, :]
+        elif discretization == "euler":
+            b_bar = delta[:, t, :, None] * Bs[:, t, None, :]
+        else:
+            raise ValueError(f"discretization: {discretization!r}")
+        h = a_bar * h + b_bar * u[:, t, :, None]
+        y[:, t, :] = np.sum(Cs[:, t, None, :] * h, axis=-1)  # 10. readout
+    return y + D_vec * u, h                               #     + skip
+
+
+def gate_forward(y, z):
+    """gated = y * SiLU(z) (step 11)."""
+    return y * silu(z)
+
+
+def block_forward(x, params, eps=1e-6, discretization="zoh", h0=None, conv_state=None,
+                  return_state=False):
     """One Mamba-1 block; returns out (B, L, Dm) float64.
 
     ``params``: mapping of the 13 names to arrays of the golden shapes.
-    ``discretization``: "zoh" (exact, b_bar = (exp(Delta*A) - 1)/A * B) or
-    "euler" (b_bar = Delta * B); a_bar = exp(Delta*A) in both.
+    ``discretization``: "zoh" (exact, b_bar = (exp(delta*A) - 1)/A * B) or
+    "euler" (b_bar = delta * B); a_bar = exp(delta*A) in both.
+    ``h0`` (B, D, N) and ``conv_state`` (B, K-1, D): state carried in from an earlier
+    window; with ``return_state`` returns ``(out, h_last, conv_tail)``.
     """
     p = {k: np.asarray(v, dtype=np.float64) for k, v in params.items()}
     x = np.asarray(x, dtype=np.float64)                  # (B, L, Dm)
-    B, L, _ = x.shape
     D, K = p["wConv"].shape
     N = p["A_log"].shape[1]
     R = p["wDtProj"].shape[1]
 
     xn = rmsnorm(x, p["normWeight"], eps)                 # 1. (B, L, Dm)
-    Y = xn @ p["wInProj"].T + p["bInProj"]                # 2. (B, L, 2D)
-    xc, z = Y[..., :D], Y[..., D:]
-    c = np.broadcast_to(p["bConv"], xc.shape).copy()      # 3. causal conv, tap k on t-k
-    for k in range(K):
-        if k < L:
-            c[:, k:, :] += p["wConv"][:, k] * xc[:, :L - k, :]
-    u = silu(c)                                           # 4. (B, L, D)
-    Q = u @ p["wXProj"].T + p["bXProj"]                   # 5. (B, L, P)
-    dt, Bs, Cs = Q[..., :R], Q[..., R:R + N], Q[..., R + N:R + 2 * N]
-    Delta = softplus(dt @ p["wDtProj"].T + p["bDtProj"])  # 6. (B, L, D)
-    A = -np.exp(np.clip(p["A_log"], A_LOG_MIN, A_LOG_MAX))  # 7. (D, N)
+    xz = linear_forward(xn, p["wInProj"], p["bInProj"])   # 2. (B, L, 2D)
+    xc, z = xz[..., :D], xz[..., D:]
+    conv = conv1d_forward(xc, p["wConv"], p["bConv"], conv_state)  # 3. (B, L, D)
+    u = silu(conv)                                        # 4. (B, L, D)
+    xproj = linear_forward(u, p["wXProj"], p["bXProj"])   # 5. (B, L, P)
+    dt_low, Bs, Cs = xproj[..., :R], xproj[..., R:R + N], xproj[..., R + N:R + 2 * N]
+    delta = softplus(linear_forward(dt_low, p["wDtProj"], p["bDtProj"]))  # 6. (B, L, D)
+    A = a_of(p["A_log"])                                  # 7. (D, N)
+    y, h_last = scan_forward(u, delta, A, Bs, Cs, p["D_vec"], discretization, h0)  # 8-10.
+    gated = gate_forward(y, z)                            # 11.
+    out = linear_forward(gated, p["wOutProj"], p["bOutProj"]) + x  # 12. out_proj + residual
+    if not return_state:
+        return out
+    hist = (np.zeros((x.shape[0], K - 1, D)) if conv_state is None
+            else np.asarray(conv_state, np.float64))
+    conv_tail = np.concatenate([hist, xc], axis=1)[:, xc.shape[1]:, :]   # (B, K-1, D)
+    return out, h_last, conv_tail
 
-    h = np.zeros((B, D, N))                               # 9. state, zero at t = 0
-    y = np.empty((B, L, D))
-    for t in range(L):
-        dA = Delta[:, t, :, None] * A                     # (B, D, N)
-        a_bar = np.exp(dA)
-        if discretization == "zoh":                       # 8. exact ZOH
-            b_bar = np.expm1(dA) / A * Bs[:, t, None, :]
-        elif discretization == "euler":
-            b_bar = Delta[:, t, :, None] * Bs[:, t, None, :]
-        else:
-            raise ValueError(f"discretization: {discretization!r}")
-        h = a_bar * h + b_bar * u[:, t, :, None]
-        y[:, t, :] = np.sum(Cs[:, t, None, :] * h, axis=-1)  # 10. readout
-    y = y + p["D_vec"] * u                                #     + skip
-    gated = y * silu(z)                                   # 11. gate
-    return gated @ p["wOutProj"].T + p["bOutProj"] + x    # 12. out_proj + residual
+
+def cross_entropy_forward(logits, targets):
+    """Mean over rows of logsumexp(logits) - logits[target]: logits (..., V), targets (...)."""
+    m = np.max(logits, axis=-1, keepdims=True)
+    lse = m[..., 0] + np.log(np.sum(np.exp(logits - m), axis=-1))
+    picked = np.take_along_axis(logits, np.asarray(targets)[..., None], axis=-1)[..., 0]
+    return float(np.mean(lse - picked))
 
 
 def block_params_of_layer(weights, i):
@@ -84,7 +143,7 @@ def block_params_of_layer(weights, i):
     return {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
 
 
-def model_forward(tokens, targets, weights, eps=1e-6):
+def model_forward(tokens, targets, weights, eps=1e-6, discretization="zoh"):
     """Small Mamba-1 LM; returns (logits (B, L, V), mean cross-entropy) in float64.
 
     ``weights`` keyed like the golden model files without the ``w_`` prefix:
@@ -97,10 +156,7 @@ def model_forward(tokens, targets, weights, eps=1e-6):
         n_layers += 1
     h = emb[np.asarray(tokens)]                            # (B, L, Dm)
     for i in range(n_layers):
-        h = block_forward(h, block_params_of_layer(weights, i), eps)
+        h = block_forward(h, block_params_of_layer(weights, i), eps, discretization)
     xn = rmsnorm(h, np.asarray(weights["final_norm"], dtype=np.float64), eps)
-    logits = xn @ emb.T + np.asarray(weights["lm_head_bias"], dtype=np.float64)  # (B, L, V)
-    m = np.max(logits, axis=-1, keepdims=True)
-    lse = m[..., 0] + np.log(np.sum(np.exp(logits - m), axis=-1))
-    picked = np.take_along_axis(logits, np.asarray(targets)[..., None], axis=-1)[..., 0]
-    return logits, float(np.mean(lse - picked))
+    logits = linear_forward(xn, emb, np.asarray(weights["lm_head_bias"], dtype=np.float64))
+    return logits, cross_entropy_forward(logits, targets)   # logits (B, L, V)

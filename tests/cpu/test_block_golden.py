@@ -127,3 +127,16 @@ def test_eps_is_used(eps):
     default = reference.block_forward(case.x, case.params)
     assert np.max(np.abs(ref - default)) > 1e-6           # eps matters for this input
     assert np.max(np.abs(out - ref)) <= 1e-12 * np.max(np.abs(ref))
+
+
+def test_reference_windows_with_carried_state_equal_the_whole_sequence():
+    """The reference's state passing (h0, conv_state, return_state), which the state
+    tests of the block and model build on: two windows == one pass."""
+    rng = np.random.default_rng(3)
+    data = load_golden("block_basic")
+    x, params, _ = golden_block_case(data)
+    x = rng.standard_normal((2, 11, x.shape[2]))
+    whole = reference.block_forward(x, params)
+    a, h, tail = reference.block_forward(x[:, :4], params, return_state=True)
+    b = reference.block_forward(x[:, 4:], params, h0=h, conv_state=tail)
+    np.testing.assert_allclose(np.concatenate([a, b], axis=1), whole, rtol=1e-12, atol=1e-12)
