@@ -17,9 +17,10 @@ folder (the current directory while the file runs):
 Comments right before a fence steer it:
 ``<!-- not-run: reason -->`` skips a block that cannot run in CI (a 2-minute default
 run, a benchmark on an H200, an install command) — these are counted and listed;
-``<!-- needs: gpu -->`` / ``<!-- needs: torch -->`` mark a block that needs a wgpu
-adapter / PyTorch: where that is missing the file's test skips with the reason
-(and FAILS under CI=true, like every optional dependency of the suite).
+``<!-- needs: gpu, compiler -->`` marks a block that needs a wgpu adapter, a C
+compiler, Cython, torch or transformers: where one is missing that block is not run,
+the others still are, and the file's test then skips naming what was missing (and
+FAILS under CI=true, like every optional dependency of the suite).
 
 A block with no language, or a runnable block that neither runs nor carries a
 ``not-run`` marker, fails the test.
@@ -32,6 +33,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -157,15 +159,19 @@ def missing_needs(block: Block) -> list[str]:
             if not gpu_available():
                 missing.append("a wgpu adapter (pip install wgpu; a Vulkan driver such as "
                                "Debian's mesa-vulkan-drivers)")
-        elif need in ("torch", "transformers"):
+        elif need == "compiler":
+            cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
+            if shutil.which(cc) is None:
+                missing.append(f"a C compiler ({cc} is not on PATH)")
+        elif need in ("torch", "transformers", "cython"):
             try:
-                __import__(need)
+                __import__("Cython" if need == "cython" else need)
             except Exception as e:
-                missing.append(f"{need} ({type(e).__name__}: {e}; pip install torch==2.13.0 "
-                               f"transformers)")
+                missing.append(f"{need} ({type(e).__name__}: {e}; pip install '.[test]' "
+                               f"torch==2.13.0)")
         else:
             raise AssertionError(f"{block.where}: unknown <!-- needs: {need} --> "
-                                 f"(known: gpu, torch, transformers)")
+                                 f"(known: gpu, compiler, cython, torch, transformers)")
     return missing
 
 
