@@ -204,6 +204,7 @@ def run_doc(path: Path, tmp_path: Path, monkeypatch) -> dict:
     blocks = parse_blocks(path)
     kinds = [classify(b) for b in blocks]      # every problem is found before anything runs
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))    # blocks may add the folder they build in
     namespace = {"__name__": "__docs__"}
     counts = dict.fromkeys(("python", "shell", "file", "text", "not-run", "missing"), 0)
     skipped = []
@@ -251,14 +252,31 @@ def test_every_docs_page_is_found():
         assert want in names, f"{want} missing (README links to it)"
 
 
-def test_readme_links_resolve():
-    """Every relative link of README.md and docs/*.md points to an existing file."""
+def anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors of a Markdown file (lower case, punctuation dropped,
+    spaces to hyphens), headings inside code fences excluded."""
+    out, in_fence = set(), False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if FENCE.match(line):
+            in_fence = not in_fence
+        elif not in_fence and line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            out.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return out
+
+
+def test_links_resolve():
+    """Every relative link of README.md and docs/*.md points to an existing file, and
+    every ``#anchor`` to a heading of that file."""
     for path in DOC_FILES:
         text = path.read_text(encoding="utf-8")
-        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", text):
             if re.match(r"^[a-z]+:", target):
                 continue
-            assert (path.parent / target).exists(), f"{path.name}: broken link {target}"
+            dest = (path.parent / target) if target else path
+            assert dest.exists(), f"{path.name}: broken link {target}"
+            if anchor and dest.suffix == ".md":
+                assert anchor in anchors(dest), f"{path.name}: no heading #{anchor} in {dest.name}"
 
 
 def test_parser_refuses_unmarked_blocks(tmp_path):
