@@ -61,7 +61,11 @@ class Block:
 
     @property
     def where(self) -> str:
-        return f"{self.path.relative_to(REPO)}:{self.line}"
+        try:
+            name = self.path.relative_to(REPO)
+        except ValueError:
+            name = self.path.name
+        return f"{name}:{self.line}"
 
 
 def parse_blocks(path: Path) -> list[Block]:
@@ -115,13 +119,11 @@ def _strip_comment(cmd: str) -> str:
 
 
 def console_script() -> list[str]:
-    """How to run ``mamba-ext``: the console script next to this interpreter."""
+    """How to run ``mamba-ext``: the console script installed next to this interpreter
+    (not one found elsewhere on PATH, which may belong to another installation)."""
     script = Path(sys.executable).parent / "mamba-ext"
     if script.exists():
         return [str(script)]
-    found = shutil.which("mamba-ext")
-    if found:
-        return [found]
     pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
     assert "mamba-ext" not in pyproject, \
         "pyproject declares the mamba-ext console script but it is not installed"
@@ -291,7 +293,6 @@ def test_parser_refuses_unmarked_blocks(tmp_path):
     for text, why in cases.items():
         doc.write_text(text)
         b, = parse_blocks(doc)
-        b.path = REPO / "x.md"
         with pytest.raises(AssertionError, match=why):
             classify(b)
     doc.write_text("<!-- not-run: needs an H200 -->\n```bash\npip install foo\n```\n")
@@ -300,6 +301,18 @@ def test_parser_refuses_unmarked_blocks(tmp_path):
     doc.write_text("<!-- not-run: x -->\ntext between\n```bash\npip install foo\n```\n")
     b, = parse_blocks(doc)
     assert "not-run" not in b.directives      # a marker applies only right before its fence
+
+
+def test_failing_blocks_fail(tmp_path, monkeypatch):
+    """A python block that raises and a command that exits non-zero fail the file; the
+    namespace carries from one python block to the next."""
+    doc = tmp_path / "y.md"
+    doc.write_text("```python\nx = 2\n```\n\n```python\nassert x == 3, 'x is 2'\n```\n")
+    with pytest.raises(AssertionError, match="y.md:5: python block failed: AssertionError: x is 2"):
+        run_doc(doc, tmp_path, monkeypatch)
+    doc.write_text("```bash\npython -m mamba_ext no-such-command\n```\n")
+    with pytest.raises(AssertionError, match="exited 2"):
+        run_doc(doc, tmp_path, monkeypatch)
 
 
 def test_readme_is_a_front_page():
