@@ -13,6 +13,9 @@ folder (the current directory while the file runs):
   ``<!-- file: NAME -->`` right before the fence: its text is written to NAME in the
   temporary folder, where a later python block builds it.
 * ```text blocks are output or listings and are not run.
+* ``<!-- quote: PATH -->`` before a block of any language: the block quotes the repository
+  file PATH, and its code (``#`` comments and blank lines dropped, whitespace normalised)
+  must appear there verbatim.
 
 Comments right before a fence steer it:
 ``<!-- not-run: reason -->`` skips a block that cannot run in CI (a 2-minute default
@@ -177,8 +180,22 @@ def missing_needs(block: Block) -> list[str]:
     return missing
 
 
+def _normalised(text: str) -> str:
+    lines = (ln.split("#")[0].strip() for ln in text.splitlines())
+    return " ".join(" ".join(ln.split()) for ln in lines if ln)
+
+
+def check_quote(block: Block) -> None:
+    source = REPO / block.directives["quote"]
+    assert source.is_file(), f"{block.where}: quoted file {source} does not exist"
+    assert _normalised(block.text) in _normalised(source.read_text(encoding="utf-8")), \
+        f"{block.where}: the block no longer matches {block.directives['quote']}"
+
+
 def classify(block: Block) -> str:
-    """'python', 'shell', 'file', 'text' or 'not-run'; AssertionError if unrunnable."""
+    """'python', 'shell', 'file', 'quote', 'text' or 'not-run'; AssertionError if unrunnable."""
+    if "quote" in block.directives:
+        return "quote"
     if "not-run" in block.directives:
         assert block.directives["not-run"], f"{block.where}: not-run needs a reason"
         return "not-run"
@@ -208,7 +225,7 @@ def run_doc(path: Path, tmp_path: Path, monkeypatch) -> dict:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))    # blocks may add the folder they build in
     namespace = {"__name__": "__docs__"}
-    counts = dict.fromkeys(("python", "shell", "file", "text", "not-run", "missing"), 0)
+    counts = dict.fromkeys(("python", "shell", "file", "quote", "text", "not-run", "missing"), 0)
     skipped = []
     for b, kind in zip(blocks, kinds):
         missing = missing_needs(b) if kind in ("python", "shell") else []
@@ -225,6 +242,8 @@ def run_doc(path: Path, tmp_path: Path, monkeypatch) -> dict:
         elif kind == "shell":
             for cmd in shell_commands(b):
                 run_command(cmd, tmp_path, b.where)
+        elif kind == "quote":
+            check_quote(b)
         elif kind == "file":
             target = tmp_path / b.directives["file"]
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -298,6 +317,10 @@ def test_parser_refuses_unmarked_blocks(tmp_path):
     doc.write_text("<!-- not-run: needs an H200 -->\n```bash\npip install foo\n```\n")
     b, = parse_blocks(doc)
     assert classify(b) == "not-run"
+    doc.write_text("<!-- quote: setup.py -->\n```python\nimport no_such_module_here\n```\n")
+    b, = parse_blocks(doc)
+    with pytest.raises(AssertionError, match="no longer matches setup.py"):
+        check_quote(b)
     doc.write_text("<!-- not-run: x -->\ntext between\n```bash\npip install foo\n```\n")
     b, = parse_blocks(doc)
     assert "not-run" not in b.directives      # a marker applies only right before its fence
