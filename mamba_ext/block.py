@@ -133,7 +133,7 @@ def _check_work_size(sizes) -> None:
     """Refuse sizes whose cache or backward scratch element counts overflow."""
     B, L, Dm, D, N, K, R = sizes
     M, P = B * L, R + 2 * N
-    nC = -(-L // _block.SCAN_CHUNK_LEN)
+    nC = -(-L // _block.SCAN_CHUNK)
     check_count("cache", (M * (Dm + 1 + 4 * D + P) + B * nC * D * N,))
     check_count("backward scratch", (M * (7 * D + P + 2 * R + 2 * Dm),))
 

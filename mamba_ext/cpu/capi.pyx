@@ -7,8 +7,8 @@ wheel; ``mamba_ext.get_include()``); this module fills one static instance and
 exports a pointer to it as the capsule ``mamba_ext.cpu.capi._C_API``, the way
 numpy exports its C API. C code gets it with ``import_mamba_ext()``.
 
-Every entry is a thin wrapper over the Cython kernels (_block.pxd, _model.pxd,
-_adamw.pxd, _scan.pxd): it checks the pointers and sizes it is given (so a NULL or a
+Every entry is a thin wrapper over the Cython kernels (block.pxd, model.pxd,
+adamw.pxd, scan.pxd): it checks the pointers and sizes it is given (so a NULL or a
 zero size returns MAMBA_EXT_ERR_ARG instead of crashing), copies the header's
 size structs into the kernels' own structs (so the kernels' structs may grow
 without changing the C ABI), and maps the status codes.

@@ -1,14 +1,14 @@
-# C-level contract of the whole Mamba-1 language model (see _types.pxd for the
+# C-level contract of the whole Mamba-1 language model (see types.pxd for the
 # size letters; V = vocab size, n_layers blocks sharing one set of dims).
 #
 #   h0[r] = embedding[tokens[r]]                 # (M, Dm)
-#   h_{i+1} = Block_i(h_i)                       # _block.pxd, i = 0 .. n_layers-1
+#   h_{i+1} = Block_i(h_i)                       # block.pxd, i = 0 .. n_layers-1
 #   xn = RMSNorm(h_last; final_norm, eps)        # (M, Dm)
 #   logits = xn @ embedding^T + lm_head_bias     # (M, V), head tied to the table
 #   loss = mean_r (logsumexp(logits[r]) - logits[r, targets[r]])
 #
 # Layer parameters are ONE flat array of n_layers * MAMBA_NPARAMS pointers:
-# layer i, parameter j (BLOCK_PARAM_NAMES order, _block.pxd enum) is
+# layer i, parameter j (BLOCK_PARAM_NAMES order, block.pxd enum) is
 # layer_params[i * MAMBA_NPARAMS + j]; the gradients use the same layout.
 # Token ids are int64, C-contiguous (B, L); every float buffer is C-contiguous.
 # All functions run without the GIL and never crash on bad token ids: they
