@@ -28,6 +28,22 @@ ctypedef struct model_dims:
     idx_t n_layers      # number of blocks (>= 0)
     mamba_dims block    # B, L, Dm, D, N, K, R, eps (every RMSNorm), discretization
 
+# h (M, Dm) = embedding (V, Dm) [tokens (M,)]; ids must be in [0, V) (not checked here).
+cdef void embedding_forward(floating* h, const int64_t* tokens, const floating* embedding,
+                            idx_t M, idx_t Dm) noexcept nogil
+
+# dembedding (V, Dm) [tokens[r]] += dh (M, Dm) [r] (in row order: deterministic).
+cdef void embedding_backward(floating* dembedding, const floating* dh, const int64_t* tokens,
+                             idx_t M, idx_t Dm) noexcept nogil
+
+# Cross-entropy of M rows of logits (M, V) against targets (M,) in one pass: row_loss (M,)
+# written (double, logsumexp - picked); logits overwritten in place by
+# (softmax - onehot(target)) * seed_scale (seed_scale = loss_scale / M for the mean loss).
+# exp in the buffer's precision, sums in double; rows in parallel (n_threads, <= 0 default).
+cdef void cross_entropy_forward_backward(double* row_loss, floating* logits,
+                                         const int64_t* targets, idx_t M, idx_t V,
+                                         double seed_scale, int n_threads) noexcept nogil
+
 # Bytes of the internal workspace model_loss_and_grads allocates (malloc) for
 # these sizes and element size; checkpointing != 0 keeps one block cache
 # instead of n_layers (layer inputs are kept in both modes).
