@@ -43,7 +43,6 @@ Optional initial / final states (scan_forward_state, scan_backward_state): h0 is
 the state entering chunk 0 (so hstate chunk 0 = h0); the backward's carry starts
 at dh_last instead of 0, and after step 0 it is a_bar[0] * dh[0] = dLoss/dh0.
 """
-from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
 from libc.math cimport exp
 from cython.parallel cimport prange, parallel
@@ -52,6 +51,8 @@ from mamba_ext.cpu.constants cimport A_LOG_MIN, A_LOG_MAX, SCAN_CHUNK
 
 cdef extern from "csrc/mx_threads.h" nogil:
     int mx_threads(int n) noexcept       # n > 0: n; else OpenMP's default (1 without OpenMP)
+    void* mx_aligned_alloc(size_t nbytes) noexcept    # 64-byte aligned, or NULL
+    void mx_aligned_free(void* p) noexcept
 
 # The hot loops (argument meanings and shapes: csrc/mx_scan.h).
 cdef extern from "csrc/mx_scan.h" nogil:
@@ -82,14 +83,9 @@ cdef extern from "csrc/mx_scan.h" nogil:
                                   double* du, double* ddelta) noexcept
 
 
-cdef extern from "stdlib.h":
-    void* aligned_alloc(size_t alignment, size_t size) nogil
-
-
 cdef inline void* scratch(idx_t n, size_t itemsize) noexcept nogil:
-    # n values of itemsize bytes, 64-byte aligned (one AVX-512 vector per lane group)
-    cdef size_t nbytes = ((n * itemsize + 63) // 64) * 64
-    return aligned_alloc(64, nbytes if nbytes > 0 else 64)
+    # n values of itemsize bytes, 64-byte aligned (free with mx_aligned_free)
+    return mx_aligned_alloc(n * itemsize)
 
 
 cdef idx_t scan_nchunks(idx_t L) noexcept nogil:
@@ -145,6 +141,9 @@ cdef inline void chunk_fwd(idx_t tn, idx_t N, int zoh, const floating* dl,
                            idx_t ld_bc, const floating* AT, const floating* invAT,
                            idx_t hstep, floating* h, floating* em1, floating* y,
                            const floating* Dv) noexcept nogil:
+    # mx_scan_forward_chunk of the buffers' precision: dl, uu (tn rows ld apart, G) delta
+    # and u; Bs, Cs (tn rows ld_bc apart, N); AT, invAT (N, G); h (tn+1, N, G) or (N, G)
+    # (hstep 0); em1 likewise; y (tn rows ld apart, G) or NULL; Dv (G,)
     if floating is float:
         mx_scan_forward_chunk_f(tn, N, zoh, dl, uu, ld, Bs, Cs, ld_bc, AT, invAT, hstep, h, em1, y, Dv)
     else:
@@ -160,6 +159,7 @@ cdef inline void state_add(floating* hs, const floating* h, idx_t N, int nl) noe
             hs[g * N + n] += h[n * MX_SCAN_G + g]
 
 
+# Shapes of every argument of the four entry points: scan.pxd.
 cdef int scan_forward(floating* y, floating* hstate,
                       const floating* u, const floating* delta,
                       const floating* Bs, const floating* Cs, idx_t ld_bc,
@@ -237,7 +237,7 @@ cdef int scan_forward_state(floating* y, floating* hstate, floating* h_last,
                                 y[(r0 + s) * D + d0 + g] = yy[s * G + g]
                 if h_last != NULL:
                     state_io(h, h_last + (b * D + d0) * N, N, nl, True)
-        free(buf)
+        mx_aligned_free(buf)
     return -1 if failed else 0
 
 
@@ -383,7 +383,7 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
                         sum = sum + dBC[k * MX_SCAN_GB + g]
                     pbc[k] = sum
                 memcpy(partAD + job * (N + 1) * G, dAacc, (N + 1) * G * sizeof(floating))
-        free(buf)
+        mx_aligned_free(buf)
     if not failed:
         # dBs/dCs row r of sequence b: sum over the channel groups j = 0 .. ng-1
         for r in prange(B * L, schedule='static', num_threads=nt, nogil=True):
@@ -411,5 +411,5 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
                         al = A_log[(d0 + g) * N + n]
                         if al > A_LOG_MIN and al < A_LOG_MAX:
                             dA_log[(d0 + g) * N + n] += sum
-    free(part)
+    mx_aligned_free(part)
     return -1 if failed else 0

@@ -1,8 +1,9 @@
 # cython: language_level=3
 """Python entry points of the step kernels, one per step, named like the steps.
 
-Size letters: B batch, L seqLen, Dm dModel (C for a generic row width), D dInner,
-N dState, K dConv, M = B*L rows, V vocab, C = ceil(L / SCAN_CHUNK) scan chunks (hstate).
+Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, M = B*L rows,
+V vocab, C = ceil(L / SCAN_CHUNK) scan chunks (hstate), IC / OC input / output columns
+of a linear layer.
 
 Each function is a thin, typed wrapper over the nogil kernel that the block and the
 model run (rmsnorm.pxd, linear.pxd, conv1d.pxd, scan.pxd, activations.pxd, model.pxd),
@@ -62,83 +63,83 @@ cdef tuple _shape(object a, int ndim):
 def rmsnorm_forward(floating[:, ::1] out not None, floating[::1] rstd not None,
                     const floating[:, ::1] x not None, const floating[::1] weight not None,
                     double eps=DEFAULT_EPS):
-    """out (M, C) = x (M, C) * rstd * weight (C,), rstd (M,) = 1/sqrt(mean(x^2) + eps): written."""
-    cdef idx_t M = x.shape[0], C = x.shape[1]
-    _same("out", _shape(out, 2), (M, C))
+    """out (M, Dm) = x (M, Dm) * rstd * weight (Dm,), rstd (M,) = 1/sqrt(mean(x^2) + eps): written."""
+    cdef idx_t M = x.shape[0], Dm = x.shape[1]
+    _same("out", _shape(out, 2), (M, Dm))
     _same("rstd", _shape(rstd, 1), (M,))
-    _same("weight", _shape(weight, 1), (C,))
+    _same("weight", _shape(weight, 1), (Dm,))
     if not eps >= 0:
         raise ValueError(f"eps: expected >= 0, got {eps!r}")
     if M == 0:
         return
     with nogil:
-        k_rmsnorm_forward(&out[0, 0], &rstd[0], &x[0, 0], &weight[0] if C > 0 else NULL,
-                          M, C, eps)
+        k_rmsnorm_forward(&out[0, 0], &rstd[0], &x[0, 0], &weight[0] if Dm > 0 else NULL,
+                          M, Dm, eps)
 
 
 def rmsnorm_backward(floating[:, ::1] dx not None, floating[::1] dweight not None,
                      const floating[:, ::1] dout not None, const floating[:, ::1] x not None,
                      const floating[::1] weight not None, const floating[::1] rstd not None):
-    """dx (M, C) +=, dweight (C,) += the VJP of rmsnorm_forward given dout (M, C) and the
+    """dx (M, Dm) +=, dweight (Dm,) += the VJP of rmsnorm_forward given dout (M, Dm) and the
     forward's x, weight and rstd (M,)."""
-    cdef idx_t M = x.shape[0], C = x.shape[1]
-    _same("dx", _shape(dx, 2), (M, C))
-    _same("dout", _shape(dout, 2), (M, C))
-    _same("dweight", _shape(dweight, 1), (C,))
-    _same("weight", _shape(weight, 1), (C,))
+    cdef idx_t M = x.shape[0], Dm = x.shape[1]
+    _same("dx", _shape(dx, 2), (M, Dm))
+    _same("dout", _shape(dout, 2), (M, Dm))
+    _same("dweight", _shape(dweight, 1), (Dm,))
+    _same("weight", _shape(weight, 1), (Dm,))
     _same("rstd", _shape(rstd, 1), (M,))
-    if M == 0 or C == 0:
+    if M == 0 or Dm == 0:
         return
     with nogil:
         k_rmsnorm_backward(&dx[0, 0], &dweight[0], &dout[0, 0], &x[0, 0], &weight[0], &rstd[0],
-                           M, C)
+                           M, Dm)
 
 
 # ------------------------------------------------------------------ linear
 
 def linear_forward(floating[:, ::1] out not None, const floating[:, ::1] x not None,
                    const floating[:, ::1] weight not None, const floating[::1] bias=None):
-    """out (M, OC) = x (M, C) @ weight (OC, C)^T + bias (OC,) (None: no bias): written."""
-    cdef idx_t M = x.shape[0], C = x.shape[1], OC = weight.shape[0]
-    _same("weight", _shape(weight, 2), (OC, C))
+    """out (M, OC) = x (M, IC) @ weight (OC, IC)^T + bias (OC,) (None: no bias): written."""
+    cdef idx_t M = x.shape[0], IC = x.shape[1], OC = weight.shape[0]
+    _same("weight", _shape(weight, 2), (OC, IC))
     _same("out", _shape(out, 2), (M, OC))
     if bias is not None:
         _same("bias", _shape(bias, 1), (OC,))
     if M == 0 or OC == 0:
         return
     cdef const floating* pb = &bias[0] if bias is not None else NULL
-    cdef const floating* pw = &weight[0, 0] if C > 0 else NULL
-    cdef const floating* px = &x[0, 0] if C > 0 else NULL
+    cdef const floating* pw = &weight[0, 0] if IC > 0 else NULL
+    cdef const floating* px = &x[0, 0] if IC > 0 else NULL
     with nogil:
-        k_linear_forward(&out[0, 0], px, pw, pb, M, C, OC)
+        k_linear_forward(&out[0, 0], px, pw, pb, M, IC, OC)
 
 
 cdef int _linear_backward(floating[:, ::1] dx, floating[:, ::1] dweight, floating[::1] dbias,
                           const floating[:, ::1] dout, const floating[:, ::1] x,
                           const floating[:, ::1] weight) except -1:
-    cdef idx_t M = x.shape[0], C = x.shape[1], OC = weight.shape[0]
-    _same("weight", _shape(weight, 2), (OC, C))
+    cdef idx_t M = x.shape[0], IC = x.shape[1], OC = weight.shape[0]
+    _same("weight", _shape(weight, 2), (OC, IC))
     _same("dout", _shape(dout, 2), (M, OC))
     if dx is not None:
-        _same("dx", _shape(dx, 2), (M, C))
+        _same("dx", _shape(dx, 2), (M, IC))
     if dweight is not None:
-        _same("dweight", _shape(dweight, 2), (OC, C))
+        _same("dweight", _shape(dweight, 2), (OC, IC))
     if dbias is not None:
         _same("dbias", _shape(dbias, 1), (OC,))
     if M == 0 or OC == 0:
         return 0
-    cdef floating* pdx = &dx[0, 0] if dx is not None and C > 0 else NULL
-    cdef floating* pdw = &dweight[0, 0] if dweight is not None and C > 0 else NULL
+    cdef floating* pdx = &dx[0, 0] if dx is not None and IC > 0 else NULL
+    cdef floating* pdw = &dweight[0, 0] if dweight is not None and IC > 0 else NULL
     cdef floating* pdb = &dbias[0] if dbias is not None else NULL
-    cdef const floating* px = &x[0, 0] if C > 0 else NULL
-    cdef const floating* pw = &weight[0, 0] if C > 0 else NULL
+    cdef const floating* px = &x[0, 0] if IC > 0 else NULL
+    cdef const floating* pw = &weight[0, 0] if IC > 0 else NULL
     with nogil:
-        k_linear_backward(pdx, pdw, pdb, &dout[0, 0], px, pw, M, C, OC)
+        k_linear_backward(pdx, pdw, pdb, &dout[0, 0], px, pw, M, IC, OC)
     return 0
 
 
 def linear_backward(dx, dweight, dbias, dout, x, weight):
-    """dx (M, C) += dout (M, OC) @ weight (OC, C); dweight (OC, C) += dout^T @ x (M, C);
+    """dx (M, IC) += dout (M, OC) @ weight (OC, IC); dweight (OC, IC) += dout^T @ x (M, IC);
     dbias (OC,) += column sums of dout. Any of dx, dweight, dbias may be None (skipped)."""
     # the precision is dout's (a fused `def` would pick it from the first, maybe None, one)
     if getattr(dout, "dtype", None) == np.float32:

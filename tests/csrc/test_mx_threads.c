@@ -1,5 +1,6 @@
 /* test_mx_threads.c - mx_threads.h, mx_adamw.h and mx_constants.h.
  *   mx_threads(n > 0) = n, mx_threads(0) >= 1 with OpenMP; always 1 without it.
+ *   mx_aligned_alloc: 64-byte aligned, size rounded up to 64.
  *   mx_workspace: same buffer while big enough, grown on demand, writable, per thread.
  *   mx_select_f/d: bitwise select, NaN and -0 kept.
  *   constants: the values documented in docs/semantics.md.
@@ -29,6 +30,10 @@ int main(void) {
     memset(q, 2, 1 << 20);
     MX_CHECK(mx_workspace(1 << 19) == q, "the grown buffer must be reused");
 
+    p = (char*)mx_aligned_alloc(100);
+    MX_CHECK(p != NULL && ((uintptr_t)p % 64) == 0, "mx_aligned_alloc(100) not 64-byte aligned");
+    memset(p, 3, 128);                              /* rounded up to 64-byte multiples */
+    mx_aligned_free(p);
     MX_CHECK(mx_select_f(1, 2.0f, 3.0f) == 2.0f && mx_select_f(0, 2.0f, 3.0f) == 3.0f, "select_f");
     MX_CHECK(mx_select_d(7, -0.0, 1.0) == 0.0 && signbit(mx_select_d(7, -0.0, 1.0)), "select_d -0");
     MX_CHECK(isnan(mx_select_f(1, NAN, 1.0f)) && mx_select_d(0, NAN, 1.0) == 1.0, "select NaN");

@@ -1,6 +1,8 @@
-/* mx_threads.h - OpenMP thread count and the per-thread workspace of the block.
+/* mx_threads.h - OpenMP thread count, aligned scratch, and the per-thread workspace.
  *
  *   mx_threads(n): n if n > 0, else OpenMP's default team size; 1 without OpenMP.
+ *   mx_aligned_alloc(nbytes) / mx_aligned_free(p): 64-byte aligned scratch (one AVX-512
+ *     vector per lane group), size rounded up to 64; NULL when out of memory.
  *   mx_workspace(nbytes): this thread's scratch of at least nbytes (contents undefined),
  *     kept and grown across calls and freed when the thread exits; NULL when out of memory.
  *     A fresh 10-50 MB malloc per call is a fresh mmap, and faulting its pages in cost
@@ -10,7 +12,9 @@
 #ifndef MX_THREADS_H
 #define MX_THREADS_H
 
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include "mx_compat.h"
 #ifdef _OPENMP
 #include <omp.h>
@@ -23,6 +27,26 @@ static MX_UNUSED int mx_threads(int n) {
     (void)n;
     return 1;
 #endif
+}
+
+/* One code path for every C runtime (C11 aligned_alloc is missing from MSVC's and from
+   C99): malloc 64 bytes more, round the address up, keep malloc's pointer just before. */
+static MX_UNUSED void* mx_aligned_alloc(size_t nbytes) {
+    size_t n = ((nbytes + 63) / 64) * 64;
+    char* raw = (char*)malloc((n > 0 ? n : 64) + 64 + sizeof(void*));
+    char* p;
+    if (raw == NULL) return NULL;
+    p = raw + sizeof(void*);
+    p += (64 - (size_t)((uintptr_t)p % 64)) % 64;
+    memcpy(p - sizeof(void*), &raw, sizeof raw);
+    return p;
+}
+
+static MX_UNUSED void mx_aligned_free(void* p) {
+    void* raw;
+    if (p == NULL) return;
+    memcpy(&raw, (char*)p - sizeof(void*), sizeof raw);
+    free(raw);
 }
 
 typedef struct { void* p; size_t n; } mx_ws_t;
