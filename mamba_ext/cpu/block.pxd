@@ -32,7 +32,7 @@ ctypedef struct mamba_dims:
     idx_t N     # dState
     idx_t K     # dConv
     idx_t R     # dtRank
-    double eps          # RMSNorm epsilon (1e-6 in the golden semantics)
+    double eps          # RMSNorm epsilon (DEFAULT_EPS = 1e-6 in the golden semantics)
     int discretization  # 0: exact ZOH (default); 1: Euler, b_bar = delta*Bs
 
 # Number of `floating` elements of the forward cache for these sizes.

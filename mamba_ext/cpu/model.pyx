@@ -32,6 +32,7 @@ cimport numpy as cnp
 import numpy as np
 
 from mamba_ext.cpu.types cimport floating, idx_t
+from mamba_ext.cpu.constants cimport DEFAULT_EPS
 from mamba_ext.cpu.block cimport (mamba_dims, MAMBA_NPARAMS, block_cache_len,
                                block_forward, block_backward)
 from mamba_ext.cpu.linear cimport linear_forward, linear_backward
@@ -138,7 +139,7 @@ cdef void cross_entropy_forward_backward(double* row_loss, floating* logits,
     cdef idx_t r, v
     cdef floating* row
     cdef floating mx, e, picked
-    cdef double s, inv
+    cdef double s, scale
     for r in prange(M, schedule='static', num_threads=n_threads, nogil=True):
         row = logits + r * V
         picked = row[targets[r]]
@@ -155,9 +156,9 @@ cdef void cross_entropy_forward_backward(double* row_loss, floating* logits,
             row[v] = e
             s = s + e
         row_loss[r] = mx + log(s) - picked
-        inv = seed_scale / s
+        scale = seed_scale / s
         for v in range(V):          # (softmax - onehot) * loss_scale / M
-            row[v] = <floating>(row[v] * inv)
+            row[v] = <floating>(row[v] * scale)
         row[targets[r]] -= <floating>seed_scale
 
 
@@ -289,7 +290,7 @@ def _raise_status(int status):
 
 def workspace_bytes(sizes, bint checkpointing, size_t itemsize):
     """Bytes of the loss-and-grads workspace for sizes (V, n_layers, B, L, Dm, D, N, K, R)."""
-    cdef model_dims d = _dims(sizes, 1e-6)
+    cdef model_dims d = _dims(sizes, DEFAULT_EPS)
     return model_workspace_bytes(&d, checkpointing, itemsize)
 
 
