@@ -70,16 +70,16 @@ class BlockCache:
     """What :func:`mamba1_forward` saves for :func:`mamba1_backward`.
 
     ``buffer`` is one 1-D array of the forward's dtype holding, in order
-    (M = B*L, P = R + 2N, nC = ceil(L / 64)):
+    (M = B*L, P = R + 2N, C = ceil(L / SCAN_CHUNK), SCAN_CHUNK = 64):
 
     ======== ================ ============================================
     x        (M, Dm)          block input
     rstd     (M,)             RMSNorm 1/sqrt(mean(x^2) + eps)
-    Y        (M, 2D)          in_proj output [xc | z]
-    Q        (M, P)           x_proj output [dt | Bs | Cs]
-    Delta    (M, D)           softplus(dt_proj output)
+    xz       (M, 2D)          in_proj output [xc | z]
+    xproj    (M, P)           x_proj output [dt_low | Bs | Cs]
+    delta    (M, D)           softplus(delta_pre), delta_pre = dt_proj output
     y        (M, D)           scan output incl. D_vec skip, before the gate
-    hstate   (B, nC, D, N)    scan state entering each chunk of 64 steps
+    hstate   (B, C, D, N)     scan state entering each chunk of SCAN_CHUNK steps
     ======== ================ ============================================
 
     ``nbytes = itemsize * (M * (Dm + 1 + 4*D + P) + B * ceil(L/64) * D * N)``,
@@ -133,7 +133,7 @@ def _check_work_size(sizes) -> None:
     """Refuse sizes whose cache or backward scratch element counts overflow."""
     B, L, Dm, D, N, K, R = sizes
     M, P = B * L, R + 2 * N
-    nC = -(-L // _block.SCAN_CHUNK_LEN)
+    nC = -(-L // _block.SCAN_CHUNK)
     check_count("cache", (M * (Dm + 1 + 4 * D + P) + B * nC * D * N,))
     check_count("backward scratch", (M * (7 * D + P + 2 * R + 2 * Dm),))
 

@@ -317,7 +317,7 @@ def test_cache_nbytes_scales_linearly_and_with_itemsize():
 def test_cache_nbytes_matches_documented_formula(B, L):
     """BlockCache docstring / README: itemsize * (M*(Dm + 1 + 4D + P) + B*ceil(L/T)*D*N)."""
     from mamba_ext.cpu import block as _block
-    T = _block.SCAN_CHUNK_LEN
+    T = _block.SCAN_CHUNK
     Dm, D, N, K, R = 5, 12, 3, 4, 2
     for dtype in (np.float32, np.float64):
         x, params, _ = make(Dm=Dm, D=D, N=N, K=K, R=R, B=B, L=L, dtype=dtype)

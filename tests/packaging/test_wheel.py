@@ -41,6 +41,7 @@ def expected_wheel_files():
     assert kernels, "no WGSL kernels in kernels/"
     files = {f"mamba_ext/kernels/{p.name}" for p in kernels}
     files |= {f"mamba_ext/cpu/{p.name}" for p in CPU_PKG.glob("*.pxd")}
+    files |= {f"mamba_ext/cpu/csrc/{p.name}" for p in CPU_PKG.glob("csrc/*.h")}
     files |= {"mamba_ext/include/mamba_ext/mamba_ext.h", "mamba_ext/py.typed",
               "mamba_ext/__init__.py"}
     for mod in compiled_module_names():
