@@ -1,26 +1,34 @@
-// linear.wgsl — tiled matrix product for every linear layer, forward and backward.
-// Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank,
-// P = R + 2N, M = B*L rows, V vocab, T scan chunk. common.wgsl is prepended by the loader.
+// linear.wgsl — tiled matrix product of every linear layer (in_proj, x_proj,
+// dt_proj, out_proj, the tied LM head), forward and backward. The GPU side of
+// mamba_ext/cpu/linear.pyx. common.wgsl is prepended by the loader.
 //
-//   C[i, j] = beta * C[i, j] + sum_k A(i, k) * B(k, j) (+ bias[j])
+// Size letters: B batch, L seqLen, Dm dModel, D dInner, R dtRank, P = R + 2N,
+// M = B*L rows, V vocab. In this file the product itself is (rows x cols) with
+// contraction length K_c: Params.M rows, Params.N columns, Params.K (not dConv).
+//
+//   C[i, j] = beta * C[i, j] + sum_k A(i, k) * B(k, j) (+ bias[j]) (+ res[i, j])
 //   A(i, k) = a[a_off + i*a_rs + k*a_cs], B(k, j) = b[b_off + k*b_rs + j*b_cs],
-//   C[i, j] = c[c_off + i*c_rs + j]
+//   C[i, j] = c[c_off + i*c_rs + j],  res[i, j] = res[i*c_rs + j]
 //
 // Strides let one kernel serve the three products of a linear layer
 // Y = X W^T + b with X (M, I), W (O, I), Y (M, O):
-//   forward   Y  = X  @ W^T : A = X (rs I, cs 1),  B = W^T (rs 1, cs I)
-//   backward  dX += dY @ W  : A = dY (rs O, cs 1), B = W (rs I, cs 1)
-//   backward  dW += dY^T @ X: A = dY^T (rs 1, cs O), B = X (rs I, cs 1)
-// and column slices (x_proj's dt | B | C columns, in_proj's x | z halves) by
-// offsets and row strides. dW is a product, not a scatter: no float atomics,
-// every output element is summed by one invocation in a fixed k order.
+//   linear_forward   Y  = X  @ W^T (+ b) (+ residual): A = X (rs I, cs 1), B = W^T (rs 1, cs I)
+//   linear_backward  dX += dY @ W   : A = dY (rs O, cs 1), B = W (rs I, cs 1)
+//   linear_backward  dW += dY^T @ X : A = dY^T (rs 1, cs O), B = X (rs I, cs 1)
+// (the bias gradient is a column sum: reduce.wgsl's column_sum), and column
+// slices (x_proj's dt_low | Bs | Cs columns, in_proj's xc | z halves) by offsets
+// and row strides. dW is a product, not a scatter: no float atomics, every
+// output element is summed by one invocation in a fixed k order.
 //
-// Binding table (sizes as elements; M rows, N columns, K contraction here):
-//   0 p     uniform  Params
-//   1 a     (..)     read        A operand (any strides)
-//   2 b     (..)     read        B operand (any strides)
-//   3 bias  (..)     read        bias at bias_off (N) when has_bias = 1
-//   4 c     (..)     read_write  C output, row stride c_rs, column stride 1
+// Bindings (both entry points; shapes in elements, strides as above):
+// | binding | name | shape             | access     |
+// |---------|------|-------------------|------------|
+// | 0       | p    | Params            | uniform    |
+// | 1       | a    | A operand (M, K)  | read       |
+// | 2       | b    | B operand (K, N)  | read       |
+// | 3       | bias | (N) at bias_off   | read       | (used when has_bias = 1)
+// | 4       | res  | (M, N), stride c_rs | read     | (used when has_res = 1: out_proj's residual x)
+// | 5       | c    | C output (M, N)   | read_write |
 // Tile: 64 x 64 outputs per workgroup of 16x16 invocations, each invocation a
 // 4 x 4 block (rows 4*ty.., columns 4*tx..) held in four vec4 registers; k in
 // steps of BK = 16 through workgroup memory. The inner loop is written out by
@@ -34,14 +42,15 @@ struct Params {
     a_off: u32, a_rs: u32, a_cs: u32,
     b_off: u32, b_rs: u32, b_cs: u32,
     c_off: u32, c_rs: u32,
-    bias_off: u32, has_bias: u32, beta: u32,
+    bias_off: u32, has_bias: u32, beta: u32, has_res: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
 @group(0) @binding(2) var<storage, read> b: array<f32>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
-@group(0) @binding(4) var<storage, read_write> c: array<f32>;
+@group(0) @binding(4) var<storage, read> res: array<f32>;
+@group(0) @binding(5) var<storage, read_write> c: array<f32>;
 
 const BM: u32 = 64u;
 const BN: u32 = 64u;
@@ -68,15 +77,14 @@ fn store(i: u32, j0: u32, v: vec4<f32>) {
         if (j < p.N) {
             var r = v[q];
             if (p.has_bias == 1u) { r += bias[p.bias_off + j]; }
+            if (p.has_res == 1u) { r += res[i * p.c_rs + j]; }
             if (p.beta == 1u) { r += c[base + j]; }
             c[base + j] = r;
         }
     }
 }
 
-@compute @workgroup_size(16, 16)
-fn linear_gemm(@builtin(local_invocation_id) lid: vec3<u32>,
-               @builtin(workgroup_id) wid: vec3<u32>) {
+fn gemm_tile(lid: vec3<u32>, wid: vec3<u32>) {
     let row0 = wid.y * BM;
     let col0 = wid.x * BN;
     let tid = lid.y * 16u + lid.x;
@@ -125,4 +133,18 @@ fn linear_gemm(@builtin(local_invocation_id) lid: vec3<u32>,
     store(i + 1u, j, acc1);
     store(i + 2u, j, acc2);
     store(i + 3u, j, acc3);
+}
+
+// The forward and backward products are the same tile code; two entry points
+// so that each dispatch is named after its step.
+@compute @workgroup_size(16, 16)
+fn linear_forward(@builtin(local_invocation_id) lid: vec3<u32>,
+                  @builtin(workgroup_id) wid: vec3<u32>) {
+    gemm_tile(lid, wid);
+}
+
+@compute @workgroup_size(16, 16)
+fn linear_backward(@builtin(local_invocation_id) lid: vec3<u32>,
+                   @builtin(workgroup_id) wid: vec3<u32>) {
+    gemm_tile(lid, wid);
 }

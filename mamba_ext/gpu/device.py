@@ -1,14 +1,22 @@
 """The one wgpu device of mamba_ext.gpu: adapter limits, kernel loading, the
-pipeline cache, buffers and dispatch recording.
+pipeline cache, buffers and dispatch recording, and the dispatch helpers every
+step module uses (:func:`elementwise`, :func:`column_sum`, :func:`arena_layout`).
 
 Everything that touches wgpu goes through :func:`gpu` (created lazily, once per
 process). Kernels are WGSL files of the package ``mamba_ext.kernels`` (the
-repository's ``kernels/`` folder, mapped by ``package_dir`` in setup.py).
+repository's ``kernels/`` folder, mapped by ``package_dir`` in setup.py), read
+with importlib.resources; each pipeline is compiled once per (file, entry point,
+override constants) and cached.
+
+The step modules mirror ``mamba_ext/cpu/``: ``rmsnorm``, ``linear``, ``conv1d``,
+``scan``, ``activations``, ``block``, ``model``, ``adamw`` (+ ``trainer``), each
+dispatching the kernels of ``kernels/<same name>.wgsl``.
+
+Size letters: M = B*L rows.
 """
 from __future__ import annotations
 
 import math
-import os
 import re
 import struct
 import threading
@@ -244,6 +252,32 @@ class Gpu:
         if getattr(self, "_sync_buf", None) is None:
             self._sync_buf = self.buffer(4, "sync")
         self.read(self._sync_buf, 1)
+
+
+EW_WG = 256        # elementwise kernels' workgroup size (override constant WG)
+
+
+def elementwise(g, file, entry, n, params, buffers, wg=EW_WG, constants=None):
+    """Op with one invocation per element of an ``n``-element problem."""
+    return g.op(file, entry, g.grid1d(math.ceil(n / wg), f"{file}.{entry}"), params, buffers,
+                {"WG": wg, **(constants or {})})
+
+
+def column_sum(g, M, C, a, a_off, a_rs, out, o_off, b=None, b_off=0, b_rs=0):
+    """Op for out[o_off + j] += sum_r a[a_off + r*a_rs + j] (* b[b_off + r*b_rs + j]),
+    r < M, j < C (kernels/reduce.wgsl): bias, gain and D_vec gradients."""
+    return g.op("reduce", "column_sum", g.grid1d(math.ceil(C / 32), "column_sum"),
+                [M, C, a_off, a_rs, b_off, b_rs, o_off, 0 if b is None else 1],
+                [a, a if b is None else b, out])
+
+
+def arena_layout(names_shapes):
+    """Offsets of tensors packed one after the other: ({name: offset}, total)."""
+    offs, total = {}, 0
+    for name, shape in names_shapes:
+        offs[name] = total
+        total += math.prod(shape)
+    return offs, total
 
 
 _GPU = None

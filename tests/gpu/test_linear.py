@@ -1,0 +1,93 @@
+"""kernels/linear.wgsl (mamba_ext.gpu.linear) against the float64 reference step
+reference.linear_forward and the float64 products of the backward."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np
+import pytest
+
+from gpu_support import f32, nerr, read, require_gpu, run, upload
+from mamba_ext.testing import reference
+
+g = require_gpu()
+from mamba_ext.gpu.linear import linear_backward, linear_forward  # noqa: E402
+
+# (M, I, O): sizes that are multiples of no tile (64), of BK (16) or of 4
+SHAPES = [(1, 1, 1), (3, 5, 7), (65, 17, 129), (130, 48, 70), (37, 200, 3)]
+
+
+@pytest.mark.parametrize("M,I,O", SHAPES)
+@pytest.mark.parametrize("residual", [False, True])
+def test_linear_forward(M, I, O, residual):
+    rng = np.random.default_rng(M + 7 * I + 13 * O)
+    x, W, b = f32(rng, M, I), f32(rng, O, I, sd=I ** -0.5), f32(rng, O)
+    res = f32(rng, M, O)
+    arena = np.concatenate([f32(rng, 5), W.ravel(), b])         # W at 5, b after it
+    w_off, b_off = 5, 5 + W.size
+    bx, bw, bres = upload(g, "x", x), upload(g, "w", arena), upload(g, "res", res)
+    y = g.buffer(M * O, "y")
+    run(g, linear_forward(g, M, I, O, bx, 0, I, bw, w_off, b_off, y, 0, O,
+                          res=bres if residual else None))
+    ref = reference.linear_forward(x.astype(np.float64), W.astype(np.float64), b.astype(np.float64))
+    if residual:
+        ref = ref + res
+    assert nerr(read(g, y, (M, O)), ref) <= 1e-5
+
+
+@pytest.mark.parametrize("M,I,O", SHAPES)
+def test_linear_backward(M, I, O):
+    rng = np.random.default_rng(3 * M + I + O)
+    x, W, dy = f32(rng, M, I), f32(rng, O, I, sd=I ** -0.5), f32(rng, M, O)
+    dx0 = f32(rng, M, I)
+    arena = np.concatenate([W.ravel(), f32(rng, O)])
+    bx, bw, bdy = upload(g, "x", x), upload(g, "w", arena), upload(g, "dy", dy)
+    gr0 = f32(rng, arena.size)
+    gr = upload(g, "gr", gr0)
+    for beta in (0, 1):
+        dx = upload(g, "dx", dx0)
+        gr = upload(g, "gr", gr0)
+        run(g, linear_backward(g, M, I, O, bdy, 0, O, bx, 0, I, bw, 0, W.size, gr,
+                               dx=dx, dx_rs=I, dx_beta=beta))
+        x64, W64, dy64 = (a.astype(np.float64) for a in (x, W, dy))
+        assert nerr(read(g, dx, (M, I)), dy64 @ W64 + (dx0 if beta else 0)) <= 1e-5
+        got = read(g, gr, (arena.size,)) - gr0.astype(np.float64)
+        assert nerr(got[:W.size].reshape(O, I), dy64.T @ x64) <= 1e-4
+        assert nerr(got[W.size:], dy64.sum(0)) <= 1e-4
+
+
+def test_linear_column_slices():
+    """Operands addressed by offset and row stride (x_proj's dt_low columns feeding
+    dt_proj; the z half of in_proj's output): no copies, other columns untouched."""
+    rng = np.random.default_rng(11)
+    M, P, R, D = 29, 11, 3, 21
+    xproj = f32(rng, M, P)
+    W, b = f32(rng, D, R), f32(rng, D)
+    arena = np.concatenate([W.ravel(), b])
+    Y0 = f32(rng, M, 2 * D)
+    bq, bw, bY = upload(g, "xproj", xproj), upload(g, "w", arena), upload(g, "Y", Y0)
+    # dt_low = xproj[:, 0:R] (row stride P) -> Y[:, D:2D] (offset D, row stride 2D)
+    run(g, linear_forward(g, M, R, D, bq, 0, P, bw, 0, W.size, bY, D, 2 * D))
+    got = read(g, bY, (M, 2 * D))
+    ref = reference.linear_forward(xproj[:, :R].astype(np.float64), W.astype(np.float64),
+                                   b.astype(np.float64))
+    assert nerr(got[:, D:], ref) <= 1e-5
+    assert np.array_equal(got[:, :D], Y0[:, :D])
+
+
+def test_linear_deterministic():
+    rng = np.random.default_rng(2)
+    M, I, O = 300, 70, 90
+    x, dy = f32(rng, M, I), f32(rng, M, O)
+    arena = np.concatenate([f32(rng, O * I), f32(rng, O)])
+    bx, bw, bdy = upload(g, "x", x), upload(g, "w", arena), upload(g, "dy", dy)
+    outs = []
+    for _ in range(2):
+        gr, dx = g.buffer(arena.size, "gr"), g.buffer(M * I, "dx")
+        run(g, linear_backward(g, M, I, O, bdy, 0, O, bx, 0, I, bw, 0, O * I, gr, dx=dx, dx_rs=I))
+        outs.append((read(g, gr, (arena.size,)), read(g, dx, (M, I))))
+    assert all(np.array_equal(a, b) for a, b in zip(*outs))
