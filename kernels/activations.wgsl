@@ -1,18 +1,15 @@
-// activations.wgsl — elementwise kernels: softplus of dt_proj's output, the
-// SiLU gate. The GPU side of mamba_ext/cpu/activations.pxd (whose scalar
-// helpers are common.wgsl). common.wgsl is prepended by the loader.
+// activations.wgsl — elementwise kernels: the SiLU gate. The GPU side of
+// mamba_ext/cpu/activations.pxd (whose scalar helpers are common.wgsl; softplus
+// of dt_proj's output is fused into linear.wgsl's store, its backward into
+// scan_backward_grads). common.wgsl is prepended by the loader.
 // One invocation per element, over a 2-D grid (flat_index).
 //
 // Size letters: M = B*L rows, D dInner.
 //
-// softplus_forward bindings (n = M*D):
+// gate_forward bindings: gated = y * SiLU(z), z = Y[:, D:2D]
 // | binding | name      | shape   | access                               |
 // |---------|-----------|---------|--------------------------------------|
-// | 0       | p         | Params  | uniform                              |
-// | 1       | delta_pre | (M, D)  | read (dt_proj output + bias)         |
-// | 2       | delta     | (M, D)  | read_write: softplus(delta_pre)      |
-// (its backward is fused into scan_backward_grads: ddelta_pre = ddelta * sigmoid(delta_pre))
-// gate_forward bindings: gated = y * SiLU(z), z = Y[:, D:2D]
+// | 0       | p         | Params  | uniform (n = M*D)                    |
 // | 1       | y         | (M, D)  | read (scan output incl. the D_vec skip) |
 // | 2       | Y         | (M, 2D) | read (in_proj output [xc | z]; row stride y_rs) |
 // | 3       | gated     | (M, D)  | read_write                           |
@@ -27,18 +24,6 @@ struct Params { n: u32, D: u32, y_rs: u32 }
 
 override WG: u32 = 256u;
 @group(0) @binding(0) var<uniform> p: Params;
-
-@group(0) @binding(1) var<storage, read> s_in: array<f32>;
-@group(0) @binding(2) var<storage, read_write> s_out: array<f32>;
-
-@compute @workgroup_size(WG)
-fn softplus_forward(@builtin(local_invocation_index) li: u32,
-                    @builtin(workgroup_id) wid: vec3<u32>,
-                    @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(wid, nwg, li, WG);
-    if (i >= p.n) { return; }
-    s_out[i] = softplus(s_in[i]);
-}
 
 @group(0) @binding(1) var<storage, read> gf_y: array<f32>;
 @group(0) @binding(2) var<storage, read> gf_Y: array<f32>;

@@ -1,17 +1,12 @@
 """Elementwise steps on the GPU (kernels/activations.wgsl), the mirror of
-mamba_ext/cpu/activations.pxd: softplus of dt_proj's output and the SiLU gate.
+mamba_ext/cpu/activations.pxd: the SiLU gate (softplus of dt_proj's output is
+fused into the GEMM's store: linear.linear_forward(softplus_out=...)).
 
 Size letters: M = B*L rows, D dInner.
 """
 from __future__ import annotations
 
 from .device import elementwise
-
-
-def softplus_forward(g, M, D, delta_pre, delta):
-    """Op: delta (M, D) = softplus(delta_pre) (its backward is fused into the scan's)."""
-    return elementwise(g, "activations", "softplus_forward", M * D, [M * D, D, 0],
-                       [delta_pre, delta])
 
 
 def gate_forward(g, M, D, y, Y, gated):

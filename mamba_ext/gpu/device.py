@@ -131,7 +131,8 @@ class Gpu:
                 self._modules[file] = mod
             compute = {"module": mod, "entry_point": entry}
             if constants:
-                compute["constants"] = {k: v for k, v in constants.items()}
+                # override constants travel as numbers (bool -> 1.0 / 0.0)
+                compute["constants"] = {k: float(v) for k, v in constants.items()}
             pl = self.device.create_compute_pipeline(label=f"{file}.{entry}", layout="auto",
                                                      compute=compute)
             self._pipelines[key] = pl
@@ -244,6 +245,13 @@ class Gpu:
         buf = self.device.create_buffer(size=16, usage=w.BufferUsage.QUERY_RESOLVE
                                         | w.BufferUsage.COPY_SRC)
         return qs, buf
+
+    def dummy(self):
+        """A tiny buffer for read_write bindings that an entry point does not use
+        (bound so that every binding of the "auto" layout has a buffer)."""
+        if getattr(self, "_dummy", None) is None:
+            self._dummy = self.buffer(4, "unused")
+        return self._dummy
 
     def sync(self):
         """Wait until all submitted work is done: read back a tiny buffer (the

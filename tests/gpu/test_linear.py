@@ -15,15 +15,24 @@ from gpu_support import f32, nerr, read, require_gpu, run, upload
 from mamba_ext.testing import reference
 
 g = require_gpu()
+from mamba_ext.gpu import linear as lin  # noqa: E402
 from mamba_ext.gpu.linear import linear_backward, linear_forward  # noqa: E402
 
 # (M, I, O): sizes that are multiples of no tile (64), of BK (16) or of 4
 SHAPES = [(1, 1, 1), (3, 5, 7), (65, 17, 129), (130, 48, 70), (37, 200, 3)]
 
 
+@pytest.fixture(params=[2, 1], ids=["2stages", "1stage"])
+def stages(request, monkeypatch):
+    """Both tile loops: double-buffered (32 KiB of workgroup memory) and the
+    single-buffer fallback for adapters with WebGPU's default 16 KiB."""
+    monkeypatch.setattr(lin, "_stages", lambda g: request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("M,I,O", SHAPES)
 @pytest.mark.parametrize("residual", [False, True])
-def test_linear_forward(M, I, O, residual):
+def test_linear_forward(M, I, O, residual, stages):
     rng = np.random.default_rng(M + 7 * I + 13 * O)
     x, W, b = f32(rng, M, I), f32(rng, O, I, sd=I ** -0.5), f32(rng, O)
     res = f32(rng, M, O)
@@ -40,7 +49,7 @@ def test_linear_forward(M, I, O, residual):
 
 
 @pytest.mark.parametrize("M,I,O", SHAPES)
-def test_linear_backward(M, I, O):
+def test_linear_backward(M, I, O, stages):
     rng = np.random.default_rng(3 * M + I + O)
     x, W, dy = f32(rng, M, I), f32(rng, O, I, sd=I ** -0.5), f32(rng, M, O)
     dx0 = f32(rng, M, I)
@@ -58,6 +67,49 @@ def test_linear_backward(M, I, O):
         got = read(g, gr, (arena.size,)) - gr0.astype(np.float64)
         assert nerr(got[:W.size].reshape(O, I), dy64.T @ x64) <= 1e-4
         assert nerr(got[W.size:], dy64.sum(0)) <= 1e-4
+
+
+@pytest.mark.parametrize("M,I,O", [(130, 48, 70), (37, 200, 3), (600, 9, 130)])
+def test_linear_backward_split_k(M, I, O, monkeypatch):
+    """dW and db through split-K slices (forced small here) and their fixed-order sum."""
+    monkeypatch.setattr(lin, "MIN_SPLIT_K", 16)
+    S = lin.split_count(g, O, I, M)
+    assert S > 1
+    rng = np.random.default_rng(M + I + O)
+    x, W, dy = f32(rng, M, I), f32(rng, O, I, sd=I ** -0.5), f32(rng, M, O)
+    arena = np.concatenate([W.ravel(), f32(rng, O)])
+    gr0 = f32(rng, arena.size)
+    gr = upload(g, "gr", gr0)
+    scratch = g.buffer(lin.split_scratch_len(O, I, S), "split")
+    ops = linear_backward(g, M, I, O, upload(g, "dy", dy), 0, O, upload(g, "x", x), 0, I,
+                          upload(g, "w", arena), 0, W.size, gr, scratch=scratch)
+    assert [op.name for op in ops] == ["linear_backward", "linear_backward_sum"]
+    assert 1 < ops[0].grid[2] <= S          # slices of whole BK steps
+    run(g, ops)
+    got = read(g, gr, (arena.size,)) - gr0.astype(np.float64)
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    assert nerr(got[:W.size].reshape(O, I), dy64.T @ x64) <= 1e-4
+    assert nerr(got[W.size:], dy64.sum(0)) <= 1e-4
+
+
+def test_linear_forward_softplus_store():
+    """dt_proj's store writes delta_pre and delta = softplus(delta_pre) together."""
+    rng = np.random.default_rng(6)
+    M, R, D = 45, 5, 67
+    x, W = f32(rng, M, R, sd=2.0), f32(rng, D, R, sd=2.0)
+    b = np.concatenate([f32(rng, D - 2, sd=4.0), [-100.0, 100.0]]).astype(np.float32)
+    arena = np.concatenate([W.ravel(), b])
+    pre, delta = g.buffer(M * D, "delta_pre"), g.buffer(M * D, "delta")
+    run(g, linear_forward(g, M, R, D, upload(g, "x", x), 0, R, upload(g, "w", arena), 0, W.size,
+                          pre, 0, D, softplus_out=delta))
+    got_pre = read(g, pre, (M, D))
+    ref_pre = reference.linear_forward(x.astype(np.float64), W.astype(np.float64),
+                                       b.astype(np.float64))
+    assert nerr(got_pre, ref_pre) <= 1e-5
+    ref = reference.softplus(got_pre.astype(np.float64))     # of the stored pre-activation
+    got = read(g, delta, (M, D))
+    # relative 1e-5; results below float32's normal range may be flushed to zero
+    assert np.all(np.abs(got - ref) <= 1e-5 * ref + 1.2e-38)
 
 
 def test_linear_column_slices():
