@@ -73,6 +73,12 @@ override TB: u32 = 16u;
 // Longest chunk scan_backward_grads can hold in its private history array
 // (the Python side keeps SCAN_CHUNK <= TMAX).
 const TMAX: u32 = 64u;
+// HIST > 0: scan_backward_grads keeps the chunk's states in workgroup memory
+// (HIST = SCAN_CHUNK steps x WG invocations, consecutive invocations at
+// consecutive addresses) instead of the private array, which a GPU places in
+// local (off-chip, cached) memory because it is indexed dynamically.
+override HIST: u32 = 0u;
+var<workgroup> hist_w: array<f32, max(HIST, 1u) * WG>;   // (HIST, WG) chunk states
 
 @group(0) @binding(0) var<uniform> p: Params;
 
@@ -275,7 +281,7 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
         var h = bg_hstate[cidx(l.b, l.c, l.d, l.n)];
         for (var t = l.t0; t < l.t1; t++) {
             let r = l.b * p.L + t;
-            hist[t - l.t0] = h;
+            if (HIST > 0u) { hist_w[(t - l.t0) * WG + li] = h; } else { hist[t - l.t0] = h; }
             let dl = bg_delta[r * p.D + l.d];
             h = exp(dl * A) * h + coef_of(dl, A) * bg_xproj[r * p.P + p.R + l.n] * bg_u[r * p.D + l.d];
         }
@@ -299,7 +305,8 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
                 let x = dl * A;
                 let ab = exp(x);
                 let coef = coef_of(dl, A);
-                let hp = hist[t - 1u - l.t0];
+                var hp: f32;
+                if (HIST > 0u) { hp = hist_w[(t - 1u - l.t0) * WG + li]; } else { hp = hist[t - 1u - l.t0]; }
                 let ht = ab * hp + coef * Bn * uu;
                 let g = Cn * dyv + carry;
                 carry = ab * g;

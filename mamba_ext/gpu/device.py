@@ -246,6 +246,17 @@ class Gpu:
                                         | w.BufferUsage.COPY_SRC)
         return qs, buf
 
+    def scratch(self, name, n_floats):
+        """A device-wide scratch buffer ``name`` of at least ``n_floats`` (reused by
+        every op recorded later; dispatches of one pass run in order, so ops that
+        use it one after the other never overlap). Grows by replacement: ops
+        recorded earlier keep the smaller buffer they were bound to."""
+        cache = self.__dict__.setdefault("_scratch", {})
+        buf = cache.get(name)
+        if buf is None or buf.size < 4 * n_floats:
+            buf = cache[name] = self.buffer(max(n_floats, 4), name)
+        return buf
+
     def dummy(self):
         """A tiny buffer for read_write bindings that an entry point does not use
         (bound so that every binding of the "auto" layout has a buffer)."""
@@ -271,12 +282,22 @@ def elementwise(g, file, entry, n, params, buffers, wg=EW_WG, constants=None):
                 {"WG": wg, **(constants or {})})
 
 
+COLUMN_SUM_ROWS = 256      # rows per block of column_sum's first pass (at least)
+COLUMN_SUM_BLOCKS = 64     # row blocks at most
+
+
 def column_sum(g, M, C, a, a_off, a_rs, out, o_off, b=None, b_off=0, b_rs=0):
-    """Op for out[o_off + j] += sum_r a[a_off + r*a_rs + j] (* b[b_off + r*b_rs + j]),
-    r < M, j < C (kernels/reduce.wgsl): bias, gain and D_vec gradients."""
-    return g.op("reduce", "column_sum", g.grid1d(math.ceil(C / 32), "column_sum"),
-                [M, C, a_off, a_rs, b_off, b_rs, o_off, 0 if b is None else 1],
-                [a, a if b is None else b, out])
+    """Ops for out[o_off + j] += sum_r a[a_off + r*a_rs + j] (* b[b_off + r*b_rs + j]),
+    r < M, j < C (kernels/reduce.wgsl): the gain and D_vec gradients. Two passes
+    (row blocks, then their fixed-order sum) through a scratch buffer of the device."""
+    RB = max(1, min(COLUMN_SUM_BLOCKS, math.ceil(M / COLUMN_SUM_ROWS)))
+    rows_per = math.ceil(max(M, 1) / RB)
+    params = [M, C, a_off, a_rs, b_off, b_rs, o_off, 0 if b is None else 1, rows_per, RB]
+    bufs = [a, a if b is None else b, g.scratch("column_sum", RB * C), out]
+    return [g.op("reduce", "column_sum", g.check_grid((math.ceil(C / 32), RB, 1), "column_sum"),
+                 params, bufs),
+            g.op("reduce", "column_sum_final", g.check_grid((math.ceil(C / 256), 1, 1),
+                                                            "column_sum_final"), params, bufs)]
 
 
 def arena_layout(names_shapes):

@@ -20,6 +20,9 @@ GEMM_BK = 16             # contraction step of the tile loop
 SPLIT_TARGET_GROUPS = 264
 MIN_SPLIT_K = 512
 _VEC = 4
+# Register prefetch + double-buffered workgroup memory in the tile loop (override
+# constant PREFETCH of kernels/linear.wgsl); False = the plain loop.
+PREFETCH = True
 
 
 def _stages(g):
@@ -67,7 +70,7 @@ def gemm(g, entry, M, N, K, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, c, c_off
     dummy = g.dummy()
     consts = {"A_KFAST": a_kfast, "B_KFAST": b_kfast, "A_VEC": a_vec, "B_VEC": b_vec,
               "ACT": 0 if act is None else 1, "BIAS_GRAD": dbias is not None,
-              "SPLIT": S > 1, "STAGES": _stages(g)}
+              "SPLIT": S > 1, "STAGES": _stages(g), "PREFETCH": PREFETCH}
     params = [M, N, K, a_off, a_rs, a_cs, b_off, b_rs, b_cs, c_off, c_rs, bias_off,
               0 if bias is None else 1, beta, 0 if res is None else 1, d_off, db_off, kc]
     buffers = [a, a, b, b, a if bias is None else bias, a if res is None else res, c,

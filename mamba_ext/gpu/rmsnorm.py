@@ -20,5 +20,5 @@ def rmsnorm_backward(g, M, Dm, x, w, w_off, dxn, rstd, dx, gw, gr, eps, dres=Non
         g.op("rmsnorm", "rmsnorm_backward", g.grid1d(M, "rmsnorm rows"),
              [M, Dm, w_off, float(eps), 0 if dres is None else 1],
              [x, w, dxn, rstd, dxn if dres is None else dres, dx, gw]),
-        column_sum(g, M, Dm, gw, 0, Dm, gr, w_off),
+        *column_sum(g, M, Dm, gw, 0, Dm, gr, w_off),
     ]

@@ -21,6 +21,9 @@ SCAN_CHUNK_MAX = 64
 # floats in workgroup memory, and a small TB lets an SM hold more workgroups
 # (the scan is latency-bound; measured on an H200).
 SCAN_TB_BACKWARD = 4
+# scan_backward_grads keeps the chunk's recomputed states in workgroup memory
+# (SCAN_CHUNK x WG floats) rather than a private array (override HIST).
+SCAN_HIST_SHARED = True
 
 
 def scan_constants(wg, tb):
@@ -58,7 +61,13 @@ def _chunk_op(g, s, entry, params, buffers):
     # floats); every array of TB*(WG+1) floats must fit.
     tb = SCAN_TB_BACKWARD if entry == "scan_backward_grads" else 2048 // s.wg
     tb = max(1, min(tb, 2048 // (s.wg + 1)))
-    return g.op("scan", entry, (s.G, s.C, s.B), params, buffers, scan_constants(s.wg, tb))
+    consts = scan_constants(s.wg, tb)
+    if entry == "scan_backward_grads" and SCAN_HIST_SHARED:
+        # workgroup memory: 4 arrays of TB x (WG+1) floats and the (chunk, WG) states
+        need = 4 * (4 * tb * (s.wg + 1) + s.chunk * s.wg)
+        if need <= int(g.device.limits.get("max-compute-workgroup-storage-size", 16384)):
+            consts["HIST"] = s.chunk
+    return g.op("scan", entry, (s.G, s.C, s.B), params, buffers, consts)
 
 
 def _flat_op(g, s, entry, n, params, buffers):
@@ -95,7 +104,7 @@ def scan_backward(g, s, sc: ScanScratch, xproj, u, delta, delta_pre, w, o, dy, h
     prm = s.params(o["A_log"], o["D_vec"])
     return [
         # dD_vec = colsum(dy * u)
-        column_sum(g, s.M, s.D, dy, 0, s.D, gr, o["D_vec"], b=u, b_rs=s.D),
+        *column_sum(g, s.M, s.D, dy, 0, s.D, gr, o["D_vec"], b=u, b_rs=s.D),
         _chunk_op(g, s, "scan_backward_chunk", prm, [xproj, delta, w, dy, sc.gchunk]),
         _flat_op(g, s, "scan_backward_carry", s.B * s.D * s.N, prm, [sc.gchunk, achunk, sc.gcarry]),
         _chunk_op(g, s, "scan_backward_grads", prm,

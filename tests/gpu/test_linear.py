@@ -22,11 +22,13 @@ from mamba_ext.gpu.linear import linear_backward, linear_forward  # noqa: E402
 SHAPES = [(1, 1, 1), (3, 5, 7), (65, 17, 129), (130, 48, 70), (37, 200, 3)]
 
 
-@pytest.fixture(params=[2, 1], ids=["2stages", "1stage"])
+@pytest.fixture(params=[(2, True), (1, True), (1, False)],
+                ids=["2stages", "1stage", "plain"])
 def stages(request, monkeypatch):
-    """Both tile loops: double-buffered (32 KiB of workgroup memory) and the
-    single-buffer fallback for adapters with WebGPU's default 16 KiB."""
-    monkeypatch.setattr(lin, "_stages", lambda g: request.param)
+    """Every tile loop: double-buffered (32 KiB of workgroup memory), the single-buffer
+    fallback for adapters with WebGPU's default 16 KiB, the plain loop (no prefetch)."""
+    monkeypatch.setattr(lin, "_stages", lambda g: request.param[0])
+    monkeypatch.setattr(lin, "PREFETCH", request.param[1])
     return request.param
 
 

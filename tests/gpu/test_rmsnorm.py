@@ -29,7 +29,8 @@ def rmsnorm_backward_ref(x, w, dxn, eps):
     return dx, dw
 
 
-@pytest.mark.parametrize("M,Dm,eps", [(1, 1, 1e-6), (7, 33, 1e-6), (130, 300, 1e-5), (5, 8, 0.5)])
+@pytest.mark.parametrize("M,Dm,eps", [(1, 1, 1e-6), (7, 33, 1e-6), (130, 300, 1e-5), (5, 8, 0.5),
+                                      (700, 40, 1e-6)])   # 700: 3 row blocks of column_sum
 def test_rmsnorm_forward_backward(M, Dm, eps):
     rng = np.random.default_rng(M * 1000 + Dm)
     x, dxn, dres = f32(rng, M, Dm), f32(rng, M, Dm), f32(rng, M, Dm)
