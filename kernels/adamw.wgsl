@@ -1,33 +1,94 @@
 // adamw.wgsl — one AdamW step over the flat parameter arena (all tensors of the
-// Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank,
-// P = R + 2N, M = B*L rows, V vocab, T scan chunk. common.wgsl is prepended by the loader.
-// model in one buffer; tensors with weight decay first, n_decay elements), the
-// same per-element maths as mamba_ext/_adamw.pyx (PyTorch AdamW):
+// model in one buffer; tensors with weight decay first, n_decay elements), and
+// the gradient norm it needs. The GPU side of mamba_ext/cpu/adamw.pyx (same
+// per-element maths, PyTorch AdamW). common.wgsl is prepended by the loader.
+//
+// Size letters: n elements of the arena, G = ceil(n / (256 * ITEMS)) workgroups
+// of adamw_sumsq_partial.
+//
 //   m = m + (1-b1)(g - m);  v = b2 v + (1-b2) g^2
 //   d = lr*wd*w [i < n_decay] + lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)
 //   d clamped to [-max_delta, max_delta] when max_delta > 0 (decay inside the clamp)
 //   w -= d, unless d or v is non-finite (per-element NaN guard).
-// Whole-step NaN guard: when reduce.wgsl's stat[1] (non-finite gradient count)
-// is > 0 nothing is written at all (weights and moments untouched). Bias
-// corrections come from the host (float64, rounded once) for the step number
-// that the host counts from the returned skip flag.
-//
-// adamw_step bindings (one invocation per element, 2-D grid):
-//   0 p     uniform  Params
-//   1 w     (n)      read_write  parameter arena
-//   2 m     (n)      read_write  first moments
-//   3 v     (n)      read_write  second moments
-//   4 g     (n)      read        gradient arena
-//   5 stat  (4)      read        (sum of squares, non-finite count) of g
+// Whole-step NaN guard: when stat[1] (non-finite gradient count, from
+// adamw_sumsq_*) is > 0 nothing is written at all (weights and moments
+// untouched). Bias corrections come from the host (float64, rounded once) for
+// the step number that the host counts from the returned skip flag.
 // Global-norm clipping: clip > 0 scales g by clip / norm when norm > clip.
+//
+// Bindings:
+// | entry               | binding: name shape access                                      |
+// |---------------------|-----------------------------------------------------------------|
+// | adamw_sumsq_partial | 0 sp SqParams uniform; 1 x (n) r; 2 part (2G) rw: per workgroup  |
+// |                     | (sum of squares, non-finite count) of 256*ITEMS elements          |
+// | adamw_sumsq_final   | 0 sp uniform; 1 part (2G) r; 2 stat (4) rw: stat[0] sum of       |
+// |                     | squares, stat[1] non-finite count (fixed-order sums of part)     |
+// | adamw_step          | 0 p Params uniform; 1 w (n) rw; 2 m (n) rw; 3 v (n) rw;          |
+// |                     | 4 g (n) r; 5 stat (4) r                                          |
 
 struct Params {
     n: u32, n_decay: u32,
     omb1: f32, b2: f32, omb2: f32, decay: f32,
     step_size: f32, sqrt_bc2: f32, eps: f32, max_delta: f32, clip: f32,
 }
+struct SqParams { n: u32, groups: u32 }
 
 override WG: u32 = 256u;
+const ITEMS: u32 = 8u;
+
+// ------------------------------------------------------------ gradient norm
+var<workgroup> red: array<f32, 256>;    // (256,) partial sums of squares
+var<workgroup> red2: array<f32, 256>;   // (256,) partial non-finite counts
+
+@group(0) @binding(0) var<uniform> sp: SqParams;
+@group(0) @binding(1) var<storage, read> s_x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> s_part: array<f32>;
+
+// Tree sums of red and red2 over 256 slots (fixed order).
+fn tree2(li: u32) {
+    for (var h = 128u; h > 0u; h = h / 2u) {
+        if (li < h) { red[li] += red[li + h]; red2[li] += red2[li + h]; }
+        workgroupBarrier();
+    }
+}
+
+@compute @workgroup_size(256)
+fn adamw_sumsq_partial(@builtin(local_invocation_index) li: u32,
+                       @builtin(workgroup_id) wid: vec3<u32>,
+                       @builtin(num_workgroups) nwg: vec3<u32>) {
+    let g = wid.y * nwg.x + wid.x;
+    var ss = 0.0;
+    var bad = 0.0;
+    for (var q = 0u; q < ITEMS; q++) {
+        let i = (g * ITEMS + q) * 256u + li;
+        if (i < sp.n) {
+            let v = s_x[i];
+            if (not_finite(v)) { bad += 1.0; } else { ss += v * v; }
+        }
+    }
+    red[li] = ss;
+    red2[li] = bad;
+    workgroupBarrier();
+    tree2(li);
+    if (li == 0u && g < sp.groups) { s_part[2u * g] = red[0]; s_part[2u * g + 1u] = red2[0]; }
+}
+
+@group(0) @binding(1) var<storage, read> f_part: array<f32>;
+@group(0) @binding(2) var<storage, read_write> f_stat: array<f32>;
+
+@compute @workgroup_size(256)
+fn adamw_sumsq_final(@builtin(local_invocation_index) li: u32) {
+    var ss = 0.0;
+    var bad = 0.0;
+    for (var g = li; g < sp.groups; g += 256u) { ss += f_part[2u * g]; bad += f_part[2u * g + 1u]; }
+    red[li] = ss;
+    red2[li] = bad;
+    workgroupBarrier();
+    tree2(li);
+    if (li == 0u) { f_stat[0] = red[0]; f_stat[1] = red2[0]; }
+}
+
+// --------------------------------------------------------------- the step
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> w: array<f32>;
 @group(0) @binding(2) var<storage, read_write> m: array<f32>;

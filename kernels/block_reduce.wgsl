@@ -2,7 +2,9 @@
 // dispatched) by kernels that reduce one row per workgroup: rmsnorm, cross_entropy.
 // Use: a line `// #include block_reduce.wgsl` in the including file, which must
 // declare `override WG` (the workgroup size; any value, not only powers of two).
-// No bindings.
+// Size letters: WG invocations per workgroup.
+//
+// Bindings: none.
 
 var<workgroup> red: array<f32, WG>;   // red (WG,) scratch of the reduction
 

@@ -1,9 +1,12 @@
-// common.wgsl — helpers shared by every kernel file. WGSL has no #include, so the
-// loader (mamba_ext/gpu/kernels.py) prepends this file to each kernel file
-// before compiling it; it declares no bindings.
+// common.wgsl — scalar helpers shared by every kernel file (the GPU side of
+// mamba_ext/cpu/activations.pxd). WGSL has no #include, so the loader
+// (mamba_ext/gpu/device.py, kernel_source) prepends this file to each kernel
+// file before compiling it.
 //
-// Size letters used in all kernel files: B batch, L seqLen, Dm dModel, D dInner,
-// N dState, K dConv, R dtRank, P = R + 2N, M = B*L rows, V vocab, T chunk length.
+// Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv,
+// R dtRank, P = R + 2N, M = B*L rows, V vocab, C = ceil(L / SCAN_CHUNK) scan chunks.
+//
+// Bindings: none.
 
 // Flat index of an invocation in a 1-D problem dispatched as a 2-D grid of
 // workgroups (x, y): the grid is split in y when x would exceed the adapter's
@@ -70,8 +73,8 @@ fn log1p_pos(e: f32) -> f32 {
 // softplus(x) = max(x, 0) + log1p(exp(-|x|)).
 fn softplus(x: f32) -> f32 { return max(x, 0.0) + log1p_pos(exp(-abs(x))); }
 
-// (x e^x - expm1(x)) / x^2: d/dA of the ZOH factor expm1(Delta A)/A is
-// Delta^2 * zoh_dfactor(Delta A). Series sum_{k>=2} (k-1)/k! x^(k-2) for
+// (x e^x - expm1(x)) / x^2: d/dA of the ZOH factor expm1(delta A)/A is
+// delta^2 * zoh_dfactor(delta A). Series sum_{k>=2} (k-1)/k! x^(k-2) for
 // |x| < 0.5 (the direct form cancels there).
 fn zoh_dfactor(x: f32) -> f32 {
     if (abs(x) < 0.5) {
@@ -93,6 +96,3 @@ fn zoh_dfactor(x: f32) -> f32 {
 fn not_finite(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u;
 }
-
-// A = -exp(clamp(A_log, -10, 5)).
-fn a_of(a_log: f32) -> f32 { return -exp(clamp(a_log, -10.0, 5.0)); }

@@ -1,27 +1,30 @@
-// conv1d.wgsl — depthwise causal convolution over time, fused with SiLU.
-// Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank,
-// P = R + 2N, M = B*L rows, V vocab, T scan chunk. common.wgsl is prepended by the loader.
+// conv1d.wgsl — depthwise causal convolution over time, fused with SiLU. The
+// GPU side of mamba_ext/cpu/conv1d.pyx. common.wgsl is prepended by the loader.
 //
-//   c[b,t,d] = bConv[d] + sum_{k<K, t-k>=0} wConv[d,k] * xc[b,t-k,d],  u = SiLU(c)
+// Size letters: B batch, L seqLen, D dInner, K dConv, M = B*L rows.
+//
+//   conv[b,t,d] = bConv[d] + sum_{k<K, t-k>=0} wConv[d,k] * xc[b,t-k,d],  u = SiLU(conv)
 //   (tap k = 0 is the current step; xc = in_proj columns 0..D of Y)
 //
 // conv1d_forward bindings (one invocation per (row r, channel d)):
-//   0 p   uniform    Params
-//   1 Y   (M, 2D)    read        in_proj output; xc = Y[:, 0:D] (row stride y_rs)
-//   2 w   (..)       read        parameter arena: wConv (D, K) at w_off, bConv (D) at b_off
-//   3 c   (M, D)     read_write  pre-activation (saved for backward)
-//   4 u   (M, D)     read_write  SiLU(c)
+// | binding | name | shape   | access                                                 |
+// |---------|------|---------|--------------------------------------------------------|
+// | 0       | p    | Params  | uniform                                                |
+// | 1       | Y    | (M, 2D) | read: in_proj output; xc = Y[:, 0:D] (row stride y_rs)  |
+// | 2       | w    | (..)    | read: parameter arena, wConv (D, K) at w_off, bConv (D) at b_off |
+// | 3       | conv | (M, D)  | read_write: before SiLU (saved for the backward)        |
+// | 4       | u    | (M, D)  | read_write: SiLU(conv), the scan input                  |
 // conv1d_backward_input bindings (one invocation per (r, d)):
-//   1 du  (M, D)     read        dLoss/du (scan path + x_proj path)
-//   2 c   (M, D)     read        saved pre-activation
-//   3 w   (..)       read        parameter arena
-//   4 dc  (M, D)     read_write  dLoss/dc = du * SiLU'(c)
-//   5 dY  (M, 2D)    read_write  dY[:, 0:D] = dxc[t] = sum_k wConv[d,k] * dc[t+k]
+// | 1       | du   | (M, D)  | read: dLoss/du (scan path + x_proj path)                |
+// | 2       | conv | (M, D)  | read                                                   |
+// | 3       | w    | (..)    | read: parameter arena                                  |
+// | 4       | dconv| (M, D)  | read_write: du * SiLU'(conv)                            |
+// | 5       | dY   | (M, 2D) | read_write: dY[:, 0:D] = dxc[t] = sum_k wConv[d,k] * dconv[t+k] |
 // conv1d_backward_weight bindings (workgroup = 32 channels x 8 row groups;
 // grid y = tap k, y = K is the bias): no atomics, fixed summation order.
-//   1 dc  (M, D)     read
-//   2 Y   (M, 2D)    read        saved in_proj output (xc columns)
-//   3 g   (..)       read_write  gradient arena: wConv at w_off, bConv at b_off (+=)
+// | 1       | dconv| (M, D)  | read                                                   |
+// | 2       | Y    | (M, 2D) | read: saved in_proj output (xc columns)                 |
+// | 3       | g    | (..)    | read_write: gradient arena, wConv at w_off, bConv at b_off (+=) |
 
 struct Params { M: u32, L: u32, D: u32, K: u32, y_rs: u32, w_off: u32, b_off: u32 }
 
@@ -30,7 +33,7 @@ override WG: u32 = 256u;
 
 @group(0) @binding(1) var<storage, read> f_Y: array<f32>;
 @group(0) @binding(2) var<storage, read> f_w: array<f32>;
-@group(0) @binding(3) var<storage, read_write> f_c: array<f32>;
+@group(0) @binding(3) var<storage, read_write> f_conv: array<f32>;
 @group(0) @binding(4) var<storage, read_write> f_u: array<f32>;
 
 @compute @workgroup_size(WG)
@@ -47,14 +50,14 @@ fn conv1d_forward(@builtin(local_invocation_index) li: u32,
     for (var k = 0u; k < kmax; k++) {
         s += f_w[p.w_off + d * p.K + k] * f_Y[(r - k) * p.y_rs + d];
     }
-    f_c[idx] = s;
+    f_conv[idx] = s;
     f_u[idx] = silu(s);
 }
 
 @group(0) @binding(1) var<storage, read> bi_du: array<f32>;
-@group(0) @binding(2) var<storage, read> bi_c: array<f32>;
+@group(0) @binding(2) var<storage, read> bi_conv: array<f32>;
 @group(0) @binding(3) var<storage, read> bi_w: array<f32>;
-@group(0) @binding(4) var<storage, read_write> bi_dc: array<f32>;
+@group(0) @binding(4) var<storage, read_write> bi_dconv: array<f32>;
 @group(0) @binding(5) var<storage, read_write> bi_dY: array<f32>;
 
 @compute @workgroup_size(WG)
@@ -66,19 +69,19 @@ fn conv1d_backward_input(@builtin(local_invocation_index) li: u32,
     let r = idx / p.D;
     let d = idx % p.D;
     let t = r % p.L;
-    // dc at later steps is recomputed here rather than read back, so this
+    // dconv at later steps is recomputed here rather than read back, so this
     // kernel does not depend on other invocations' writes (no race).
     var s = 0.0;
     let kmax = min(p.K, p.L - t);
     for (var k = 0u; k < kmax; k++) {
         let j = idx + k * p.D;
-        s += bi_w[p.w_off + d * p.K + k] * (bi_du[j] * dsilu(bi_c[j]));
+        s += bi_w[p.w_off + d * p.K + k] * (bi_du[j] * dsilu(bi_conv[j]));
     }
-    bi_dc[idx] = bi_du[idx] * dsilu(bi_c[idx]);
+    bi_dconv[idx] = bi_du[idx] * dsilu(bi_conv[idx]);
     bi_dY[r * p.y_rs + d] = s;
 }
 
-@group(0) @binding(1) var<storage, read> bw_dc: array<f32>;
+@group(0) @binding(1) var<storage, read> bw_dconv: array<f32>;
 @group(0) @binding(2) var<storage, read> bw_Y: array<f32>;
 @group(0) @binding(3) var<storage, read_write> bw_g: array<f32>;
 
@@ -92,7 +95,7 @@ fn conv1d_backward_weight(@builtin(local_invocation_id) lid: vec3<u32>,
     var s = 0.0;
     if (d < p.D) {
         for (var r = lid.y; r < p.M; r += 8u) {
-            let g = bw_dc[r * p.D + d];
+            let g = bw_dconv[r * p.D + d];
             if (k == p.K) {
                 s += g;
             } else if (r % p.L >= k) {

@@ -1,15 +1,18 @@
-// cross_entropy.wgsl — mean cross-entropy over M rows and its gradient, one
-// Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank,
-// P = R + 2N, M = B*L rows, V vocab, T scan chunk. common.wgsl is prepended by the loader.
-// workgroup per row (model only). The mean over rows is taken on the host in
-// float64 from the per-row losses.
+// cross_entropy.wgsl — cross-entropy of each row and its gradient, one
+// workgroup per row (model only; the CPU side is in mamba_ext/cpu/model.pyx).
+// The mean over rows is taken on the host in float64 from the per-row losses.
+// common.wgsl is prepended by the loader.
+//
+// Size letters: M = B*L rows, V vocab.
 //
 // cross_entropy_forward_backward bindings:
-//   0 p        uniform   Params (scale = 1/M: the mean's factor in dlogits)
-//   1 logits   (M, V)    read
-//   2 targets  (M)       read        target ids (u32, validated on the host)
-//   3 dlogits  (M, V)    read_write  (softmax - onehot) * scale
-//   4 losses   (M)       read_write  logsumexp(logits_r) - logits_r[target_r]
+// | binding | name    | shape  | access                                       |
+// |---------|---------|--------|----------------------------------------------|
+// | 0       | p       | Params | uniform (scale = 1/M: the mean's factor in dlogits) |
+// | 1       | logits  | (M, V) | read                                         |
+// | 2       | targets | (M,)   | read (u32 ids, validated on the host)        |
+// | 3       | dlogits | (M, V) | read_write: (softmax - onehot) * scale        |
+// | 4       | losses  | (M,)   | read_write: logsumexp(logits_r) - logits_r[target_r] |
 
 struct Params { M: u32, V: u32, scale: f32 }
 

@@ -1,19 +1,22 @@
-// embedding.wgsl — token embedding lookup and its gradient (model only).
-// Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank,
-// P = R + 2N, M = B*L rows, V vocab, T scan chunk. common.wgsl is prepended by the loader.
+// embedding.wgsl — token embedding lookup and its gradient (model only; the
+// CPU side is in mamba_ext/cpu/model.pyx). common.wgsl is prepended by the loader.
 //
-// embedding_forward bindings (one invocation per (r, i)):
-//   0 p     uniform   Params (n = M*Dm)
-//   1 tok   (M)       read        token ids (u32, validated on the host)
-//   2 w     (..)      read        parameter arena: embedding (V, Dm) at e_off
-//   3 h     (M, Dm)   read_write  h[r, i] = embedding[tok[r], i]
+// Size letters: M = B*L rows, Dm dModel, V vocab.
+//
+// embedding_forward bindings (one invocation per (r, i), n = M*Dm):
+// | binding | name | shape   | access                                          |
+// |---------|------|---------|-------------------------------------------------|
+// | 0       | p    | Params  | uniform                                         |
+// | 1       | tok  | (M,)    | read (u32 ids, validated on the host)           |
+// | 2       | w    | (..)    | read: parameter arena, embedding (V, Dm) at e_off |
+// | 3       | h    | (M, Dm) | read_write: h[r, i] = embedding[tok[r], i]      |
 // embedding_backward bindings (one invocation per (v, i), n = V*Dm): the
 // positions of each id come sorted from the host (CSR), so every gradient row
 // is summed by one invocation in position order: no atomics, deterministic.
-//   1 offs  (V+1)     read        positions of id v are pos[offs[v] .. offs[v+1])
-//   2 pos   (M)       read        row indices grouped by id
-//   3 dh    (M, Dm)   read        dLoss/dh0
-//   4 g     (..)      read_write  gradient arena: embedding at e_off (+=)
+// | 1       | offs | (V+1,)  | read: positions of id v are pos[offs[v] .. offs[v+1]) |
+// | 2       | pos  | (M,)    | read: row indices grouped by id                 |
+// | 3       | dh   | (M, Dm) | read: dLoss/dh0                                 |
+// | 4       | g    | (..)    | read_write: gradient arena, embedding at e_off (+=) |
 
 struct Params { n: u32, Dm: u32, e_off: u32 }
 

@@ -1,128 +1,361 @@
-// linear.wgsl — tiled matrix product for every linear layer, forward and backward.
-// Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank,
-// P = R + 2N, M = B*L rows, V vocab, T scan chunk. common.wgsl is prepended by the loader.
+// linear.wgsl — register-tiled matrix product of every linear layer (in_proj,
+// x_proj, dt_proj, out_proj, the tied LM head), forward and backward, with the
+// bias, the residual, softplus and the bias gradient fused in. The GPU side of
+// mamba_ext/cpu/linear.pyx. common.wgsl is prepended by the loader.
 //
-//   C[i, j] = beta * C[i, j] + sum_k A(i, k) * B(k, j) (+ bias[j])
+// Size letters: B batch, L seqLen, Dm dModel, D dInner, R dtRank, P = R + 2N,
+// M = B*L rows, V vocab. In this file the product itself is (rows x cols) with
+// contraction length Params.K: Params.M rows, Params.N columns (not dState),
+// Params.K (not dConv); S = split-K slices (grid z).
+//
+//   C[i, j] = beta * C[i, j] + sum_k A(i, k) * B(k, j) (+ bias[j]) (+ res[i, j])
 //   A(i, k) = a[a_off + i*a_rs + k*a_cs], B(k, j) = b[b_off + k*b_rs + j*b_cs],
-//   C[i, j] = c[c_off + i*c_rs + j]
+//   C[i, j] = c[c_off + i*c_rs + j],  res[i, j] = res[i*c_rs + j]
+//   ACT = 1: also d[d_off + i*c_rs + j] = softplus(C[i, j])  (dt_proj: delta_pre and delta)
+//   BIAS_GRAD: also dbias[db_off + i] += sum_k A(i, k)  (dW = dY^T X: the row sums of
+//              A = dY^T are the bias gradient, summed from the tiles already on chip)
 //
 // Strides let one kernel serve the three products of a linear layer
-// Y = X W^T + b with X (M, I), W (O, I), Y (M, O):
-//   forward   Y  = X  @ W^T : A = X (rs I, cs 1),  B = W^T (rs 1, cs I)
-//   backward  dX += dY @ W  : A = dY (rs O, cs 1), B = W (rs I, cs 1)
-//   backward  dW += dY^T @ X: A = dY^T (rs 1, cs O), B = X (rs I, cs 1)
-// and column slices (x_proj's dt | B | C columns, in_proj's x | z halves) by
-// offsets and row strides. dW is a product, not a scatter: no float atomics,
-// every output element is summed by one invocation in a fixed k order.
+// Y = X W^T + b with X (M, I), W (O, I), Y (M, O), with no transposed copies:
+//   linear_forward   Y  = X  @ W^T (+ b) (+ residual): A = X (rs I, cs 1), B = W^T (rs 1, cs I)
+//   linear_backward  dX += dY @ W   : A = dY (rs O, cs 1), B = W (rs I, cs 1)
+//   linear_backward  dW += dY^T @ X : A = dY^T (rs 1, cs O), B = X (rs I, cs 1), + db
+// and column slices (x_proj's dt_low | Bs | Cs columns, in_proj's xc | z halves) by
+// offsets and row strides. Every output element is summed by one invocation in a
+// fixed k order (no float atomics): deterministic. With split-K (S > 1, the dW
+// products, whose contraction is M = B*L long and whose output is small) slice z
+// writes its partial products to part (S, M, N) and its row sums to
+// part[S*M*N + z*M + i]; linear_backward_sum adds the S slices in order z = 0..S-1.
 //
-// Binding table (sizes as elements; M rows, N columns, K contraction here):
-//   0 p     uniform  Params
-//   1 a     (..)     read        A operand (any strides)
-//   2 b     (..)     read        B operand (any strides)
-//   3 bias  (..)     read        bias at bias_off (N) when has_bias = 1
-//   4 c     (..)     read_write  C output, row stride c_rs, column stride 1
-// Tile: 64 x 64 outputs per workgroup of 16x16 invocations, each invocation a
-// 4 x 4 block (rows 4*ty.., columns 4*tx..) held in four vec4 registers; k in
-// steps of BK = 16 through workgroup memory. The inner loop is written out by
-// hand (no private arrays: dynamically indexed ones spill to local memory, and
-// that made this kernel 20x slower on an H200). Out-of-range rows/columns/k
-// are zero-filled on load and skipped on store, so no size needs to be a
-// multiple of a tile.
+// Bindings (all entry points; shapes in elements, strides as above):
+// | binding | name  | shape                        | access                                  |
+// |---------|-------|------------------------------|-----------------------------------------|
+// | 0       | p     | Params                       | uniform                                 |
+// | 1       | a     | A operand (M, K)             | read                                    |
+// | 2       | a4    | the same buffer as a, vec4   | read (16-byte loads when A_VEC)         |
+// | 3       | b     | B operand (K, N)             | read                                    |
+// | 4       | b4    | the same buffer as b, vec4   | read (16-byte loads when B_VEC)         |
+// | 5       | bias  | (N,) at bias_off             | read (when has_bias = 1)                |
+// | 6       | res   | (M, N), row stride c_rs      | read (when has_res = 1: out_proj's x)   |
+// | 7       | c     | C output (M, N)              | read_write                              |
+// | 8       | d     | (M, N) at d_off, stride c_rs | read_write (when ACT = 1)               |
+// | 9       | part  | (S*M*N + S*M)                | read_write (split-K partials, S > 1)    |
+// | 10      | dbias | (M,) at db_off               | read_write (when BIAS_GRAD)             |
+//
+// Tile: BM x BN = 128 x 128 outputs per workgroup of 16 x 16 invocations; each
+// invocation holds an 8 x 8 micro-tile (rows 4ty..4ty+3 and 64+4ty.., columns
+// 4tx.. and 64+4tx..) in 16 named vec4 registers (no private arrays: dynamically
+// indexed ones spill to local memory). k advances in steps of BK = 16 through
+// workgroup memory, STAGES = 2 buffers: the next step's operands are loaded
+// into registers while this step is computed, then stored into the other
+// buffer, so one barrier per step. Both operands are kept k-major in
+// workgroup memory (As[k][i], Bs[k][j], 32 vec4 per k) with the vec4 slot of
+// row group s stored at s ^ swz(k), swz(k) = 2 * ((k / 4) % 4): the transposing
+// scalar stores of a k-contiguous operand then hit 32 different banks, and the
+// compute loop's reads stay conflict-free (broadcast for A, 16 consecutive
+// vec4 for B). Out-of-range rows, columns and k are zero-filled on load and
+// skipped on store, so no size needs to be a multiple of a tile.
 
 struct Params {
     M: u32, N: u32, K: u32,
     a_off: u32, a_rs: u32, a_cs: u32,
     b_off: u32, b_rs: u32, b_cs: u32,
     c_off: u32, c_rs: u32,
-    bias_off: u32, has_bias: u32, beta: u32,
+    bias_off: u32, has_bias: u32, beta: u32, has_res: u32,
+    d_off: u32, db_off: u32, kc: u32,
 }
+
+// A_KFAST: A is contiguous along k (a_cs = 1), else along i (a_rs = 1, or any
+// strides with A_VEC off). B_KFAST: B contiguous along k (b_rs = 1), else along j.
+// A_VEC / B_VEC: 16-byte aligned runs, loaded as vec4.
+override A_KFAST: bool = true;
+override B_KFAST: bool = true;
+override A_VEC: bool = false;
+override B_VEC: bool = false;
+override ACT: u32 = 0u;
+override BIAS_GRAD: bool = false;
+override SPLIT: bool = false;
+override STAGES: u32 = 2u;
+// PREFETCH: double buffering through registers (see gemm_tile); off = the plain loop.
+override PREFETCH: bool = true;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<f32>;
-@group(0) @binding(3) var<storage, read> bias: array<f32>;
-@group(0) @binding(4) var<storage, read_write> c: array<f32>;
+@group(0) @binding(2) var<storage, read> a4: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> b: array<f32>;
+@group(0) @binding(4) var<storage, read> b4: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read> bias: array<f32>;
+@group(0) @binding(6) var<storage, read> res: array<f32>;
+@group(0) @binding(7) var<storage, read_write> c: array<f32>;
+@group(0) @binding(8) var<storage, read_write> d: array<f32>;
+@group(0) @binding(9) var<storage, read_write> part: array<f32>;
+@group(0) @binding(10) var<storage, read_write> dbias: array<f32>;
 
-const BM: u32 = 64u;
-const BN: u32 = 64u;
 const BK: u32 = 16u;
+const SLOTS: u32 = 32u;                 // vec4 slots per k row of a 128-wide tile
+const STAGE: u32 = BK * SLOTS;          // vec4 per buffer (2048 floats = 8 KiB)
 
-var<workgroup> As: array<vec4<f32>, 272>;   // As[k*17 + i/4][i%4]  (BK, BM), row padded: no bank conflicts
-var<workgroup> Bs: array<vec4<f32>, 272>;   // Bs[k*17 + j/4][j%4]  (BK, BN)
+var<workgroup> As: array<vec4<f32>, STAGES * STAGE>;   // (STAGES, BK, 128) A tile, k-major
+var<workgroup> Bs: array<vec4<f32>, STAGES * STAGE>;   // (STAGES, BK, 128) B tile, k-major
 
-fn load_a(i: u32, k: u32) -> f32 {
-    if (i < p.M && k < p.K) { return a[p.a_off + i * p.a_rs + k * p.a_cs]; }
-    return 0.0;
+fn swz(k: u32) -> u32 { return ((k >> 2u) & 3u) << 1u; }
+
+// A(i, k..k+3) (A_KFAST) or A(i..i+3, k) (else), zero outside [0, M) x [0, klim).
+fn load_a(i: u32, k: u32, klim: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    if (A_KFAST) {
+        if (i >= p.M) { return v; }
+        let base = p.a_off + i * p.a_rs + k;
+        if (A_VEC && k + 3u < klim) { return a4[base >> 2u]; }
+        for (var q = 0u; q < 4u; q++) { if (k + q < klim) { v[q] = a[base + q]; } }
+    } else {
+        if (k >= klim) { return v; }
+        let base = p.a_off + i * p.a_rs + k * p.a_cs;
+        if (A_VEC && i + 3u < p.M) { return a4[base >> 2u]; }
+        for (var q = 0u; q < 4u; q++) { if (i + q < p.M) { v[q] = a[base + q * p.a_rs]; } }
+    }
+    return v;
 }
 
-fn load_b(k: u32, j: u32) -> f32 {
-    if (j < p.N && k < p.K) { return b[p.b_off + k * p.b_rs + j * p.b_cs]; }
-    return 0.0;
+// B(k..k+3, j) (B_KFAST) or B(k, j..j+3) (else), zero outside [0, klim) x [0, N).
+fn load_b(j: u32, k: u32, klim: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    if (B_KFAST) {
+        if (j >= p.N) { return v; }
+        let base = p.b_off + k + j * p.b_cs;
+        if (B_VEC && k + 3u < klim) { return b4[base >> 2u]; }
+        for (var q = 0u; q < 4u; q++) { if (k + q < klim) { v[q] = b[base + q]; } }
+    } else {
+        if (k >= klim) { return v; }
+        let base = p.b_off + k * p.b_rs + j;
+        if (B_VEC && j + 3u < p.N) { return b4[base >> 2u]; }
+        for (var q = 0u; q < 4u; q++) { if (j + q < p.N) { v[q] = b[base + q * p.b_cs]; } }
+    }
+    return v;
 }
 
-fn store(i: u32, j0: u32, v: vec4<f32>) {
-    if (i >= p.M) { return; }
-    let base = p.c_off + i * p.c_rs;
-    for (var q = 0u; q < 4u; q++) {
-        let j = j0 + q;
-        if (j < p.N) {
-            var r = v[q];
-            if (p.has_bias == 1u) { r += bias[p.bias_off + j]; }
-            if (p.beta == 1u) { r += c[base + j]; }
-            c[base + j] = r;
+// The r-th (0, 1) vec4 this invocation loads of a tile: (row or column, k) in the tile.
+// KFAST: v = tid + 256 r -> row v / 4, k 4 * (v % 4); else k v / 32, row group v % 32.
+fn tile_pos(tid: u32, r: u32, kfast: bool) -> vec2<u32> {
+    let v = tid + 256u * r;
+    if (kfast) { return vec2<u32>(v >> 2u, (v & 3u) << 2u); }
+    return vec2<u32>((v & 31u) << 2u, v >> 5u);
+}
+
+fn store_a(st: u32, pos: vec2<u32>, v: vec4<f32>) {
+    if (A_KFAST) {
+        for (var q = 0u; q < 4u; q++) {
+            let k = pos.y + q;
+            As[st * STAGE + k * SLOTS + ((pos.x >> 2u) ^ swz(k))][pos.x & 3u] = v[q];
         }
+    } else {
+        As[st * STAGE + pos.y * SLOTS + ((pos.x >> 2u) ^ swz(pos.y))] = v;
+    }
+}
+
+fn store_b(st: u32, pos: vec2<u32>, v: vec4<f32>) {
+    if (B_KFAST) {
+        for (var q = 0u; q < 4u; q++) {
+            let k = pos.y + q;
+            Bs[st * STAGE + k * SLOTS + ((pos.x >> 2u) ^ swz(k))][pos.x & 3u] = v[q];
+        }
+    } else {
+        Bs[st * STAGE + pos.y * SLOTS + ((pos.x >> 2u) ^ swz(pos.y))] = v;
+    }
+}
+
+// Results of row i, columns j..j+3 (fused epilogue).
+fn store_c(i: u32, j: u32, v: vec4<f32>, z: u32) {
+    if (i >= p.M) { return; }
+    for (var q = 0u; q < 4u; q++) {
+        let jj = j + q;
+        if (jj < p.N) {
+            if (SPLIT) {
+                part[(z * p.M + i) * p.N + jj] = v[q];
+            } else {
+                let o = p.c_off + i * p.c_rs + jj;
+                var r = v[q];
+                if (p.has_bias == 1u) { r += bias[p.bias_off + jj]; }
+                if (p.has_res == 1u) { r += res[i * p.c_rs + jj]; }
+                if (p.beta == 1u) { r += c[o]; }
+                c[o] = r;
+                if (ACT == 1u) { d[p.d_off + i * p.c_rs + jj] = softplus(r); }
+            }
+        }
+    }
+}
+
+// Bias-gradient row sums of A for rows i..i+3 (S = number of split-K slices).
+fn store_rowsum(i: u32, v: vec4<f32>, z: u32, S: u32) {
+    for (var q = 0u; q < 4u; q++) {
+        let ii = i + q;
+        if (ii < p.M) {
+            if (SPLIT) {
+                part[S * p.M * p.N + z * p.M + ii] = v[q];
+            } else {
+                dbias[p.db_off + ii] = dbias[p.db_off + ii] + v[q];
+            }
+        }
+    }
+}
+
+// The 8 x 8 micro-tile of this invocation: rows 4ty+r (c0r..c3r) and 64+4ty+r
+// (c4r..c7r), columns 4tx.. (cr0) and 64+4tx.. (cr1); rs0/rs1: row sums of A
+// (BIAS_GRAD). Private (per-invocation) variables, i.e. registers.
+var<private> c00: vec4<f32>; var<private> c01: vec4<f32>;
+var<private> c10: vec4<f32>; var<private> c11: vec4<f32>;
+var<private> c20: vec4<f32>; var<private> c21: vec4<f32>;
+var<private> c30: vec4<f32>; var<private> c31: vec4<f32>;
+var<private> c40: vec4<f32>; var<private> c41: vec4<f32>;
+var<private> c50: vec4<f32>; var<private> c51: vec4<f32>;
+var<private> c60: vec4<f32>; var<private> c61: vec4<f32>;
+var<private> c70: vec4<f32>; var<private> c71: vec4<f32>;
+var<private> rs0: vec4<f32>; var<private> rs1: vec4<f32>;
+
+// One BK step of the micro-tile from workgroup buffer st.
+fn mma(st: u32, tx: u32, ty: u32, rows_sum: bool) {
+    for (var kk = 0u; kk < BK; kk++) {
+        let sw = swz(kk);
+        let base = st * STAGE + kk * SLOTS;
+        let a0 = As[base + (ty ^ sw)];
+        let a1 = As[base + ((ty + 16u) ^ sw)];
+        let b0 = Bs[base + (tx ^ sw)];
+        let b1 = Bs[base + ((tx + 16u) ^ sw)];
+        c00 = fma(vec4<f32>(a0.x), b0, c00); c01 = fma(vec4<f32>(a0.x), b1, c01);
+        c10 = fma(vec4<f32>(a0.y), b0, c10); c11 = fma(vec4<f32>(a0.y), b1, c11);
+        c20 = fma(vec4<f32>(a0.z), b0, c20); c21 = fma(vec4<f32>(a0.z), b1, c21);
+        c30 = fma(vec4<f32>(a0.w), b0, c30); c31 = fma(vec4<f32>(a0.w), b1, c31);
+        c40 = fma(vec4<f32>(a1.x), b0, c40); c41 = fma(vec4<f32>(a1.x), b1, c41);
+        c50 = fma(vec4<f32>(a1.y), b0, c50); c51 = fma(vec4<f32>(a1.y), b1, c51);
+        c60 = fma(vec4<f32>(a1.z), b0, c60); c61 = fma(vec4<f32>(a1.z), b1, c61);
+        c70 = fma(vec4<f32>(a1.w), b0, c70); c71 = fma(vec4<f32>(a1.w), b1, c71);
+        if (rows_sum) { rs0 += a0; rs1 += a1; }
+    }
+}
+
+fn gemm_tile(lid: vec3<u32>, wid: vec3<u32>, nwg: vec3<u32>) {
+    if (p.M == 0xffffffffu) {
+        // Never true (sizes are checked on the host): keeps every binding statically
+        // used, so the "auto" pipeline layout has all of them whatever the overrides.
+        c[0] = a[0] + a4[0].x + b[0] + b4[0].x + bias[0] + res[0];
+        d[0] = 0.0; part[0] = 0.0; dbias[0] = 0.0;
+    }
+    let tx = lid.x;
+    let ty = lid.y;
+    let tid = ty * 16u + tx;
+    let row0 = wid.y * 128u;
+    let col0 = wid.x * 128u;
+    let z = wid.z;
+    let kbeg = z * p.kc;
+    let kend = min(p.K, kbeg + p.kc);
+    let rows_sum = BIAS_GRAD && wid.x == 0u;     // uniform per workgroup
+    let pa0 = tile_pos(tid, 0u, A_KFAST);
+    let pa1 = tile_pos(tid, 1u, A_KFAST);
+    let pb0 = tile_pos(tid, 0u, B_KFAST);
+    let pb1 = tile_pos(tid, 1u, B_KFAST);
+    if (PREFETCH) {
+        // The next step's operands are loaded into registers while this step is
+        // computed, then stored into the other buffer (STAGES = 2): one barrier a step.
+        var ra0 = load_a(row0 + pa0.x, kbeg + pa0.y, kend);
+        var ra1 = load_a(row0 + pa1.x, kbeg + pa1.y, kend);
+        var rb0 = load_b(col0 + pb0.x, kbeg + pb0.y, kend);
+        var rb1 = load_b(col0 + pb1.x, kbeg + pb1.y, kend);
+        store_a(0u, pa0, ra0); store_a(0u, pa1, ra1);
+        store_b(0u, pb0, rb0); store_b(0u, pb1, rb1);
+        workgroupBarrier();
+        var st = 0u;
+        for (var k0 = kbeg; k0 < kend; k0 += BK) {
+            let more = k0 + BK < kend;            // uniform
+            if (more) {
+                let kn = k0 + BK;
+                ra0 = load_a(row0 + pa0.x, kn + pa0.y, kend);
+                ra1 = load_a(row0 + pa1.x, kn + pa1.y, kend);
+                rb0 = load_b(col0 + pb0.x, kn + pb0.y, kend);
+                rb1 = load_b(col0 + pb1.x, kn + pb1.y, kend);
+            }
+            mma(st, tx, ty, rows_sum);
+            if (more) {
+                var nst = st ^ 1u;
+                if (STAGES == 1u) {
+                    workgroupBarrier();           // one buffer: everyone done reading it
+                    nst = 0u;
+                }
+                store_a(nst, pa0, ra0); store_a(nst, pa1, ra1);
+                store_b(nst, pb0, rb0); store_b(nst, pb1, rb1);
+                st = nst;
+            }
+            workgroupBarrier();
+        }
+    } else {
+        // Plain loop: load, store, barrier, compute, barrier (buffer 0 only; fewer
+        // live registers).
+        for (var k0 = kbeg; k0 < kend; k0 += BK) {
+            store_a(0u, pa0, load_a(row0 + pa0.x, k0 + pa0.y, kend));
+            store_a(0u, pa1, load_a(row0 + pa1.x, k0 + pa1.y, kend));
+            store_b(0u, pb0, load_b(col0 + pb0.x, k0 + pb0.y, kend));
+            store_b(0u, pb1, load_b(col0 + pb1.x, k0 + pb1.y, kend));
+            workgroupBarrier();
+            mma(0u, tx, ty, rows_sum);
+            workgroupBarrier();
+        }
+    }
+    let i0 = row0 + 4u * ty;
+    let i1 = row0 + 64u + 4u * ty;
+    let j0 = col0 + 4u * tx;
+    let j1 = col0 + 64u + 4u * tx;
+    store_c(i0, j0, c00, z); store_c(i0, j1, c01, z);
+    store_c(i0 + 1u, j0, c10, z); store_c(i0 + 1u, j1, c11, z);
+    store_c(i0 + 2u, j0, c20, z); store_c(i0 + 2u, j1, c21, z);
+    store_c(i0 + 3u, j0, c30, z); store_c(i0 + 3u, j1, c31, z);
+    store_c(i1, j0, c40, z); store_c(i1, j1, c41, z);
+    store_c(i1 + 1u, j0, c50, z); store_c(i1 + 1u, j1, c51, z);
+    store_c(i1 + 2u, j0, c60, z); store_c(i1 + 2u, j1, c61, z);
+    store_c(i1 + 3u, j0, c70, z); store_c(i1 + 3u, j1, c71, z);
+    if (rows_sum && tx == 0u) {
+        store_rowsum(i0, rs0, z, nwg.z);
+        store_rowsum(i1, rs1, z, nwg.z);
     }
 }
 
 @compute @workgroup_size(16, 16)
-fn linear_gemm(@builtin(local_invocation_id) lid: vec3<u32>,
-               @builtin(workgroup_id) wid: vec3<u32>) {
-    let row0 = wid.y * BM;
-    let col0 = wid.x * BN;
-    let tid = lid.y * 16u + lid.x;
-    var acc0 = vec4<f32>(0.0);
-    var acc1 = vec4<f32>(0.0);
-    var acc2 = vec4<f32>(0.0);
-    var acc3 = vec4<f32>(0.0);
-    // Load mapping: each invocation fills one vec4 of As and one of Bs per
-    // k-step. When the operand is contiguous along k (a_cs == 1 / b_rs == 1)
-    // neighbouring invocations take neighbouring k (coalesced reads);
-    // otherwise neighbouring i / j.
-    let a_kfast = p.a_cs == 1u;
-    let b_kfast = p.b_rs == 1u;
-    for (var k0 = 0u; k0 < p.K; k0 += BK) {
-        {
-            // As slot s = tid: k = s / 16, i4 = s % 16 (4 rows 4*i4..4*i4+3)
-            var k = tid / 16u;
-            var i4 = tid % 16u;
-            if (a_kfast) { k = tid % 16u; i4 = tid / 16u; }
-            let i = row0 + 4u * i4;
-            let gk = k0 + k;
-            As[k * 17u + i4] = vec4<f32>(load_a(i, gk), load_a(i + 1u, gk),
-                                         load_a(i + 2u, gk), load_a(i + 3u, gk));
-            var kb = tid / 16u;
-            var j4 = tid % 16u;
-            if (b_kfast) { kb = tid % 16u; j4 = tid / 16u; }
-            let j = col0 + 4u * j4;
-            let gkb = k0 + kb;
-            Bs[kb * 17u + j4] = vec4<f32>(load_b(gkb, j), load_b(gkb, j + 1u),
-                                          load_b(gkb, j + 2u), load_b(gkb, j + 3u));
-        }
-        workgroupBarrier();
-        for (var kk = 0u; kk < BK; kk++) {
-            let av = As[kk * 17u + lid.y];
-            let bv = Bs[kk * 17u + lid.x];
-            acc0 = fma(vec4<f32>(av.x), bv, acc0);
-            acc1 = fma(vec4<f32>(av.y), bv, acc1);
-            acc2 = fma(vec4<f32>(av.z), bv, acc2);
-            acc3 = fma(vec4<f32>(av.w), bv, acc3);
-        }
-        workgroupBarrier();
+fn linear_forward(@builtin(local_invocation_id) lid: vec3<u32>,
+                  @builtin(workgroup_id) wid: vec3<u32>,
+                  @builtin(num_workgroups) nwg: vec3<u32>) {
+    gemm_tile(lid, wid, nwg);
+}
+
+@compute @workgroup_size(16, 16)
+fn linear_backward(@builtin(local_invocation_id) lid: vec3<u32>,
+                   @builtin(workgroup_id) wid: vec3<u32>,
+                   @builtin(num_workgroups) nwg: vec3<u32>) {
+    gemm_tile(lid, wid, nwg);
+}
+
+// linear_backward_sum: C[i, j] += sum_z part[z, i, j] and, with BIAS_GRAD,
+// dbias[db_off + i] += sum_z part[S*M*N + z*M + i], in the order z = 0..S-1.
+// One invocation per element of (M, N) plus M for the row sums; p.kc holds S here.
+override WG: u32 = 256u;
+
+@compute @workgroup_size(WG)
+fn linear_backward_sum(@builtin(local_invocation_index) li: u32,
+                       @builtin(workgroup_id) wid: vec3<u32>,
+                       @builtin(num_workgroups) nwg: vec3<u32>) {
+    if (p.M == 0xffffffffu) {
+        c[0] = a[0] + a4[0].x + b[0] + b4[0].x + bias[0] + res[0];
+        d[0] = 0.0; dbias[0] = 0.0;
     }
-    let i = row0 + 4u * lid.y;
-    let j = col0 + 4u * lid.x;
-    store(i, j, acc0);
-    store(i + 1u, j, acc1);
-    store(i + 2u, j, acc2);
-    store(i + 3u, j, acc3);
+    let e = flat_index(wid, nwg, li, WG);
+    let S = p.kc;
+    let MN = p.M * p.N;
+    if (e < MN) {
+        var s = 0.0;
+        for (var z = 0u; z < S; z++) { s += part[z * MN + e]; }
+        let o = p.c_off + (e / p.N) * p.c_rs + e % p.N;
+        c[o] = c[o] + s;
+    } else if (BIAS_GRAD && e < MN + p.M) {
+        let i = e - MN;
+        var s = 0.0;
+        for (var z = 0u; z < S; z++) { s += part[S * MN + z * p.M + i]; }
+        dbias[p.db_off + i] = dbias[p.db_off + i] + s;
+    }
 }

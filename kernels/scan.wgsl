@@ -1,59 +1,84 @@
 // scan.wgsl — the selective scan (S6), forward and backward, chunked over time.
-// Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank,
-// P = R + 2N, M = B*L rows, V vocab, T scan chunk. common.wgsl is prepended by the loader.
+// The GPU side of mamba_ext/cpu/scan.pyx. common.wgsl is prepended by the loader.
 //
-// Per (b, d, n), with A = -exp(clamp(A_log, -10, 5)) and x_t = Delta_t * A:
-//   a_t = exp(x_t),  b_t = coef_t * Bs_t,  coef_t = expm1(x_t)/A (ZOH) | Delta_t (Euler)
+// Size letters: B batch, L seqLen, D dInner, N dState, R dtRank, P = R + 2N,
+// M = B*L rows, SCAN_CHUNK steps per chunk (Params.chunk), C = ceil(L / SCAN_CHUNK)
+// chunks, G channel groups (workgroups along D).
+//
+// Per (b, d, n), with A = -exp(clamp(A_log, a_log_min, a_log_max)) and x_t = delta_t * A:
+//   a_t = exp(x_t),  b_t = coef_t * Bs_t,  coef_t = expm1(x_t)/A (ZOH) | delta_t (Euler)
 //   h_t = a_t h_{t-1} + b_t u_t,  y_t = sum_n Cs_t h_t + D_vec u_t
-// Time is cut into nC chunks of T steps (the last may be shorter). Forward:
-//   scan_fwd_local   every chunk from a zero state: end state hloc, decay product pc
-//   scan_fwd_carry   per (b,d,n) over chunks: hck[c] = state entering chunk c
-//                    (hck[0] = 0, hck[c+1] = pc[c] hck[c] + hloc[c])
-//   scan_fwd_out     every chunk again from hck[c], writing y
+// Time is cut into C chunks of SCAN_CHUNK steps (the last may be shorter). Forward:
+//   scan_forward_chunk   every chunk from a zero state: its end state hchunk and
+//                        its decay product achunk = prod_t a_t
+//   scan_forward_carry   per (b,d,n) over chunks: hstate[c] = state entering chunk c
+//                        (hstate[0] = 0, hstate[c+1] = achunk[c] hstate[c] + hchunk[c])
+//   scan_forward_output  every chunk again from hstate[c], writing y
 // Backward (g_t = dLoss/dh_t = Cs_t dy_t + a_{t+1} g_{t+1}):
-//   scan_bwd_local   every chunk from zero beyond its end: wl[c] = a_first * g_first
-//   scan_bwd_carry   kc[c] = carry into the last step of chunk c
-//                    (kc[nC-1] = 0, kc[c] = wl[c+1] + pc[c+1] kc[c+1])
-//   scan_bwd_grads   every chunk: states recomputed forward from the checkpoint
-//                    hck[c] (kept in a private array of T <= 64), then backward
-//                    with the carry kc[c]; writes du, dLoss/d(dt_proj output)
-//                    (softplus backward fused), partials of dBs/dCs per channel
-//                    group and of dA per (b, chunk)
-//   scan_reduce_bc   dBs, dCs = sums of the channel-group partials -> dQ columns
-//   scan_reduce_da   dA_log += A * sum of dA partials, exactly 0 at/beyond the clamp
+//   scan_backward_chunk  every chunk from zero beyond its end: gchunk[c] = a_first * g_first
+//   scan_backward_carry  gcarry[c] = carry into the last step of chunk c
+//                        (gcarry[C-1] = 0, gcarry[c] = gchunk[c+1] + achunk[c+1] gcarry[c+1])
+//   scan_backward_grads  every chunk: states recomputed forward from hstate[c]
+//                        (kept in a private array of SCAN_CHUNK <= 64), then backward
+//                        with the carry gcarry[c]; writes du, ddelta_pre (softplus
+//                        backward fused), partial sums of dBs/dCs per channel group
+//                        and of dA per (b, chunk)
+//   scan_backward_sum_bc     dBs, dCs = sums of the channel-group partials -> dxproj columns
+//   scan_backward_sum_a_log  dA_log += A * sum of dA partials, exactly 0 at/beyond the clamp
 // All reductions are fixed-order sums (no float atomics): deterministic.
 //
 // Workgroup layout of the chunk kernels: WG invocations = CPW = WG/N channels
-// x N states (n = li % N, channel d = group*CPW + li / N); grid (G, nC, B) with
+// x N states (n = li % N, channel d = group*CPW + li / N); grid (G, C, B) with
 // G = ceil(D / CPW). Invocations past D (or past CPW*N) take part in barriers
-// but contribute zero. Reductions over n (y, du, dDelta) and over the CPW
+// but contribute zero. Reductions over n (y, du, ddelta) and over the CPW
 // channels (dBs, dCs) go through workgroup memory, once per block of TB steps.
 //
-// Bindings (Q = x_proj output (M, P): dt = Q[:, 0:R], Bs = Q[:, R:R+N], Cs = Q[:, R+N:P]);
-// w = parameter arena (A_log (D, N) at alog_off, D_vec (D) at dvec_off).
-// Chunk tensors hloc, pc, hck, wl, kc are (B, nC, D, N).
-// scan_fwd_local:  1 Q (M,P) r, 2 u (M,D) r, 3 delta (M,D) r, 4 w r, 5 hloc rw, 6 pc rw
-// scan_fwd_carry:  1 hloc r, 2 pc r, 3 hck rw
-// scan_fwd_out:    1 Q r, 2 u r, 3 delta r, 4 w r, 5 hck r, 6 y (M,D) rw
-// scan_bwd_local:  1 Q r, 2 delta r, 3 w r, 4 dy (M,D) r, 5 wl rw
-// scan_bwd_carry:  1 wl r, 2 pc r, 3 kc rw
-// scan_bwd_grads:  1 Q r, 2 u r, 3 delta r, 4 dpre (M,D) r (pre-softplus), 5 w r,
-//                  6 dy r, 7 hck r, 8 kc r, 9 du (M,D) rw (= scan part of dLoss/du),
-//                  10 ddpre (M,D) rw, 11 pbc (G, M, 2N) rw, 12 pa (B*nC, D, N) rw
-// scan_reduce_bc:  1 pbc r, 2 dQ (M,P) rw (columns R..P overwritten)
-// scan_reduce_da:  1 pa r, 2 w r, 3 gw (gradient arena) rw (A_log at alog_off, +=)
+// Bindings (0 is the uniform Params in every entry point). xproj (M, P) holds
+// dt_low = xproj[:, 0:R], Bs = xproj[:, R:R+N], Cs = xproj[:, R+N:P]; w is the
+// parameter arena (A_log (D, N) at alog_off, D_vec (D,) at dvec_off); g the
+// gradient arena. Chunk tensors hchunk, achunk, hstate, gchunk, gcarry, da_part
+// are (B, C, D, N).
+// | entry                   | binding: name shape access                                     |
+// |-------------------------|----------------------------------------------------------------|
+// | scan_forward_chunk      | 1 xproj (M,P) r; 2 u (M,D) r; 3 delta (M,D) r; 4 w r;            |
+// |                         | 5 hchunk rw; 6 achunk rw                                         |
+// | scan_forward_carry      | 1 hchunk r; 2 achunk r; 3 hstate rw                              |
+// | scan_forward_output     | 1 xproj r; 2 u r; 3 delta r; 4 w r; 5 hstate r; 6 y (M,D) rw     |
+// | scan_backward_chunk     | 1 xproj r; 2 delta r; 3 w r; 4 dy (M,D) r; 5 gchunk rw           |
+// | scan_backward_carry     | 1 gchunk r; 2 achunk r; 3 gcarry rw                              |
+// | scan_backward_grads     | 1 xproj r; 2 u r; 3 delta r; 4 delta_pre (M,D) r; 5 w r; 6 dy r; |
+// |                         | 7 hstate r; 8 gcarry r; 9 du (M,D) rw (scan part of dLoss/du);   |
+// |                         | 10 ddelta_pre (M,D) rw; 11 dbc_part (G,M,2N) rw; 12 da_part rw   |
+// | scan_backward_sum_bc    | 1 dbc_part r; 2 dxproj (M,P) rw (columns R..P overwritten)       |
+// | scan_backward_sum_a_log | 1 da_part r; 2 w r; 3 g rw (A_log at alog_off, +=)               |
 
 struct Params {
     B: u32, L: u32, D: u32, N: u32, R: u32, P: u32,
-    T: u32, nC: u32, G: u32, zoh: u32, alog_off: u32, dvec_off: u32,
+    chunk: u32, C: u32, G: u32, zoh: u32, alog_off: u32, dvec_off: u32,
 }
 
+// Clamp bounds of A_log, from mamba_ext.constants (A_LOG_MIN, A_LOG_MAX): no
+// default on purpose, so a pipeline built without them fails to compile.
+override a_log_min: f32;
+override a_log_max: f32;
+
+// A = -exp(clamp(A_log, A_LOG_MIN, A_LOG_MAX)).
+fn a_of(a_log: f32) -> f32 { return -exp(clamp(a_log, a_log_min, a_log_max)); }
+
 override WG: u32 = 128u;
-// Steps per block of scan_fwd_out / scan_bwd_grads: per-step contributions
+// Steps per block of scan_forward_output / scan_backward_grads: per-step contributions
 // of a block are kept in workgroup memory (TB * WG floats per array) and
 // reduced once per block, so the sequential loop has no barrier inside.
 override TB: u32 = 16u;
+// Longest chunk scan_backward_grads can hold in its private history array
+// (the Python side keeps SCAN_CHUNK <= TMAX).
 const TMAX: u32 = 64u;
+// HIST > 0: scan_backward_grads keeps the chunk's states in workgroup memory
+// (HIST = SCAN_CHUNK steps x WG invocations, consecutive invocations at
+// consecutive addresses) instead of the private array, which a GPU places in
+// local (off-chip, cached) memory because it is indexed dynamically.
+override HIST: u32 = 0u;
+var<workgroup> hist_w: array<f32, max(HIST, 1u) * WG>;   // (HIST, WG) chunk states
 
 @group(0) @binding(0) var<uniform> p: Params;
 
@@ -76,14 +101,14 @@ fn lane(li: u32, wid: vec3<u32>) -> Lane {
     l.on = dl < cpw && l.d < p.D;
     l.c = wid.y;
     l.b = wid.z;
-    l.t0 = wid.y * p.T;
-    l.t1 = min(l.t0 + p.T, p.L);
+    l.t0 = wid.y * p.chunk;
+    l.t1 = min(l.t0 + p.chunk, p.L);
     return l;
 }
 
-// Index of (b, c, d, n) in a (B, nC, D, N) chunk tensor.
+// Index of (b, c, d, n) in a (B, C, D, N) chunk tensor.
 fn cidx(b: u32, c: u32, d: u32, n: u32) -> u32 {
-    return ((b * p.nC + c) * p.D + d) * p.N + n;
+    return ((b * p.C + c) * p.D + d) * p.N + n;
 }
 
 // ZOH / Euler input factor coef = b_t / Bs_t.
@@ -93,37 +118,37 @@ fn coef_of(delta: f32, A: f32) -> f32 {
 }
 
 // ---------------------------------------------------------------- forward
-@group(0) @binding(1) var<storage, read> fl_Q: array<f32>;
+@group(0) @binding(1) var<storage, read> fl_xproj: array<f32>;
 @group(0) @binding(2) var<storage, read> fl_u: array<f32>;
 @group(0) @binding(3) var<storage, read> fl_delta: array<f32>;
 @group(0) @binding(4) var<storage, read> fl_w: array<f32>;
-@group(0) @binding(5) var<storage, read_write> fl_hloc: array<f32>;
-@group(0) @binding(6) var<storage, read_write> fl_pc: array<f32>;
+@group(0) @binding(5) var<storage, read_write> fl_hchunk: array<f32>;
+@group(0) @binding(6) var<storage, read_write> fl_achunk: array<f32>;
 
 @compute @workgroup_size(WG)
-fn scan_fwd_local(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+fn scan_forward_chunk(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let l = lane(li, wid);
     if (!l.on) { return; }
     let A = a_of(fl_w[p.alog_off + l.d * p.N + l.n]);
     var h = 0.0;
-    var pc = 1.0;
+    var ac = 1.0;
     for (var t = l.t0; t < l.t1; t++) {
         let r = l.b * p.L + t;
         let dl = fl_delta[r * p.D + l.d];
         let ab = exp(dl * A);
-        h = ab * h + coef_of(dl, A) * fl_Q[r * p.P + p.R + l.n] * fl_u[r * p.D + l.d];
-        pc *= ab;
+        h = ab * h + coef_of(dl, A) * fl_xproj[r * p.P + p.R + l.n] * fl_u[r * p.D + l.d];
+        ac *= ab;
     }
-    fl_hloc[cidx(l.b, l.c, l.d, l.n)] = h;
-    fl_pc[cidx(l.b, l.c, l.d, l.n)] = pc;
+    fl_hchunk[cidx(l.b, l.c, l.d, l.n)] = h;
+    fl_achunk[cidx(l.b, l.c, l.d, l.n)] = ac;
 }
 
-@group(0) @binding(1) var<storage, read> fc_hloc: array<f32>;
-@group(0) @binding(2) var<storage, read> fc_pc: array<f32>;
-@group(0) @binding(3) var<storage, read_write> fc_hck: array<f32>;
+@group(0) @binding(1) var<storage, read> fc_hchunk: array<f32>;
+@group(0) @binding(2) var<storage, read> fc_achunk: array<f32>;
+@group(0) @binding(3) var<storage, read_write> fc_hstate: array<f32>;
 
 @compute @workgroup_size(WG)
-fn scan_fwd_carry(@builtin(local_invocation_index) li: u32,
+fn scan_forward_carry(@builtin(local_invocation_index) li: u32,
                   @builtin(workgroup_id) wid: vec3<u32>,
                   @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_index(wid, nwg, li, WG);
@@ -132,29 +157,29 @@ fn scan_fwd_carry(@builtin(local_invocation_index) li: u32,
     let b = i / DN;
     let dn = i % DN;
     var h = 0.0;
-    for (var c = 0u; c < p.nC; c++) {
-        let k = (b * p.nC + c) * DN + dn;
-        fc_hck[k] = h;
-        h = fc_pc[k] * h + fc_hloc[k];
+    for (var c = 0u; c < p.C; c++) {
+        let k = (b * p.C + c) * DN + dn;
+        fc_hstate[k] = h;
+        h = fc_achunk[k] * h + fc_hchunk[k];
     }
 }
 
-@group(0) @binding(1) var<storage, read> fo_Q: array<f32>;
+@group(0) @binding(1) var<storage, read> fo_xproj: array<f32>;
 @group(0) @binding(2) var<storage, read> fo_u: array<f32>;
 @group(0) @binding(3) var<storage, read> fo_delta: array<f32>;
 @group(0) @binding(4) var<storage, read> fo_w: array<f32>;
-@group(0) @binding(5) var<storage, read> fo_hck: array<f32>;
+@group(0) @binding(5) var<storage, read> fo_hstate: array<f32>;
 @group(0) @binding(6) var<storage, read_write> fo_y: array<f32>;
 
 @compute @workgroup_size(WG)
-fn scan_fwd_out(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+fn scan_forward_output(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let l = lane(li, wid);
     let cpw = WG / p.N;
     var A = -1.0;
     var h = 0.0;
     if (l.on) {
         A = a_of(fo_w[p.alog_off + l.d * p.N + l.n]);
-        h = fo_hck[cidx(l.b, l.c, l.d, l.n)];
+        h = fo_hstate[cidx(l.b, l.c, l.d, l.n)];
     }
     // Blocks of TB steps (uniform bounds: the barriers are in uniform control flow).
     for (var tb = l.t0; tb < l.t1; tb += TB) {
@@ -164,8 +189,8 @@ fn scan_fwd_out(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id)
             var contrib = 0.0;
             if (l.on) {
                 let dl = fo_delta[r * p.D + l.d];
-                h = exp(dl * A) * h + coef_of(dl, A) * fo_Q[r * p.P + p.R + l.n] * fo_u[r * p.D + l.d];
-                contrib = fo_Q[r * p.P + p.R + p.N + l.n] * h;
+                h = exp(dl * A) * h + coef_of(dl, A) * fo_xproj[r * p.P + p.R + l.n] * fo_u[r * p.D + l.d];
+                contrib = fo_xproj[r * p.P + p.R + p.N + l.n] * h;
             }
             s1[(t - tb) * (WG + PADW) + li] = contrib;
         }
@@ -188,14 +213,14 @@ fn scan_fwd_out(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id)
 }
 
 // --------------------------------------------------------------- backward
-@group(0) @binding(1) var<storage, read> bl_Q: array<f32>;
+@group(0) @binding(1) var<storage, read> bl_xproj: array<f32>;
 @group(0) @binding(2) var<storage, read> bl_delta: array<f32>;
 @group(0) @binding(3) var<storage, read> bl_w: array<f32>;
 @group(0) @binding(4) var<storage, read> bl_dy: array<f32>;
-@group(0) @binding(5) var<storage, read_write> bl_wl: array<f32>;
+@group(0) @binding(5) var<storage, read_write> bl_gchunk: array<f32>;
 
 @compute @workgroup_size(WG)
-fn scan_bwd_local(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+fn scan_backward_chunk(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let l = lane(li, wid);
     if (!l.on) { return; }
     let A = a_of(bl_w[p.alog_off + l.d * p.N + l.n]);
@@ -203,18 +228,18 @@ fn scan_bwd_local(@builtin(local_invocation_index) li: u32, @builtin(workgroup_i
     var an = 0.0;                 // a_{t+1} of the step after t (0 past the chunk)
     for (var t = l.t1; t > l.t0; t--) {
         let r = l.b * p.L + t - 1u;
-        g = bl_Q[r * p.P + p.R + p.N + l.n] * bl_dy[r * p.D + l.d] + an * g;
+        g = bl_xproj[r * p.P + p.R + p.N + l.n] * bl_dy[r * p.D + l.d] + an * g;
         an = exp(bl_delta[r * p.D + l.d] * A);
     }
-    bl_wl[cidx(l.b, l.c, l.d, l.n)] = an * g;
+    bl_gchunk[cidx(l.b, l.c, l.d, l.n)] = an * g;
 }
 
-@group(0) @binding(1) var<storage, read> bc_wl: array<f32>;
-@group(0) @binding(2) var<storage, read> bc_pc: array<f32>;
-@group(0) @binding(3) var<storage, read_write> bc_kc: array<f32>;
+@group(0) @binding(1) var<storage, read> bc_gchunk: array<f32>;
+@group(0) @binding(2) var<storage, read> bc_achunk: array<f32>;
+@group(0) @binding(3) var<storage, read_write> bc_gcarry: array<f32>;
 
 @compute @workgroup_size(WG)
-fn scan_bwd_carry(@builtin(local_invocation_index) li: u32,
+fn scan_backward_carry(@builtin(local_invocation_index) li: u32,
                   @builtin(workgroup_id) wid: vec3<u32>,
                   @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_index(wid, nwg, li, WG);
@@ -223,44 +248,44 @@ fn scan_bwd_carry(@builtin(local_invocation_index) li: u32,
     let b = i / DN;
     let dn = i % DN;
     var k = 0.0;
-    for (var c = p.nC; c > 0u; c--) {
-        let j = (b * p.nC + c - 1u) * DN + dn;
-        bc_kc[j] = k;
-        k = bc_wl[j] + bc_pc[j] * k;
+    for (var c = p.C; c > 0u; c--) {
+        let j = (b * p.C + c - 1u) * DN + dn;
+        bc_gcarry[j] = k;
+        k = bc_gchunk[j] + bc_achunk[j] * k;
     }
 }
 
-@group(0) @binding(1) var<storage, read> bg_Q: array<f32>;
+@group(0) @binding(1) var<storage, read> bg_xproj: array<f32>;
 @group(0) @binding(2) var<storage, read> bg_u: array<f32>;
 @group(0) @binding(3) var<storage, read> bg_delta: array<f32>;
-@group(0) @binding(4) var<storage, read> bg_dpre: array<f32>;
+@group(0) @binding(4) var<storage, read> bg_delta_pre: array<f32>;
 @group(0) @binding(5) var<storage, read> bg_w: array<f32>;
 @group(0) @binding(6) var<storage, read> bg_dy: array<f32>;
-@group(0) @binding(7) var<storage, read> bg_hck: array<f32>;
-@group(0) @binding(8) var<storage, read> bg_kc: array<f32>;
+@group(0) @binding(7) var<storage, read> bg_hstate: array<f32>;
+@group(0) @binding(8) var<storage, read> bg_gcarry: array<f32>;
 @group(0) @binding(9) var<storage, read_write> bg_du: array<f32>;
-@group(0) @binding(10) var<storage, read_write> bg_ddpre: array<f32>;
-@group(0) @binding(11) var<storage, read_write> bg_pbc: array<f32>;
-@group(0) @binding(12) var<storage, read_write> bg_pa: array<f32>;
+@group(0) @binding(10) var<storage, read_write> bg_ddelta_pre: array<f32>;
+@group(0) @binding(11) var<storage, read_write> bg_dbc_part: array<f32>;
+@group(0) @binding(12) var<storage, read_write> bg_da_part: array<f32>;
 
 @compute @workgroup_size(WG)
-fn scan_bwd_grads(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let l = lane(li, wid);
     let M = p.B * p.L;
     let cpw = WG / p.N;
     var A = -1.0;
-    var hist: array<f32, TMAX>;   // hist[t - t0] = h_{t-1}
+    var hist: array<f32, TMAX>;   // hist[t - t0] = h_{t-1}, (chunk,) private
     var carry = 0.0;
     if (l.on) {
         A = a_of(bg_w[p.alog_off + l.d * p.N + l.n]);
-        var h = bg_hck[cidx(l.b, l.c, l.d, l.n)];
+        var h = bg_hstate[cidx(l.b, l.c, l.d, l.n)];
         for (var t = l.t0; t < l.t1; t++) {
             let r = l.b * p.L + t;
-            hist[t - l.t0] = h;
+            if (HIST > 0u) { hist_w[(t - l.t0) * WG + li] = h; } else { hist[t - l.t0] = h; }
             let dl = bg_delta[r * p.D + l.d];
-            h = exp(dl * A) * h + coef_of(dl, A) * bg_Q[r * p.P + p.R + l.n] * bg_u[r * p.D + l.d];
+            h = exp(dl * A) * h + coef_of(dl, A) * bg_xproj[r * p.P + p.R + l.n] * bg_u[r * p.D + l.d];
         }
-        carry = bg_kc[cidx(l.b, l.c, l.d, l.n)];
+        carry = bg_gcarry[cidx(l.b, l.c, l.d, l.n)];
     }
     var dA = 0.0;
     // Blocks of TB steps from the end of the chunk (uniform bounds).
@@ -275,12 +300,13 @@ fn scan_bwd_grads(@builtin(local_invocation_index) li: u32, @builtin(workgroup_i
                 let dl = bg_delta[r * p.D + l.d];
                 let uu = bg_u[r * p.D + l.d];
                 let dyv = bg_dy[r * p.D + l.d];
-                let Bn = bg_Q[r * p.P + p.R + l.n];
-                let Cn = bg_Q[r * p.P + p.R + p.N + l.n];
+                let Bn = bg_xproj[r * p.P + p.R + l.n];
+                let Cn = bg_xproj[r * p.P + p.R + p.N + l.n];
                 let x = dl * A;
                 let ab = exp(x);
                 let coef = coef_of(dl, A);
-                let hp = hist[t - 1u - l.t0];
+                var hp: f32;
+                if (HIST > 0u) { hp = hist_w[(t - 1u - l.t0) * WG + li]; } else { hp = hist[t - 1u - l.t0]; }
                 let ht = ab * hp + coef * Bn * uu;
                 let g = Cn * dyv + carry;
                 carry = ab * g;
@@ -301,7 +327,7 @@ fn scan_bwd_grads(@builtin(local_invocation_index) li: u32, @builtin(workgroup_i
         }
         workgroupBarrier();
         let nt = te - tb;
-        // du, dLoss/d(dpre): sums over the N states of each channel (fixed order)
+        // du, ddelta_pre: sums over the N states of each channel (fixed order)
         for (var q = li; q < nt * cpw; q += WG) {
             let t = tb + q / cpw;
             let dl = q % cpw;
@@ -312,7 +338,7 @@ fn scan_bwd_grads(@builtin(local_invocation_index) li: u32, @builtin(workgroup_i
                 for (var j = 0u; j < p.N; j++) { su += s1[base + j]; sd += s2[base + j]; }
                 let r = l.b * p.L + t;
                 bg_du[r * p.D + d] = su + bg_w[p.dvec_off + d] * bg_dy[r * p.D + d];
-                bg_ddpre[r * p.D + d] = sd * sigmoid(bg_dpre[r * p.D + d]);
+                bg_ddelta_pre[r * p.D + d] = sd * sigmoid(bg_delta_pre[r * p.D + d]);
             }
         }
         // dBs, dCs partials: sums over this group's channels (fixed order)
@@ -323,20 +349,20 @@ fn scan_bwd_grads(@builtin(local_invocation_index) li: u32, @builtin(workgroup_i
             var sb = 0.0; var sc = 0.0;
             for (var j = 0u; j < cpw; j++) { sb += s3[base + j * p.N]; sc += s4[base + j * p.N]; }
             let o = (wid.x * M + l.b * p.L + t) * 2u * p.N;
-            bg_pbc[o + n] = sb;
-            bg_pbc[o + p.N + n] = sc;
+            bg_dbc_part[o + n] = sb;
+            bg_dbc_part[o + p.N + n] = sc;
         }
         workgroupBarrier();
         te = tb;
     }
-    if (l.on) { bg_pa[cidx(l.b, l.c, l.d, l.n)] = dA; }
+    if (l.on) { bg_da_part[cidx(l.b, l.c, l.d, l.n)] = dA; }
 }
 
-@group(0) @binding(1) var<storage, read> rb_pbc: array<f32>;
-@group(0) @binding(2) var<storage, read_write> rb_dQ: array<f32>;
+@group(0) @binding(1) var<storage, read> rb_dbc_part: array<f32>;
+@group(0) @binding(2) var<storage, read_write> rb_dxproj: array<f32>;
 
 @compute @workgroup_size(WG)
-fn scan_reduce_bc(@builtin(local_invocation_index) li: u32,
+fn scan_backward_sum_bc(@builtin(local_invocation_index) li: u32,
                   @builtin(workgroup_id) wid: vec3<u32>,
                   @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_index(wid, nwg, li, WG);
@@ -346,26 +372,26 @@ fn scan_reduce_bc(@builtin(local_invocation_index) li: u32,
     let r = i / W;
     let j = i % W;
     var s = 0.0;
-    for (var g = 0u; g < p.G; g++) { s += rb_pbc[(g * M + r) * W + j]; }
-    rb_dQ[r * p.P + p.R + j] = s;
+    for (var g = 0u; g < p.G; g++) { s += rb_dbc_part[(g * M + r) * W + j]; }
+    rb_dxproj[r * p.P + p.R + j] = s;
 }
 
-@group(0) @binding(1) var<storage, read> ra_pa: array<f32>;
+@group(0) @binding(1) var<storage, read> ra_da_part: array<f32>;
 @group(0) @binding(2) var<storage, read> ra_w: array<f32>;
 @group(0) @binding(3) var<storage, read_write> ra_g: array<f32>;
 
 @compute @workgroup_size(WG)
-fn scan_reduce_da(@builtin(local_invocation_index) li: u32,
+fn scan_backward_sum_a_log(@builtin(local_invocation_index) li: u32,
                   @builtin(workgroup_id) wid: vec3<u32>,
                   @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_index(wid, nwg, li, WG);
     let DN = p.D * p.N;
     if (i >= DN) { return; }
     var s = 0.0;
-    for (var bc = 0u; bc < p.B * p.nC; bc++) { s += ra_pa[bc * DN + i]; }
+    for (var bc = 0u; bc < p.B * p.C; bc++) { s += ra_da_part[bc * DN + i]; }
     let a_log = ra_w[p.alog_off + i];
-    // Closed clamp: exactly zero gradient at and beyond -10 and 5.
-    if (a_log > -10.0 && a_log < 5.0) {
+    // Closed clamp: exactly zero gradient at and beyond the bounds.
+    if (a_log > a_log_min && a_log < a_log_max) {
         ra_g[p.alog_off + i] = ra_g[p.alog_off + i] + a_of(a_log) * s;
     }
 }

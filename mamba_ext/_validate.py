@@ -198,3 +198,16 @@ def check_discretization(discretization) -> int:
         raise ValueError(f"discretization: expected one of {sorted(DISCRETIZATIONS)}, "
                          f"got {discretization!r}")
     return DISCRETIZATIONS[discretization]
+
+
+def check_eps(eps) -> float:
+    """The one eps rule of every RMSNorm epsilon (CPU and GPU, block and model):
+    a finite real number > 0 (bool and str refused); returns it as a float."""
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.integer,
+                                                                np.floating)):
+        raise TypeError(f"eps: expected a finite real number > 0, got {type(eps).__name__} "
+                        f"{eps!r}")
+    e = float(eps)
+    if not (np.isfinite(e) and e > 0.0):
+        raise ValueError(f"eps: expected a finite real number > 0, got {eps!r}")
+    return e

@@ -88,10 +88,10 @@ def _time_ops(g, ops, clears, repeat, warmup=2):
 
 def copy_bandwidth(g, n_floats=1 << 26, repeat=5):
     """Bytes/s of the copy_vec4 kernel on ``n_floats`` floats (read + write)."""
-    from ..gpu.layers import elementwise
+    from ..gpu.device import elementwise
     n = min(n_floats, g.max_binding // 4) // 4 * 4
     a, b = g.buffer(n, "bw_src"), g.buffer(n, "bw_dst")
-    op = elementwise(g, "activations", "copy_vec4", n // 4, [n // 4, 0, 0], [a, b])
+    op = elementwise(g, "selftest", "copy_vec4", n // 4, [n // 4], [a, b])
     gpu_ms, wall_ms = _time_ops(g, [op], (), repeat)
     ms = gpu_ms if gpu_ms is not None else wall_ms
     a.destroy(); b.destroy()
@@ -196,7 +196,7 @@ def torch_bench(x, params, dout, ref_out, ref_dx, repeat, loops):
 def bench_size(size, repeat, use_torch, loops, profile=False):
     from mamba_ext.cli.bench import SIZES
     from ..gpu.block import _Plan
-    from ..gpu import layers
+    from ..gpu import linear, scan
     Dm, D, N, K, R, B, L = SIZES[size]
     g = gpu()
     dims = BlockDims(Dm=Dm, D=D, N=N, K=K, R=R)
@@ -205,9 +205,9 @@ def bench_size(size, repeat, use_torch, loops, profile=False):
     x = rng.standard_normal((B, L, Dm)).astype(np.float32)
     dout = rng.standard_normal((B, L, Dm)).astype(np.float32)
     before = g.bytes_allocated
-    plan = _Plan(dims, B, L, 1e-6, "zoh", layers.SCAN_CHUNK)
+    plan = _Plan(dims, B, L, 1e-6, "zoh", scan.SCAN_CHUNK)
     mem = g.bytes_allocated - before
-    from ..gpu.block import BLOCK_PARAM_NAMES
+    from .._validate import BLOCK_PARAM_NAMES
     plan.upload_params({k: params[k] for k in BLOCK_PARAM_NAMES})
     g.write(plan.x, x)
     g.write(plan.dout, dout)
@@ -218,10 +218,10 @@ def bench_size(size, repeat, use_torch, loops, profile=False):
     lay = plan.layer
     scan_ops = [op for op in ops if op.name.startswith("scan_")]
     scan_gpu, scan_wall = _time_ops(g, scan_ops, [], repeat)
-    sb = scan_bytes(dims, B, L, lay.T, plan.scratch.G)
+    sb = scan_bytes(dims, B, L, lay.s.chunk, lay.s.G)
     res = dict(size=size, dims=(Dm, D, N, K, R, B, L), gpu_ms=gpu_ms, wall_ms=wall_ms, mem=mem,
                scan_ms=scan_gpu if scan_gpu is not None else scan_wall, scan_bytes=sb,
-               n_dispatch=len(ops), chunk=lay.T, tile=layers.GEMM_TILE)
+               n_dispatch=len(ops), chunk=lay.s.chunk, tile=linear.GEMM_TILE)
     if profile:
         # Each dispatch alone in its own pass (timestamps around it), summed by kernel name.
         per = {}
@@ -278,8 +278,10 @@ def main(argv=None):
               f"WGSL fwd+bwd {ours:.3f} ms")
         for tot, cnt, name in r.get("profile", []):
             extra = ""
-            if name == "linear_gemm":
-                extra = f"  ({r['gemm_flop'] / (tot * 1e-3) / 1e12:.1f} TFLOP/s)"
+            if name in ("linear_forward", "linear_backward"):
+                # the block's forward GEMMs are 1/3 of gemm_flop, the backward's 2/3
+                flop = r["gemm_flop"] * (1 / 3 if name == "linear_forward" else 2 / 3)
+                extra = f"  ({flop / (tot * 1e-3) / 1e12:.1f} TFLOP/s)"
             print(f"  kernel {name:32s} x{cnt:2d} {tot:8.3f} ms{extra}")
         if not r["torch"]:
             print(f"  PyTorch CUDA baselines: {r['torch_note']}")

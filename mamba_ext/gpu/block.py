@@ -1,10 +1,19 @@
-"""GPU forward and backward of one Mamba-1 block, mirroring the CPU API.
+"""One Mamba-1 block on the GPU, the mirror of mamba_ext/cpu/block.pyx (composition
+of the steps) and of mamba_ext/block.py (public API).
 
 ``mamba1_forward(x, params)`` -> ``(out, cache)`` and
 ``mamba1_backward(dout, params, cache)`` -> ``(dx, grads)`` with NumPy arrays in
 and out; float32 only. The cache is a :class:`GpuBlockCache` holding the GPU
 buffers of the forward activations (they stay on the GPU); its plan goes back
 to a pool for reuse once the cache is garbage collected.
+
+A :class:`BlockLayer` owns the forward cache of one block (every activation the
+backward needs, plus the scan's chunk states) and records, once, the
+dispatches of its forward and backward; running a step is then only encoding
+the recorded ops (no bind group or pipeline is created per step).
+
+Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv,
+R dtRank, P = R + 2N, M = B*L, C = ceil(L / SCAN_CHUNK) scan chunks.
 """
 from __future__ import annotations
 
@@ -12,9 +21,15 @@ import weakref
 
 import numpy as np
 
-from .._validate import BLOCK_PARAM_NAMES, block_param_shapes, check_block_params, check_x
-from .device import gpu
-from .layers import BlockLayer, Scratch, block_arena
+from .._validate import (BLOCK_PARAM_NAMES, BlockDims, block_param_shapes, check_block_params,
+                         check_discretization, check_eps, check_x)
+from ..constants import DEFAULT_EPS
+from . import scan as _scan
+from .activations import gate_backward, gate_forward
+from .conv1d import conv1d_backward, conv1d_forward
+from .device import arena_layout, gpu
+from .linear import backward_scratch_len, linear_backward, linear_forward
+from .rmsnorm import rmsnorm_backward, rmsnorm_forward
 
 _POOL = {}          # plan key -> list of free plans
 _POOL_MAX = 4       # free plans kept per key
@@ -28,11 +43,6 @@ def require_float32(name, arr):
                         f"convert with .astype(np.float32) (or use the CPU API for float64)")
 
 
-def _check_discretization(discretization):
-    if discretization not in ("zoh", "euler"):
-        raise ValueError(f"discretization: expected 'zoh' or 'euler', got {discretization!r}")
-
-
 def validate_block(x, params):
     require_float32("x", x)
     for n in BLOCK_PARAM_NAMES:
@@ -43,8 +53,133 @@ def validate_block(x, params):
     return xa, arrays, dims
 
 
+def block_arena(d: BlockDims, prefix=""):
+    """Arena layout of one block's 13 parameters: ({name: offset}, total)."""
+    return arena_layout([(prefix + n, s) for n, s in block_param_shapes(d).items()])
+
+
+def projection_shapes(d: BlockDims):
+    """(inputs, outputs) of the block's four linear layers: in_proj, x_proj, dt_proj, out_proj."""
+    return [(d.Dm, 2 * d.D), (d.D, d.P), (d.R, d.D), (d.D, d.Dm)]
+
+
+class BlockScratch:
+    """Backward temporaries of one block shape, shared by all layers of a model.
+    ``split``: the split-K scratch of the dW products (kernels/linear.wgsl), or None
+    to make one for the block's own projections."""
+
+    def __init__(self, g, d: BlockDims, s: _scan.ScanShape, split=None):
+        M, D, P, Dm = s.M, d.D, d.P, d.Dm
+        mk = g.buffer
+        self.dgated = mk(M * D, "dgated")            # (M, D)
+        self.dy = mk(M * D, "dy")                    # (M, D)
+        self.du = mk(M * D, "du")                    # (M, D)
+        self.dconv = mk(M * D, "dconv")              # (M, D)
+        self.ddelta_pre = mk(M * D, "ddelta_pre")    # (M, D)
+        self.dY = mk(M * 2 * D, "dY")                # (M, 2D) = [dxc | dz]
+        self.dxproj = mk(M * P, "dxproj")            # (M, P) = [ddt_low | dBs | dCs]
+        self.dxn = mk(M * Dm, "dxn")                 # (M, Dm)
+        self.gw = mk(M * Dm, "rmsnorm_gw")           # (M, Dm) per-row gain-gradient terms
+        self.scan = _scan.ScanScratch(g, s)
+        self.split = split if split is not None else g.buffer(
+            backward_scratch_len(g, M, projection_shapes(d)), "linear_split_k")
+
+
+class BlockLayer:
+    """Forward cache and recorded ops of one block.
+
+    ``w``/``gr``: parameter / gradient arenas, ``o``: block name -> offset in
+    them. ``x``/``out``: (M, Dm) input and output buffers.
+    """
+
+    def __init__(self, g, d: BlockDims, B, L, w, gr, offs, x, out, eps=DEFAULT_EPS,
+                 discretization="zoh", chunk=None):
+        self.g, self.d, self.B, self.L = g, d, B, L
+        self.w, self.gr, self.o, self.x, self.out = w, gr, offs, x, out
+        self.eps = check_eps(eps)
+        zoh = check_discretization(discretization) == 0
+        self.s = _scan.ScanShape(B, L, d.D, d.N, d.R, int(chunk or _scan.SCAN_CHUNK), zoh)
+        M, D, P, Dm = B * L, d.D, d.P, d.Dm
+        self.M = M
+        mk = g.buffer
+        self.xn = mk(M * Dm, "xn")                   # (M, Dm) RMSNorm output
+        self.rstd = mk(M, "rstd")                    # (M,)
+        self.Y = mk(M * 2 * D, "Y")                  # (M, 2D) in_proj output [xc | z]
+        self.conv = mk(M * D, "conv")                # (M, D) conv1d output before SiLU
+        self.u = mk(M * D, "u")                      # (M, D) SiLU(conv), the scan input
+        self.xproj = mk(M * P, "xproj")              # (M, P) [dt_low | Bs | Cs]
+        self.delta_pre = mk(M * D, "delta_pre")      # (M, D) dt_proj output + bias
+        self.delta = mk(M * D, "delta")              # (M, D) softplus(delta_pre)
+        n = self.s.chunk_elems
+        self.hchunk = mk(n, "scan_hchunk")           # (B, C, D, N) chunk end states from zero
+        self.achunk = mk(n, "scan_achunk")           # (B, C, D, N) chunk decay products
+        self.hstate = mk(n, "scan_hstate")           # (B, C, D, N) state entering each chunk
+        self.y = mk(M * D, "y")                      # (M, D) scan output before the gate
+        self.gated = mk(M * D, "gated")              # (M, D)
+        self._fwd = None
+
+    def forward_ops(self):
+        if self._fwd is None:
+            g, d, o, M, L, w = self.g, self.d, self.o, self.M, self.L, self.w
+            D, P, R, Dm = d.D, d.P, d.R, d.Dm
+            self._fwd = [
+                rmsnorm_forward(g, M, Dm, self.x, w, o["normWeight"], self.xn, self.rstd, self.eps),
+                # in_proj: Y (M, 2D) = xn @ wInProj^T + bInProj
+                *linear_forward(g, M, Dm, 2 * D, self.xn, 0, Dm, w, o["wInProj"], o["bInProj"],
+                               self.Y, 0, 2 * D),
+                conv1d_forward(g, M, L, D, d.K, self.Y, w, o, self.conv, self.u),
+                # x_proj: xproj (M, P) = u @ wXProj^T + bXProj
+                *linear_forward(g, M, D, P, self.u, 0, D, w, o["wXProj"], o["bXProj"],
+                               self.xproj, 0, P),
+                # dt_proj: delta_pre (M, D) = dt_low @ wDtProj^T + bDtProj,
+                # delta = softplus(delta_pre) in the same store
+                *linear_forward(g, M, R, D, self.xproj, 0, P, w, o["wDtProj"], o["bDtProj"],
+                                self.delta_pre, 0, D, softplus_out=self.delta),
+                *_scan.scan_forward(g, self.s, self.xproj, self.u, self.delta, w, o,
+                                    self.hchunk, self.achunk, self.hstate, self.y),
+                gate_forward(g, M, D, self.y, self.Y, self.gated),
+                # out = x + gated @ wOutProj^T + bOutProj (residual added in the store)
+                *linear_forward(g, M, D, Dm, self.gated, 0, D, w, o["wOutProj"], o["bOutProj"],
+                               self.out, 0, Dm, res=self.x),
+            ]
+        return self._fwd
+
+    def backward_ops(self, dout, dx, sc: BlockScratch):
+        """Ops for dx = dLoss/dx and gradient arena += dLoss/dparams, from dout."""
+        g, d, o, M, L, w, gr = self.g, self.d, self.o, self.M, self.L, self.w, self.gr
+        D, P, R, Dm = d.D, d.P, d.R, d.Dm
+        return [
+            # out_proj: dgated = dout @ wOutProj; dW += dout^T gated; db += colsum(dout)
+            *linear_backward(g, M, D, Dm, dout, 0, Dm, self.gated, 0, D, w, o["wOutProj"],
+                             o["bOutProj"], gr, dx=sc.dgated, dx_rs=D, scratch=sc.split),
+            gate_backward(g, M, D, sc.dgated, self.y, self.Y, sc.dy, sc.dY),
+            *_scan.scan_backward(g, self.s, sc.scan, self.xproj, self.u, self.delta,
+                                 self.delta_pre, w, o, sc.dy, self.hstate, self.achunk, sc.du,
+                                 sc.ddelta_pre, sc.dxproj, gr),
+            # dt_proj: dxproj[:, 0:R] = ddelta_pre @ wDtProj; dW += ddelta_pre^T dt_low; db
+            *linear_backward(g, M, R, D, sc.ddelta_pre, 0, D, self.xproj, 0, P, w, o["wDtProj"],
+                             o["bDtProj"], gr, dx=sc.dxproj, dx_rs=P, scratch=sc.split),
+            # x_proj: du += dxproj @ wXProj; dW += dxproj^T u; db += colsum(dxproj)
+            *linear_backward(g, M, D, P, sc.dxproj, 0, P, self.u, 0, D, w, o["wXProj"],
+                             o["bXProj"], gr, dx=sc.du, dx_rs=D, dx_beta=1, scratch=sc.split),
+            # conv + SiLU: dconv, dY[:, 0:D]; dwConv, dbConv
+            *conv1d_backward(g, M, L, D, d.K, sc.du, self.conv, w, o, sc.dconv, sc.dY, self.Y, gr),
+            # in_proj: dxn = dY @ wInProj; dW += dY^T xn; db += colsum(dY)
+            *linear_backward(g, M, Dm, 2 * D, sc.dY, 0, 2 * D, self.xn, 0, Dm, w, o["wInProj"],
+                             o["bInProj"], gr, dx=sc.dxn, dx_rs=Dm, scratch=sc.split),
+            # RMSNorm + residual: dx = dout + norm backward; dnormWeight = colsum(gw)
+            *rmsnorm_backward(g, M, Dm, self.x, w, o["normWeight"], sc.dxn, self.rstd, dx, sc.gw,
+                              gr, self.eps, dres=dout),
+        ]
+
+    def buffers(self):
+        """The forward cache buffers (for memory accounting)."""
+        return [self.xn, self.rstd, self.Y, self.conv, self.u, self.xproj, self.delta_pre,
+                self.delta, self.hchunk, self.achunk, self.hstate, self.y, self.gated]
+
+
 class _Plan:
-    """Buffers and recorded ops of one block for one (dims, B, L, eps, disc)."""
+    """Buffers and recorded ops of one block for one (dims, B, L, eps, disc, chunk)."""
 
     def __init__(self, dims, B, L, eps, discretization, chunk):
         g = gpu()
@@ -53,25 +188,19 @@ class _Plan:
         M = B * L
         self.w = g.buffer(n, "params")
         self.gr = g.buffer(n, "grads")
-        self.x = g.buffer(M * dims.Dm, "x")
-        self.out = g.buffer(M * dims.Dm, "out")
-        self.dout = g.buffer(M * dims.Dm, "dout")
-        self.dx = g.buffer(M * dims.Dm, "dx")
-        self.scratch = Scratch(g, dims, B, L, chunk)
+        self.x = g.buffer(M * dims.Dm, "x")          # (M, Dm)
+        self.out = g.buffer(M * dims.Dm, "out")      # (M, Dm)
+        self.dout = g.buffer(M * dims.Dm, "dout")    # (M, Dm)
+        self.dx = g.buffer(M * dims.Dm, "dx")        # (M, Dm)
         self.layer = BlockLayer(g, dims, B, L, self.w, self.gr, self.offs, self.x, self.out,
-                                self.scratch, eps, discretization, chunk)
+                                eps, discretization, chunk)
+        self.scratch = BlockScratch(g, dims, self.layer.s)
         self.fwd = self.layer.forward_ops()
-        self.bwd = self.layer.backward_ops(self.dout, self.dx)
+        self.bwd = self.layer.backward_ops(self.dout, self.dx, self.scratch)
         self.n = n
 
     def upload_params(self, arrays):
-        g = gpu()
-        g.write(self.w, np.concatenate([arrays[k].ravel() for k in BLOCK_PARAM_NAMES]))
-
-
-def _chunk():
-    from . import layers
-    return layers.SCAN_CHUNK
+        gpu().write(self.w, np.concatenate([arrays[k].ravel() for k in BLOCK_PARAM_NAMES]))
 
 
 def _acquire(key):
@@ -89,54 +218,64 @@ def _release(plan):
 
 class GpuBlockCache:
     """What the GPU forward keeps for the backward: the plan whose buffers hold
-    this forward's activations (on the GPU), and the shapes."""
+    this forward's activations (on the GPU), the shape of ``x``, eps,
+    discretization and the fingerprint of the parameters (the CPU cache's rule:
+    the backward refuses other parameter values)."""
 
-    def __init__(self, plan, shape):
+    def __init__(self, plan, shape, dims, eps, discretization, fingerprint):
         self.plan = plan
-        self.shape = shape
-        self._finalizer = weakref.finalize(self, _release, plan)
+        self.shape = tuple(shape)
+        self.dims = dims
+        self.eps = eps
+        self.discretization = discretization
+        self.fingerprint = fingerprint
+        self._finalizer = None if plan is None else weakref.finalize(self, _release, plan)
 
     @property
     def nbytes(self):
-        return sum(b.size for b in self.plan.layer.buffers())
+        return 0 if self.plan is None else sum(b.size for b in self.plan.layer.buffers())
 
 
-def mamba1_forward(x, params, *, eps=1e-6, discretization="zoh"):
+def mamba1_forward(x, params, *, eps=DEFAULT_EPS, discretization="zoh"):
     """Block forward on the GPU: ``out`` (B, L, Dm) float32 and a GPU cache."""
-    _check_discretization(discretization)
+    from ..block import _fingerprint
+    check_discretization(discretization)
+    eps = check_eps(eps)
     xa, arrays, dims = validate_block(x, params)
     B, L, _ = xa.shape
+    fp = _fingerprint(arrays)
     if B * L == 0:
-        return xa.copy(), _EmptyCache(xa.shape, dims)
-    plan = _acquire((dims, B, L, float(eps), discretization, _chunk()))
+        return xa.copy(), GpuBlockCache(None, xa.shape, dims, eps, discretization, fp)
+    plan = _acquire((dims, B, L, eps, discretization, _scan.SCAN_CHUNK))
     g = gpu()
     plan.upload_params(arrays)
     g.write(plan.x, xa)
     g.submit(plan.fwd)
     out = g.read(plan.out, xa.size).reshape(xa.shape)
-    return out, GpuBlockCache(plan, xa.shape)
-
-
-class _EmptyCache:
-    """Cache of an empty batch (B*L == 0): nothing to keep."""
-
-    def __init__(self, shape, dims):
-        self.shape, self.dims, self.plan = shape, dims, None
+    return out, GpuBlockCache(plan, xa.shape, dims, eps, discretization, fp)
 
 
 def mamba1_backward(dout, params, cache):
-    """Block backward on the GPU: ``(dx, grads)``; grads keyed like ``params``."""
-    if not isinstance(cache, (GpuBlockCache, _EmptyCache)):
+    """Block backward on the GPU: ``(dx, grads)``; grads keyed like ``params``.
+    ``params`` must be the values the forward used (ValueError otherwise)."""
+    from ..block import _fingerprint
+    if not isinstance(cache, GpuBlockCache):
         raise TypeError(f"cache: expected the cache returned by mamba_ext.gpu.mamba1_forward, "
                         f"got {type(cache).__name__}")
     da, arrays, dims = validate_block(dout, params)
-    if da.shape != tuple(cache.shape):
-        raise ValueError(f"dout: expected shape {tuple(cache.shape)} (the forward's x), got {da.shape}")
+    if da.shape != cache.shape:
+        raise ValueError(f"dout: expected shape {cache.shape} (the forward's x), got {da.shape}")
+    if dims != cache.dims:
+        raise ValueError(f"params: sizes {dims} differ from those of the forward that made "
+                         f"the cache {cache.dims}")
+    fp = _fingerprint(arrays)
+    if fp != cache.fingerprint:
+        changed = [n for n, a, b in zip(BLOCK_PARAM_NAMES, fp, cache.fingerprint) if a != b]
+        raise ValueError(f"params: values of {changed} differ from those the forward used; "
+                         f"the cache is only valid with the same params")
     if cache.plan is None:
         return da.copy(), {k: np.zeros(s, np.float32) for k, s in block_param_shapes(dims).items()}
     plan = cache.plan
-    if plan.key[0] != dims:
-        raise ValueError(f"params: sizes {dims} differ from the forward's {plan.key[0]}")
     g = gpu()
     plan.upload_params(arrays)
     g.write(plan.dout, da)

@@ -1,14 +1,22 @@
 """The one wgpu device of mamba_ext.gpu: adapter limits, kernel loading, the
-pipeline cache, buffers and dispatch recording.
+pipeline cache, buffers and dispatch recording, and the dispatch helpers every
+step module uses (:func:`elementwise`, :func:`column_sum`, :func:`arena_layout`).
 
 Everything that touches wgpu goes through :func:`gpu` (created lazily, once per
 process). Kernels are WGSL files of the package ``mamba_ext.kernels`` (the
-repository's ``kernels/`` folder, mapped by ``package_dir`` in setup.py).
+repository's ``kernels/`` folder, mapped by ``package_dir`` in setup.py), read
+with importlib.resources; each pipeline is compiled once per (file, entry point,
+override constants) and cached.
+
+The step modules mirror ``mamba_ext/cpu/``: ``rmsnorm``, ``linear``, ``conv1d``,
+``scan``, ``activations``, ``block``, ``model``, ``adamw`` (+ ``trainer``), each
+dispatching the kernels of ``kernels/<same name>.wgsl``.
+
+Size letters: M = B*L rows.
 """
 from __future__ import annotations
 
 import math
-import os
 import re
 import struct
 import threading
@@ -123,7 +131,8 @@ class Gpu:
                 self._modules[file] = mod
             compute = {"module": mod, "entry_point": entry}
             if constants:
-                compute["constants"] = {k: v for k, v in constants.items()}
+                # override constants travel as numbers (bool -> 1.0 / 0.0)
+                compute["constants"] = {k: float(v) for k, v in constants.items()}
             pl = self.device.create_compute_pipeline(label=f"{file}.{entry}", layout="auto",
                                                      compute=compute)
             self._pipelines[key] = pl
@@ -237,6 +246,24 @@ class Gpu:
                                         | w.BufferUsage.COPY_SRC)
         return qs, buf
 
+    def scratch(self, name, n_floats):
+        """A device-wide scratch buffer ``name`` of at least ``n_floats`` (reused by
+        every op recorded later; dispatches of one pass run in order, so ops that
+        use it one after the other never overlap). Grows by replacement: ops
+        recorded earlier keep the smaller buffer they were bound to."""
+        cache = self.__dict__.setdefault("_scratch", {})
+        buf = cache.get(name)
+        if buf is None or buf.size < 4 * n_floats:
+            buf = cache[name] = self.buffer(max(n_floats, 4), name)
+        return buf
+
+    def dummy(self):
+        """A tiny buffer for read_write bindings that an entry point does not use
+        (bound so that every binding of the "auto" layout has a buffer)."""
+        if getattr(self, "_dummy", None) is None:
+            self._dummy = self.buffer(4, "unused")
+        return self._dummy
+
     def sync(self):
         """Wait until all submitted work is done: read back a tiny buffer (the
         copy is queued after everything submitted before; wgpu-py 0.32's
@@ -244,6 +271,42 @@ class Gpu:
         if getattr(self, "_sync_buf", None) is None:
             self._sync_buf = self.buffer(4, "sync")
         self.read(self._sync_buf, 1)
+
+
+EW_WG = 256        # elementwise kernels' workgroup size (override constant WG)
+
+
+def elementwise(g, file, entry, n, params, buffers, wg=EW_WG, constants=None):
+    """Op with one invocation per element of an ``n``-element problem."""
+    return g.op(file, entry, g.grid1d(math.ceil(n / wg), f"{file}.{entry}"), params, buffers,
+                {"WG": wg, **(constants or {})})
+
+
+COLUMN_SUM_ROWS = 256      # rows per block of column_sum's first pass (at least)
+COLUMN_SUM_BLOCKS = 64     # row blocks at most
+
+
+def column_sum(g, M, C, a, a_off, a_rs, out, o_off, b=None, b_off=0, b_rs=0):
+    """Ops for out[o_off + j] += sum_r a[a_off + r*a_rs + j] (* b[b_off + r*b_rs + j]),
+    r < M, j < C (kernels/reduce.wgsl): the gain and D_vec gradients. Two passes
+    (row blocks, then their fixed-order sum) through a scratch buffer of the device."""
+    RB = max(1, min(COLUMN_SUM_BLOCKS, math.ceil(M / COLUMN_SUM_ROWS)))
+    rows_per = math.ceil(max(M, 1) / RB)
+    params = [M, C, a_off, a_rs, b_off, b_rs, o_off, 0 if b is None else 1, rows_per, RB]
+    bufs = [a, a if b is None else b, g.scratch("column_sum", RB * C), out]
+    return [g.op("reduce", "column_sum", g.check_grid((math.ceil(C / 32), RB, 1), "column_sum"),
+                 params, bufs),
+            g.op("reduce", "column_sum_final", g.check_grid((math.ceil(C / 256), 1, 1),
+                                                            "column_sum_final"), params, bufs)]
+
+
+def arena_layout(names_shapes):
+    """Offsets of tensors packed one after the other: ({name: offset}, total)."""
+    offs, total = {}, 0
+    for name, shape in names_shapes:
+        offs[name] = total
+        total += math.prod(shape)
+    return offs, total
 
 
 _GPU = None

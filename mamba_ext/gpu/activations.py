@@ -1,0 +1,20 @@
+"""Elementwise steps on the GPU (kernels/activations.wgsl), the mirror of
+mamba_ext/cpu/activations.pxd: the SiLU gate (softplus of dt_proj's output is
+fused into the GEMM's store: linear.linear_forward(softplus_out=...)).
+
+Size letters: M = B*L rows, D dInner.
+"""
+from __future__ import annotations
+
+from .device import elementwise
+
+
+def gate_forward(g, M, D, y, Y, gated):
+    """Op: gated (M, D) = y * SiLU(z), z = Y[:, D:2D]."""
+    return elementwise(g, "activations", "gate_forward", M * D, [M * D, D, 2 * D], [y, Y, gated])
+
+
+def gate_backward(g, M, D, dgated, y, Y, dy, dY):
+    """Op: dy (M, D) = dgated * SiLU(z); dY[:, D:2D] = dgated * y * SiLU'(z)."""
+    return elementwise(g, "activations", "gate_backward", M * D, [M * D, D, 2 * D],
+                       [dgated, y, Y, dy, dY])

@@ -1,0 +1,115 @@
+"""The selective scan on the GPU (kernels/scan.wgsl), the mirror of mamba_ext/cpu/scan.pyx.
+
+Size letters: B batch, L seqLen, D dInner, N dState, R dtRank, P = R + 2N, M = B*L,
+C = ceil(L / SCAN_CHUNK) chunks, G channel groups.
+"""
+from __future__ import annotations
+
+import math
+
+from ..constants import A_LOG_MAX, A_LOG_MIN
+from .device import column_sum, elementwise
+
+# Chunk length of the chunked scan. 32 on the GPU, not the CPU's 64:
+# scan_backward_grads keeps the states of one chunk in a private array of
+# SCAN_CHUNK floats per invocation (registers, spilling beyond), and shorter
+# chunks give more workgroups (grid G x C x B) to fill the GPU at batch 1.
+# Must stay within [1, 64] (TMAX of kernels/scan.wgsl).
+SCAN_CHUNK = 32
+SCAN_CHUNK_MAX = 64
+# Steps per block of scan_backward_grads: it keeps 4 arrays of TB x (WG+1)
+# floats in workgroup memory, and a small TB lets an SM hold more workgroups
+# (the scan is latency-bound; measured on an H200).
+SCAN_TB_BACKWARD = 4
+# scan_backward_grads keeps the chunk's recomputed states in workgroup memory
+# (SCAN_CHUNK x WG floats) rather than a private array (override HIST).
+SCAN_HIST_SHARED = True
+
+
+def scan_constants(wg, tb):
+    """Override constants of kernels/scan.wgsl: workgroup size, steps per block and
+    the A_log clamp bounds (from mamba_ext.constants, the one source)."""
+    return {"WG": wg, "TB": tb, "a_log_min": float(A_LOG_MIN), "a_log_max": float(A_LOG_MAX)}
+
+
+class ScanShape:
+    """Sizes and workgroup layout of one chunked scan."""
+
+    def __init__(self, B, L, D, N, R, chunk, zoh):
+        if not 1 <= chunk <= SCAN_CHUNK_MAX:
+            raise ValueError(f"scan chunk length must be in [1, {SCAN_CHUNK_MAX}], got {chunk}")
+        if N > 1024:
+            raise ValueError(f"mamba_ext.gpu: dState {N} > 1024 (max_compute_invocations_per_"
+                             f"workgroup of the scan kernels)")
+        self.B, self.L, self.D, self.N, self.R, self.P = B, L, D, N, R, R + 2 * N
+        self.M = B * L
+        self.chunk = chunk
+        self.C = max(math.ceil(L / chunk), 1)
+        self.zoh = 1 if zoh else 0
+        self.wg = max(128, N)                          # WG invocations = WG/N channels x N states
+        self.G = math.ceil(D / (self.wg // N))
+        self.chunk_elems = B * self.C * D * N          # size of a (B, C, D, N) chunk tensor
+
+    def params(self, alog_off, dvec_off):
+        return [self.B, self.L, self.D, self.N, self.R, self.P, self.chunk, self.C, self.G,
+                self.zoh, alog_off, dvec_off]
+
+
+def _chunk_op(g, s, entry, params, buffers):
+    """One workgroup per (channel group, chunk, batch row)."""
+    # TB steps per block: scan_forward_output keeps one (TB, WG) array (2048
+    # floats); every array of TB*(WG+1) floats must fit.
+    tb = SCAN_TB_BACKWARD if entry == "scan_backward_grads" else 2048 // s.wg
+    tb = max(1, min(tb, 2048 // (s.wg + 1)))
+    consts = scan_constants(s.wg, tb)
+    if entry == "scan_backward_grads" and SCAN_HIST_SHARED:
+        # workgroup memory: 4 arrays of TB x (WG+1) floats and the (chunk, WG) states
+        need = 4 * (4 * tb * (s.wg + 1) + s.chunk * s.wg)
+        if need <= int(g.device.limits.get("max-compute-workgroup-storage-size", 16384)):
+            consts["HIST"] = s.chunk
+    return g.op("scan", entry, (s.G, s.C, s.B), params, buffers, consts)
+
+
+def _flat_op(g, s, entry, n, params, buffers):
+    return elementwise(g, "scan", entry, n, params, buffers, wg=128,
+                       constants={"a_log_min": float(A_LOG_MIN), "a_log_max": float(A_LOG_MAX)})
+
+
+def scan_forward(g, s, xproj, u, delta, w, o, hchunk, achunk, hstate, y):
+    """Ops: y (M, D) = scan of u with delta, A (from A_log at ``o["A_log"]``), Bs, Cs
+    (columns of xproj (M, P)) + D_vec u; hstate (B, C, D, N) = the state entering each
+    chunk (kept for the backward); hchunk, achunk (B, C, D, N) are scratch."""
+    prm = s.params(o["A_log"], o["D_vec"])
+    return [
+        _chunk_op(g, s, "scan_forward_chunk", prm, [xproj, u, delta, w, hchunk, achunk]),
+        _flat_op(g, s, "scan_forward_carry", s.B * s.D * s.N, prm, [hchunk, achunk, hstate]),
+        _chunk_op(g, s, "scan_forward_output", prm, [xproj, u, delta, w, hstate, y]),
+    ]
+
+
+class ScanScratch:
+    """Backward temporaries of one scan shape (shared by all layers of a model)."""
+
+    def __init__(self, g, s: ScanShape):
+        self.gchunk = g.buffer(s.chunk_elems, "scan_gchunk")      # (B, C, D, N)
+        self.gcarry = g.buffer(s.chunk_elems, "scan_gcarry")      # (B, C, D, N)
+        self.da_part = g.buffer(s.chunk_elems, "scan_da_part")    # (B, C, D, N)
+        self.dbc_part = g.buffer(s.G * s.M * 2 * s.N, "scan_dbc_part")   # (G, M, 2N)
+
+
+def scan_backward(g, s, sc: ScanScratch, xproj, u, delta, delta_pre, w, o, dy, hstate, achunk,
+                  du, ddelta_pre, dxproj, gr):
+    """Ops: du (M, D) = scan part of dLoss/du + D_vec dy; ddelta_pre (M, D) (softplus
+    backward fused); dxproj[:, R:P] = dBs | dCs; gradient arena ``gr`` += dA_log, dD_vec."""
+    prm = s.params(o["A_log"], o["D_vec"])
+    return [
+        # dD_vec = colsum(dy * u)
+        *column_sum(g, s.M, s.D, dy, 0, s.D, gr, o["D_vec"], b=u, b_rs=s.D),
+        _chunk_op(g, s, "scan_backward_chunk", prm, [xproj, delta, w, dy, sc.gchunk]),
+        _flat_op(g, s, "scan_backward_carry", s.B * s.D * s.N, prm, [sc.gchunk, achunk, sc.gcarry]),
+        _chunk_op(g, s, "scan_backward_grads", prm,
+                  [xproj, u, delta, delta_pre, w, dy, hstate, sc.gcarry, du, ddelta_pre,
+                   sc.dbc_part, sc.da_part]),
+        _flat_op(g, s, "scan_backward_sum_bc", s.M * 2 * s.N, prm, [sc.dbc_part, dxproj]),
+        _flat_op(g, s, "scan_backward_sum_a_log", s.D * s.N, prm, [sc.da_part, w, gr]),
+    ]

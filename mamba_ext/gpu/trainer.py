@@ -1,0 +1,149 @@
+"""AdamW training with weights, gradients and moments resident on the GPU.
+
+One submit per step: the model's forward and backward (:mod:`.model`), the
+gradient norm and AdamW (:mod:`.adamw`) in one compute pass.
+
+Size letters: B batch, L seqLen, n elements of the parameter arena.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .._validate import check_discretization, check_eps
+from ..constants import DEFAULT_EPS
+from ..optim import DEFAULT_NO_DECAY, _matches
+from .adamw import AdamWOps
+from .device import arena_layout, gpu
+from .model import ModelPlan, check_batch, check_model
+
+
+class ResidentTrainer:
+    """AdamW training with weights, gradients and moments resident on the GPU.
+
+    Same maths as ``mamba_ext.AdamW`` (PyTorch AdamW, trust region
+    ``max_delta``, per-element NaN guard); a step whose gradients hold any
+    non-finite value is skipped entirely (weights, moments and step count
+    untouched; counted in ``skipped``). ``model_eps`` and ``discretization`` are
+    those of the model (as ``mamba_ext.model_loss_and_grads``'s ``eps`` and
+    ``discretization``). ``clip`` > 0 clips the global gradient
+    norm (computed on the GPU, reported as ``last_grad_norm``). One submit per
+    step: forward, backward, grad norm and AdamW in one compute pass.
+    ``state_dict()`` / ``load_state_dict()`` use ``mamba_ext.AdamW``'s format,
+    so a run resumes exactly from a GPU or a CPU optimizer state.
+    """
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+                 max_delta=0.0, no_decay=None, clip=0.0, model_eps=DEFAULT_EPS,
+                 discretization="zoh"):
+        self.arrays, self.dims = check_model(params)
+        check_discretization(discretization)
+        self.discretization = discretization
+        no_decay = DEFAULT_NO_DECAY if no_decay is None else frozenset(no_decay)
+        names = list(self.arrays)
+        decays = {k: not _matches(k, no_decay) for k in names}
+        self.order = [k for k in names if decays[k]] + [k for k in names if not decays[k]]
+        self.n_decay = sum(self.arrays[k].size for k in self.order if decays[k])
+        self.lr, self.betas, self.eps = float(lr), tuple(map(float, betas)), float(eps)
+        self.weight_decay, self.max_delta, self.clip = float(weight_decay), float(max_delta), float(clip)
+        for name, v in (("lr", self.lr), ("eps", self.eps), ("weight_decay", self.weight_decay),
+                        ("max_delta", self.max_delta), ("clip", self.clip)):
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name}: expected a finite number >= 0, got {v}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas: expected two numbers in [0, 1), got {betas}")
+        self.model_eps = check_eps(model_eps)
+        g = gpu()
+        self.offs, self.n = arena_layout([(k, self.arrays[k].shape) for k in self.order])
+        self.w = g.buffer(self.n, "params", np.concatenate([self.arrays[k].ravel() for k in self.order]))
+        self.gr = g.buffer(self.n, "grads")
+        self.m = g.buffer(self.n, "adam_m")
+        self.v = g.buffer(self.n, "adam_v")
+        self._adamw = AdamWOps(g, self.n, self.w, self.m, self.v, self.gr, self._adam_params(1))
+        self._plans = {}
+        self.t = 0
+        self.skipped = 0
+        self.nonfinite = 0      # carried in state_dict for AdamW compatibility (see state_dict)
+        self.last_grad_norm = float("nan")
+
+    def _adam_params(self, t):
+        b1, b2 = self.betas
+        bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** t
+        return [self.n, self.n_decay, 1.0 - b1, b2, 1.0 - b2, self.lr * self.weight_decay,
+                self.lr / bc1, math.sqrt(bc2), self.eps, self.max_delta, self.clip]
+
+    def step(self, tokens, targets) -> float:
+        """One training step; returns the mean cross-entropy before the update."""
+        tok, tgt = check_batch(tokens, targets, self.arrays["embedding"].shape[0])
+        plan = self._plans.get(tok.shape)
+        if plan is None:
+            plan = self._plans[tok.shape] = ModelPlan(
+                self.arrays, self.dims, *tok.shape, self.order, w=self.w, gr=self.gr,
+                eps=self.model_eps, discretization=self.discretization)
+        g = gpu()
+        ops = plan.train_ops()
+        plan.upload_batch(tok, tgt)
+        g.write_params(self._adamw.step_op, self._adam_params(self.t + 1))
+        g.submit(ops + self._adamw.ops, plan.clears)
+        loss = plan.loss()
+        st = g.read(self._adamw.stat, 2)
+        self.last_grad_norm = float(np.sqrt(np.float64(st[0])))
+        if st[1] > 0:
+            self.skipped += 1
+            self.last_grad_norm = float("nan")
+        else:
+            self.t += 1
+        return loss
+
+    def _read(self, buf) -> dict:
+        """One arena buffer copied back to the host, split per tensor (keys like the input)."""
+        flat = gpu().read(buf, self.n)
+        return {k: flat[self.offs[k]:self.offs[k] + a.size].reshape(a.shape).copy()
+                for k, a in self.arrays.items()}
+
+    def params(self) -> dict:
+        """The current weights, copied back from the GPU (keys like the input)."""
+        return self._read(self.w)
+
+    def state(self) -> dict:
+        """AdamW moments ``m.<name>``, ``v.<name>`` and the step count ``t``."""
+        out = {"t": self.t, "skipped": self.skipped}
+        for tag, buf in (("m", self.m), ("v", self.v)):
+            out.update({f"{tag}.{k}": a for k, a in self._read(buf).items()})
+        return out
+
+    def state_dict(self) -> dict:
+        """The optimizer state in the flat format of ``mamba_ext.AdamW.state_dict()``
+        (so CPU and GPU checkpoints share it): float32 ``exp_avg.<name>`` and
+        ``exp_avg_sq.<name>`` plus scalars ``step``, ``skipped``, ``nonfinite``,
+        ``lr``, ``beta1``, ``beta2``, ``eps``, ``weight_decay``, ``max_delta``.
+        The GPU kernel does not count per-element guard hits: ``nonfinite`` is
+        the count carried over from a loaded state (0 otherwise)."""
+        b1, b2 = self.betas
+        out = {"step": self.t, "skipped": self.skipped, "nonfinite": self.nonfinite,
+               "lr": self.lr, "beta1": b1, "beta2": b2, "eps": self.eps,
+               "weight_decay": self.weight_decay, "max_delta": self.max_delta}
+        for tag, buf in (("exp_avg", self.m), ("exp_avg_sq", self.v)):
+            out.update({f"{tag}.{k}": a for k, a in self._read(buf).items()})
+        return out
+
+    def load_state_dict(self, state) -> None:
+        """Restore from :meth:`state_dict` output or a CPU ``AdamW.state_dict()``
+        of the same parameters. Everything is validated first, by the very
+        rules of ``mamba_ext.AdamW.load_state_dict`` (exact keys; each moment a
+        float32 array of its parameter's shape, finite, ``exp_avg_sq`` >= 0;
+        counts integral >= 0; valid hyper-parameters): a bad state raises
+        ValueError/TypeError naming the key and leaves the trainer unchanged.
+        Then the moments are uploaded to the GPU arenas and ``step`` becomes
+        the bias-correction count of the next step."""
+        from ..optim import AdamW
+        # a host AdamW over zero weights of the same names/shapes validates and holds the state
+        host = AdamW({k: np.zeros_like(a) for k, a in self.arrays.items()})
+        host.load_state_dict(state)
+        g = gpu()
+        for buf, moments in ((self.m, host.exp_avg), (self.v, host.exp_avg_sq)):
+            g.write(buf, np.concatenate([moments[k].ravel() for k in self.order]))
+        self.t, self.skipped, self.nonfinite = host.step_count, host.skipped, host.nonfinite
+        self.lr, self.betas, self.eps = host.lr, tuple(host.betas), host.eps
+        self.weight_decay, self.max_delta = host.weight_decay, host.max_delta

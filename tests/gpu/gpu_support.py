@@ -1,0 +1,86 @@
+"""Shared helpers of the GPU tests (tests/gpu/test_*.py import this module after
+putting this folder on sys.path, see their first lines).
+
+``require_gpu()`` applies the project's optional-dependency rule (conftest.optional:
+skip with a reason locally, FAIL under CI=true) to wgpu and to a wgpu adapter.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from conftest import optional
+
+WGPU_WHY = "the GPU tests need wgpu: pip install -e '.[test]' (or pip install wgpu)"
+ADAPTER_WHY = ("the GPU tests need a Vulkan/Metal/DX12 adapter; on Linux install the software "
+               "driver lavapipe: apt-get install mesa-vulkan-drivers")
+
+
+def require_gpu():
+    """Skip (locally) or fail (CI=true) the calling test module unless wgpu imports and
+    finds an adapter; returns the mamba_ext.gpu device."""
+    optional("wgpu", WGPU_WHY)
+    from mamba_ext.gpu.device import gpu
+    try:
+        return gpu()
+    except RuntimeError as e:
+        msg = f"no wgpu adapter ({e}); {ADAPTER_WHY}"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("CI=true: " + msg, pytrace=False)
+        pytest.skip(msg, allow_module_level=True)
+
+
+def nerr(ours, ref):
+    """max|ours - ref| / max|ref| (absolute error for an all-zero reference)."""
+    ref = np.asarray(ref, np.float64)
+    d = float(np.max(np.abs(np.asarray(ours, np.float64) - ref))) if ref.size else 0.0
+    s = float(np.max(np.abs(ref))) if ref.size else 0.0
+    return d / s if s > 0 else d
+
+
+def rand_params(Dm, D, N, K, R, seed, a_log_range=(-2.0, 2.0)):
+    """Random float32 block parameters with O(1) activations (biases non-zero)."""
+    rng = np.random.default_rng(seed)
+    P = R + 2 * N
+    f = lambda *s, sd=1.0: (rng.standard_normal(s) * sd).astype(np.float32)
+    return {
+        "wInProj": f(2 * D, Dm, sd=Dm ** -0.5), "bInProj": f(2 * D, sd=0.3),
+        "wConv": f(D, K, sd=(0.81 / K) ** 0.5), "bConv": f(D, sd=0.3),
+        "wXProj": f(P, D, sd=D ** -0.5), "bXProj": f(P, sd=0.3),
+        "wDtProj": f(D, R, sd=(0.25 / R) ** 0.5),
+        "bDtProj": rng.uniform(-2, 0.5, D).astype(np.float32),
+        "A_log": rng.uniform(*a_log_range, (D, N)).astype(np.float32),
+        "D_vec": f(D, sd=0.5) + 1, "wOutProj": f(Dm, D, sd=D ** -0.5),
+        "bOutProj": f(Dm, sd=0.3), "normWeight": f(Dm, sd=0.2) + 1,
+    }
+
+
+def random_model(V, Dm, n_layers, D, N, K, R, seed):
+    rng = np.random.default_rng(seed)
+    p = {"embedding": (rng.standard_normal((V, Dm)) * 0.5).astype(np.float32),
+         "final_norm": (1 + 0.2 * rng.standard_normal(Dm)).astype(np.float32),
+         "lm_head_bias": (0.3 * rng.standard_normal(V)).astype(np.float32)}
+    for i in range(n_layers):
+        for k, v in rand_params(Dm, D, N, K, R, seed + i).items():
+            p[f"layer{i}.{k}"] = v
+    return p
+
+
+def f32(rng, *shape, sd=1.0):
+    return (rng.standard_normal(shape) * sd).astype(np.float32)
+
+
+def upload(g, name, arr):
+    """A storage buffer holding ``arr`` (float32 or uint32), flattened."""
+    a = np.ascontiguousarray(arr).ravel()
+    return g.buffer(a.size, name, a)
+
+
+def run(g, ops, clears=()):
+    g.submit(ops if isinstance(ops, list) else [ops], clears)
+
+
+def read(g, buf, shape, dtype=np.float32):
+    return g.read(buf, int(np.prod(shape)), dtype).reshape(shape)

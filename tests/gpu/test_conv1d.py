@@ -1,0 +1,86 @@
+"""kernels/conv1d.wgsl (mamba_ext.gpu.conv1d) against the float64 reference step
+reference.conv1d_forward (+ SiLU) and the float64 adjoint of the convolution."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np
+import pytest
+
+from gpu_support import f32, nerr, read, require_gpu, run, upload
+from mamba_ext.testing import reference
+
+g = require_gpu()
+from mamba_ext.gpu.conv1d import conv1d_backward, conv1d_forward  # noqa: E402
+
+
+def conv1d_backward_ref(dconv, xc, w):
+    """float64 adjoint of conv = bias + sum_k w[:, k] * xc[t-k]: (dxc, dw, db)."""
+    B, L, D = xc.shape
+    K = w.shape[1]
+    dxc, dw = np.zeros_like(xc), np.zeros_like(w)
+    for k in range(K):
+        dxc[:, :L - k] += w[:, k] * dconv[:, k:]
+        dw[:, k] = np.sum(dconv[:, k:] * xc[:, :L - k], axis=(0, 1))
+    return dxc, dw, dconv.sum(axis=(0, 1))
+
+
+@pytest.mark.parametrize("B,L,D,K", [(1, 1, 1, 1), (2, 3, 5, 4), (3, 37, 40, 4), (1, 70, 33, 2)])
+# Tolerance 2e-5 of the largest reference value: the golden rule (docs/semantics.md);
+# a single-element case may cancel O(1) terms to a small result.
+def test_conv1d_forward_backward(B, L, D, K):
+    rng = np.random.default_rng(B * 100 + L + D + K)
+    M = B * L
+    Y = f32(rng, M, 2 * D)
+    wConv, bConv = f32(rng, D, K, sd=0.5), f32(rng, D, sd=0.3)
+    o = {"wConv": 2, "bConv": 2 + D * K}                  # offsets in the arena
+    arena = np.concatenate([f32(rng, 2), wConv.ravel(), bConv])
+    bY, bw = upload(g, "Y", Y), upload(g, "w", arena)
+    conv, u = g.buffer(M * D, "conv"), g.buffer(M * D, "u")
+    du = f32(rng, M, D)
+    bdu, dconv = upload(g, "du", du), g.buffer(M * D, "dconv")
+    dY0 = f32(rng, M, 2 * D)
+    dY = upload(g, "dY", dY0)
+    gr0 = f32(rng, arena.size)
+    gr = upload(g, "gr", gr0)
+    run(g, [conv1d_forward(g, M, L, D, K, bY, bw, o, conv, u),
+            *conv1d_backward(g, M, L, D, K, bdu, conv, bw, o, dconv, dY, bY, gr)])
+    xc = Y[:, :D].reshape(B, L, D).astype(np.float64)
+    ref_conv = reference.conv1d_forward(xc, wConv.astype(np.float64), bConv.astype(np.float64))
+    got_conv = read(g, conv, (B, L, D))
+    assert nerr(got_conv, ref_conv) <= 2e-5
+    assert nerr(read(g, u, (B, L, D)), reference.silu(ref_conv)) <= 2e-5
+    s = reference.sigmoid(ref_conv)
+    ref_dconv = du.reshape(B, L, D) * s * (1 + ref_conv * (1 - s))
+    assert nerr(read(g, dconv, (B, L, D)), ref_dconv) <= 2e-5
+    dxc, dw, db = conv1d_backward_ref(ref_dconv, xc, wConv.astype(np.float64))
+    got_dY = read(g, dY, (M, 2 * D))
+    assert nerr(got_dY[:, :D].reshape(B, L, D), dxc) <= 2e-5
+    assert np.array_equal(got_dY[:, D:], dY0[:, D:])       # the z half is the gate's
+    got = read(g, gr, (arena.size,)) - gr0.astype(np.float64)
+    assert nerr(got[o["wConv"]:o["bConv"]].reshape(D, K), dw) <= 2e-5
+    assert nerr(got[o["bConv"]:], db) <= 2e-5
+    assert np.all(got[:2] == 0)
+
+
+def test_conv1d_causal_per_sequence():
+    """Step t of sequence b never sees sequence b-1: changing the last steps of
+    sequence 0 leaves sequence 1 unchanged."""
+    rng = np.random.default_rng(4)
+    B, L, D, K = 2, 6, 3, 4
+    M = B * L
+    arena = np.concatenate([f32(rng, D * K), f32(rng, D)])
+    o = {"wConv": 0, "bConv": D * K}
+    outs = []
+    for bump in (0.0, 5.0):
+        Y = f32(np.random.default_rng(1), M, 2 * D)
+        Y[L - 2:L, :D] += bump
+        conv, u = g.buffer(M * D, "conv"), g.buffer(M * D, "u")
+        run(g, conv1d_forward(g, M, L, D, K, upload(g, "Y", Y), upload(g, "w", arena), o, conv, u))
+        outs.append(read(g, conv, (B, L, D)))
+    assert np.array_equal(outs[0][1], outs[1][1])
+    assert not np.array_equal(outs[0][0], outs[1][0])

@@ -1,0 +1,78 @@
+"""mamba_ext.gpu.device: adapter limits and messages, the kernel loader and pipeline
+cache, and the house rules of every kernels/*.wgsl file (legend, binding table,
+vocabulary, entry-point names)."""
+from __future__ import annotations
+
+import re
+import sys
+from importlib.resources import files
+from pathlib import Path
+
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pytest
+
+from gpu_support import require_gpu
+
+g = require_gpu()
+from mamba_ext.gpu.device import Gpu, kernel_source  # noqa: E402
+
+KERNEL_FILES = sorted(p.name for p in files("mamba_ext.kernels").iterdir()
+                      if p.name.endswith(".wgsl"))
+
+
+def test_limits_refused_with_message():
+    with pytest.raises(ValueError, match="max_storage_buffer_binding_size"):
+        g.buffer(g.max_binding // 4 + 1, "too_big")
+    with pytest.raises(ValueError, match="max_compute_workgroups_per_dimension"):
+        g.check_grid((g.max_groups + 1, 1, 1), "test")
+    gx = g.grid1d(g.max_groups * 3 + 1, "split")     # split into y instead of refused
+    assert gx[0] <= g.max_groups and gx[0] * gx[1] >= g.max_groups * 3 + 1
+
+
+def test_no_adapter_message(monkeypatch):
+    import wgpu
+    monkeypatch.setattr(wgpu.gpu, "request_adapter_sync", lambda **kw: None)
+    with pytest.raises(RuntimeError, match="mesa-vulkan-drivers"):
+        Gpu()
+
+
+def test_kernel_sources_found_and_included():
+    src = kernel_source("scan")
+    assert "fn scan_backward_grads" in src and "fn expm1_f" in src     # common.wgsl prepended
+    assert "fn block_reduce" in kernel_source("rmsnorm")               # the include expanded
+
+
+def test_pipelines_built_once():
+    from mamba_ext.gpu import scan as S
+    a = g.pipeline("scan", "scan_forward_carry", S.scan_constants(128, 16))
+    b = g.pipeline("scan", "scan_forward_carry", S.scan_constants(128, 16))
+    c = g.pipeline("scan", "scan_forward_carry", S.scan_constants(256, 16))
+    assert a is b and a is not c
+
+
+@pytest.mark.parametrize("name", KERNEL_FILES)
+def test_every_kernel_file_has_legend_and_binding_table(name):
+    """Each file opens with its comment block: what it is, the size letters, its bindings."""
+    text = files("mamba_ext.kernels").joinpath(name).read_text(encoding="utf-8")
+    head = "\n".join(line for line in text.splitlines()[:60] if line.startswith("//"))
+    assert text.startswith(f"// {name} — "), name
+    assert "Size letters:" in head, name
+    assert re.search(r"[Bb]indings", head), name
+
+
+@pytest.mark.parametrize("name", KERNEL_FILES)
+def test_kernel_vocabulary(name):
+    """One name per thing (HELPERS.md): no retired names in the kernels."""
+    text = files("mamba_ext.kernels").joinpath(name).read_text(encoding="utf-8")
+    for old in ("scan_fwd_", "scan_bwd_", "hck", "hstates", "Delta", "dpre", "linear_gemm",
+                "reduce_cols", "fn sumsq_", "copy_f32"):
+        assert old not in text, (name, old)
+    assert not re.search(r"\binv\b", text), name
+    entries = re.findall(r"@compute[^\n]*\n(?:@[^\n]*\n)*fn (\w+)", text)
+    step = name[:-len(".wgsl")]
+    for e in entries:      # <step>_forward / <step>_backward (+ phase), or a probe
+        ok = (e.startswith(step + "_") or step in ("activations", "reduce", "selftest")
+              or e.startswith(("gate_", "softplus_")))
+        assert ok, (name, e)

@@ -1,0 +1,147 @@
+"""kernels/linear.wgsl (mamba_ext.gpu.linear) against the float64 reference step
+reference.linear_forward and the float64 products of the backward."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np
+import pytest
+
+from gpu_support import f32, nerr, read, require_gpu, run, upload
+from mamba_ext.testing import reference
+
+g = require_gpu()
+from mamba_ext.gpu import linear as lin  # noqa: E402
+from mamba_ext.gpu.linear import linear_backward, linear_forward  # noqa: E402
+
+# (M, I, O): sizes that are multiples of no tile (64), of BK (16) or of 4
+SHAPES = [(1, 1, 1), (3, 5, 7), (65, 17, 129), (130, 48, 70), (37, 200, 3)]
+
+
+@pytest.fixture(params=[(2, True), (1, True), (1, False)],
+                ids=["2stages", "1stage", "plain"])
+def stages(request, monkeypatch):
+    """Every tile loop: double-buffered (32 KiB of workgroup memory), the single-buffer
+    fallback for adapters with WebGPU's default 16 KiB, the plain loop (no prefetch)."""
+    monkeypatch.setattr(lin, "_stages", lambda g: request.param[0])
+    monkeypatch.setattr(lin, "PREFETCH", request.param[1])
+    return request.param
+
+
+@pytest.mark.parametrize("M,I,O", SHAPES)
+@pytest.mark.parametrize("residual", [False, True])
+def test_linear_forward(M, I, O, residual, stages):
+    rng = np.random.default_rng(M + 7 * I + 13 * O)
+    x, W, b = f32(rng, M, I), f32(rng, O, I, sd=I ** -0.5), f32(rng, O)
+    res = f32(rng, M, O)
+    arena = np.concatenate([f32(rng, 5), W.ravel(), b])         # W at 5, b after it
+    w_off, b_off = 5, 5 + W.size
+    bx, bw, bres = upload(g, "x", x), upload(g, "w", arena), upload(g, "res", res)
+    y = g.buffer(M * O, "y")
+    run(g, linear_forward(g, M, I, O, bx, 0, I, bw, w_off, b_off, y, 0, O,
+                          res=bres if residual else None))
+    ref = reference.linear_forward(x.astype(np.float64), W.astype(np.float64), b.astype(np.float64))
+    if residual:
+        ref = ref + res
+    assert nerr(read(g, y, (M, O)), ref) <= 1e-5
+
+
+@pytest.mark.parametrize("M,I,O", SHAPES)
+def test_linear_backward(M, I, O, stages):
+    rng = np.random.default_rng(3 * M + I + O)
+    x, W, dy = f32(rng, M, I), f32(rng, O, I, sd=I ** -0.5), f32(rng, M, O)
+    dx0 = f32(rng, M, I)
+    arena = np.concatenate([W.ravel(), f32(rng, O)])
+    bx, bw, bdy = upload(g, "x", x), upload(g, "w", arena), upload(g, "dy", dy)
+    gr0 = f32(rng, arena.size)
+    gr = upload(g, "gr", gr0)
+    for beta in (0, 1):
+        dx = upload(g, "dx", dx0)
+        gr = upload(g, "gr", gr0)
+        run(g, linear_backward(g, M, I, O, bdy, 0, O, bx, 0, I, bw, 0, W.size, gr,
+                               dx=dx, dx_rs=I, dx_beta=beta))
+        x64, W64, dy64 = (a.astype(np.float64) for a in (x, W, dy))
+        assert nerr(read(g, dx, (M, I)), dy64 @ W64 + (dx0 if beta else 0)) <= 1e-5
+        got = read(g, gr, (arena.size,)) - gr0.astype(np.float64)
+        assert nerr(got[:W.size].reshape(O, I), dy64.T @ x64) <= 1e-4
+        assert nerr(got[W.size:], dy64.sum(0)) <= 1e-4
+
+
+@pytest.mark.parametrize("M,I,O", [(130, 48, 70), (37, 200, 3), (600, 9, 130)])
+def test_linear_backward_split_k(M, I, O, monkeypatch):
+    """dW and db through split-K slices (forced small here) and their fixed-order sum."""
+    monkeypatch.setattr(lin, "MIN_SPLIT_K", 16)
+    S = lin.split_count(g, O, I, M)
+    assert S > 1
+    rng = np.random.default_rng(M + I + O)
+    x, W, dy = f32(rng, M, I), f32(rng, O, I, sd=I ** -0.5), f32(rng, M, O)
+    arena = np.concatenate([W.ravel(), f32(rng, O)])
+    gr0 = f32(rng, arena.size)
+    gr = upload(g, "gr", gr0)
+    scratch = g.buffer(lin.split_scratch_len(O, I, S), "split")
+    ops = linear_backward(g, M, I, O, upload(g, "dy", dy), 0, O, upload(g, "x", x), 0, I,
+                          upload(g, "w", arena), 0, W.size, gr, scratch=scratch)
+    assert [op.name for op in ops] == ["linear_backward", "linear_backward_sum"]
+    assert 1 < ops[0].grid[2] <= S          # slices of whole BK steps
+    run(g, ops)
+    got = read(g, gr, (arena.size,)) - gr0.astype(np.float64)
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    assert nerr(got[:W.size].reshape(O, I), dy64.T @ x64) <= 1e-4
+    assert nerr(got[W.size:], dy64.sum(0)) <= 1e-4
+
+
+def test_linear_forward_softplus_store():
+    """dt_proj's store writes delta_pre and delta = softplus(delta_pre) together."""
+    rng = np.random.default_rng(6)
+    M, R, D = 45, 5, 67
+    x, W = f32(rng, M, R, sd=2.0), f32(rng, D, R, sd=2.0)
+    b = np.concatenate([f32(rng, D - 2, sd=4.0), [-100.0, 100.0]]).astype(np.float32)
+    arena = np.concatenate([W.ravel(), b])
+    pre, delta = g.buffer(M * D, "delta_pre"), g.buffer(M * D, "delta")
+    run(g, linear_forward(g, M, R, D, upload(g, "x", x), 0, R, upload(g, "w", arena), 0, W.size,
+                          pre, 0, D, softplus_out=delta))
+    got_pre = read(g, pre, (M, D))
+    ref_pre = reference.linear_forward(x.astype(np.float64), W.astype(np.float64),
+                                       b.astype(np.float64))
+    assert nerr(got_pre, ref_pre) <= 1e-5
+    ref = reference.softplus(got_pre.astype(np.float64))     # of the stored pre-activation
+    got = read(g, delta, (M, D))
+    # relative 1e-5; results below float32's normal range may be flushed to zero
+    assert np.all(np.abs(got - ref) <= 1e-5 * ref + 1.2e-38)
+
+
+def test_linear_column_slices():
+    """Operands addressed by offset and row stride (x_proj's dt_low columns feeding
+    dt_proj; the z half of in_proj's output): no copies, other columns untouched."""
+    rng = np.random.default_rng(11)
+    M, P, R, D = 29, 11, 3, 21
+    xproj = f32(rng, M, P)
+    W, b = f32(rng, D, R), f32(rng, D)
+    arena = np.concatenate([W.ravel(), b])
+    Y0 = f32(rng, M, 2 * D)
+    bq, bw, bY = upload(g, "xproj", xproj), upload(g, "w", arena), upload(g, "Y", Y0)
+    # dt_low = xproj[:, 0:R] (row stride P) -> Y[:, D:2D] (offset D, row stride 2D)
+    run(g, linear_forward(g, M, R, D, bq, 0, P, bw, 0, W.size, bY, D, 2 * D))
+    got = read(g, bY, (M, 2 * D))
+    ref = reference.linear_forward(xproj[:, :R].astype(np.float64), W.astype(np.float64),
+                                   b.astype(np.float64))
+    assert nerr(got[:, D:], ref) <= 1e-5
+    assert np.array_equal(got[:, :D], Y0[:, :D])
+
+
+def test_linear_deterministic():
+    rng = np.random.default_rng(2)
+    M, I, O = 300, 70, 90
+    x, dy = f32(rng, M, I), f32(rng, M, O)
+    arena = np.concatenate([f32(rng, O * I), f32(rng, O)])
+    bx, bw, bdy = upload(g, "x", x), upload(g, "w", arena), upload(g, "dy", dy)
+    outs = []
+    for _ in range(2):
+        gr, dx = g.buffer(arena.size, "gr"), g.buffer(M * I, "dx")
+        run(g, linear_backward(g, M, I, O, bdy, 0, O, bx, 0, I, bw, 0, O * I, gr, dx=dx, dx_rs=I))
+        outs.append((read(g, gr, (arena.size,)), read(g, dx, (M, I))))
+    assert all(np.array_equal(a, b) for a, b in zip(*outs))
