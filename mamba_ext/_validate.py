@@ -9,6 +9,8 @@ R dtRank, P = R + 2N.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -198,3 +200,18 @@ def check_discretization(discretization) -> int:
         raise ValueError(f"discretization: expected one of {sorted(DISCRETIZATIONS)}, "
                          f"got {discretization!r}")
     return DISCRETIZATIONS[discretization]
+
+
+def check_eps(eps) -> float:
+    """The one rule for an RMSNorm ``eps`` (block, model, recurrent, training, GPU).
+
+    Accepts a finite real number > 0 (Python or NumPy int/float) and returns it as a
+    float. ``bool``, ``str`` and other non-numbers raise TypeError; NaN, +-inf and
+    values <= 0 raise ValueError. Both messages name ``eps``.
+    """
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps: expected a real number > 0, got {type(eps).__name__} {eps!r}")
+    value = float(eps)
+    if not (math.isfinite(value) and value > 0.0):
+        raise ValueError(f"eps: expected a finite number > 0, got {eps!r}")
+    return value

@@ -22,19 +22,28 @@ at chunk boundaries (see :class:`BlockCache`), never a (B, L, D, N) tensor.
 """
 from __future__ import annotations
 
-import math
-import os
 import zlib
+from collections.abc import Mapping
+from typing import Any
 
-# Thread wait policies (OMP_WAIT_POLICY, OPENBLAS_THREAD_TIMEOUT) are set in
-# mamba_ext/__init__.py, before any compiled module or scipy's OpenBLAS loads.
+import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
-import numpy as np  # noqa: E402
-
-from .cpu import block as _block  # noqa: E402
-from ._validate import (BLOCK_PARAM_NAMES, DISCRETIZATIONS, FLOAT_DTYPES, as_float_array,
-                        block_param_shapes, check_block_params, check_count,
-                        check_discretization, check_x)
+from ._validate import (
+    BLOCK_PARAM_NAMES,
+    DISCRETIZATIONS,
+    FLOAT_DTYPES,
+    BlockDims,
+    as_float_array,
+    block_param_shapes,
+    check_block_params,
+    check_count,
+    check_discretization,
+    check_eps,
+    check_x,
+)
+from .constants import DEFAULT_EPS
+from .cpu import block as _block
 
 __all__ = ["mamba1_forward", "mamba1_backward", "init_mamba1_params", "BlockCache"]
 
@@ -57,7 +66,7 @@ def _fingerprint(arrays) -> tuple:
     return tuple(fp)
 
 
-def _n_threads(n_threads) -> int:
+def _n_threads(n_threads: int | None) -> int:
     """None -> 0 (OpenMP's default thread count); otherwise an int >= 1."""
     if n_threads is None:
         return 0
@@ -138,8 +147,10 @@ def _check_work_size(sizes) -> None:
     check_count("backward scratch", (M * (7 * D + P + 2 * R + 2 * Dm),))
 
 
-def mamba1_forward(x, params, *, h0=None, conv_state=None, return_state=False, eps=1e-6,
-                   discretization="zoh", n_threads=None):
+def mamba1_forward(x: ArrayLike, params: Mapping[str, ArrayLike], *, h0: ArrayLike | None = None,
+                   conv_state: ArrayLike | None = None, return_state: bool = False,
+                   eps: float = DEFAULT_EPS, discretization: str = "zoh",
+                   n_threads: int | None = None) -> tuple[Any, ...]:
     """Forward pass of one Mamba-1 block.
 
     Parameters
@@ -149,7 +160,8 @@ def mamba1_forward(x, params, *, h0=None, conv_state=None, return_state=False, e
     params : mapping of the 13 names of ``BLOCK_PARAM_NAMES`` to arrays of the
         golden shapes, all of the dtype of ``x``; sizes are inferred from them.
     eps : float
-        RMSNorm epsilon (inside the square root), default 1e-6.
+        RMSNorm epsilon (inside the square root), a finite number > 0; default
+        ``mamba_ext.constants.DEFAULT_EPS`` (1e-6).
     discretization : "zoh" (exact zero-order hold, default) or "euler" (b_bar = Delta*B).
     n_threads : None (OpenMP default) or int >= 1, threads of the scan and elementwise
         kernels (BLAS uses its own threads).
@@ -174,9 +186,7 @@ def mamba1_forward(x, params, *, h0=None, conv_state=None, return_state=False, e
     arrays, dims = check_block_params(params, dtype=x.dtype, d_model=x.shape[2])
     disc = check_discretization(discretization)
     nt = _n_threads(n_threads)
-    eps = float(eps)
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
+    eps = check_eps(eps)
     sizes = _sizes(x.shape, dims)
     _check_work_size(sizes)
     B, L = sizes[:2]
@@ -223,13 +233,16 @@ def _params_dtype(params):
     return None
 
 
-def mamba1_backward(dout, params, cache, *, dh_last=None, dconv_tail=None, n_threads=None):
+def mamba1_backward(dout: ArrayLike, params: Mapping[str, ArrayLike], cache: BlockCache, *,
+                    dh_last: ArrayLike | None = None, dconv_tail: ArrayLike | None = None,
+                    n_threads: int | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Backward pass (vector-Jacobian product) of one Mamba-1 block.
 
     ``dout`` (B, L, Dm) is dLoss/d``out`` of the forward that made ``cache``; ``params``
     must be the same values the forward used. Returns ``(dx, grads)``: ``dx`` of the
     shape of ``x``, ``grads`` a dict with the 13 names, shapes and dtype of ``params``.
-    dLoss/dA_log is exactly 0 where A_log <= -10 or A_log >= 5 (the clamp).
+    dLoss/dA_log is exactly 0 where A_log <= A_LOG_MIN or A_log >= A_LOG_MAX (the clamp,
+    ``mamba_ext.constants``: -10 and 5).
 
     State passing: ``dh_last`` (B, D, N) and ``dconv_tail`` (B, D, K-1) are dLoss/d of the
     state the forward returned with ``return_state=True`` (default zeros; e.g. the
@@ -284,8 +297,9 @@ def mamba1_backward(dout, params, cache, *, dh_last=None, dconv_tail=None, n_thr
     return dx, grads
 
 
-def init_mamba1_params(d_model, d_state=16, d_conv=4, expand=2, dt_rank=None, seed=0,
-                       dtype=np.float32):
+def init_mamba1_params(d_model: int, d_state: int = 16, d_conv: int = 4, expand: int = 2,
+                       dt_rank: int | None = None, seed: int = 0,
+                       dtype: DTypeLike = np.float32) -> dict[str, np.ndarray]:
     """Default parameters of one Mamba-1 block (dict of the 13 ``BLOCK_PARAM_NAMES``).
 
     Sizes: dInner D = expand * d_model, dtRank R = ceil(d_model / 16) unless given.
@@ -312,7 +326,6 @@ def init_mamba1_params(d_model, d_state=16, d_conv=4, expand=2, dt_rank=None, se
     dtype = np.dtype(dtype)
     if dtype not in FLOAT_DTYPES:
         raise TypeError(f"dtype: expected float32 or float64, got {dtype}")
-    from ._validate import BlockDims
     dims = BlockDims(Dm=int(d_model), D=int(expand) * int(d_model), N=int(d_state),
                      K=int(d_conv), R=int(dt_rank))
     shapes = block_param_shapes(dims)

@@ -22,16 +22,25 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
-from ._validate import (BLOCK_PARAM_NAMES, BlockDims, as_float_array, check_block_params,
-                        check_count, check_discretization, check_tokens)
+from ._validate import (
+    BLOCK_PARAM_NAMES,
+    BlockDims,
+    as_float_array,
+    check_block_params,
+    check_count,
+    check_discretization,
+    check_eps,
+    check_tokens,
+)
+from .constants import DEFAULT_EPS
 
-DEFAULT_EPS = 1e-6
 _LAYER_KEY = re.compile(r"layer(\d+)\.(.+)\Z")
 _TOP_NAMES = ("embedding", "final_norm", "lm_head_bias")
 
 
-def MODEL_PARAM_NAMES(n_layers: int) -> tuple:
+def MODEL_PARAM_NAMES(n_layers: int) -> tuple[str, ...]:
     """Names of the model parameters, in a fixed order:
     ``embedding``, ``final_norm``, ``lm_head_bias``, then ``layer{i}.{name}`` for
     ``i`` in ``range(n_layers)`` and ``name`` in ``BLOCK_PARAM_NAMES``."""
@@ -52,7 +61,8 @@ class ModelDims(NamedTuple):
         return self.block.Dm
 
 
-def check_model_params(params, dtype=None):
+def check_model_params(params: Mapping[str, ArrayLike],
+                       dtype: DTypeLike | None = None) -> tuple[dict[str, np.ndarray], ModelDims]:
     """Validate a model parameter dict.
 
     Returns ``(arrays, dims)``: ``arrays`` a dict in :func:`MODEL_PARAM_NAMES`
@@ -112,13 +122,6 @@ def check_model_params(params, dtype=None):
     return arrays, ModelDims(V=V, n_layers=n_layers, block=block)
 
 
-def _check_eps(eps) -> float:
-    e = float(eps)
-    if not (np.isfinite(e) and e > 0.0):
-        raise ValueError(f"eps: expected a finite number > 0, got {eps}")
-    return e
-
-
 def _sizes(dims: ModelDims, B: int, L: int) -> tuple:
     b = dims.block
     return (dims.V, dims.n_layers, B, L, b.Dm, b.D, b.N, b.K, b.R)
@@ -128,17 +131,18 @@ def _layer_lists(arrays: Mapping, n_layers: int) -> list:
     return [[arrays[f"layer{i}.{n}"] for n in BLOCK_PARAM_NAMES] for i in range(n_layers)]
 
 
-def _n_threads(n_threads) -> int:
+def _n_threads(n_threads: int | None) -> int:
     """None -> 0 (OpenMP's default thread count), else an int >= 1 (as the block API)."""
     from .block import _n_threads as block_threads
     return block_threads(n_threads)
 
 
-def model_forward(tokens, params, *, eps: float = DEFAULT_EPS, discretization: str = "zoh",
-                  n_threads=None) -> np.ndarray:
+def model_forward(tokens: ArrayLike, params: Mapping[str, ArrayLike], *, eps: float = DEFAULT_EPS,
+                  discretization: str = "zoh", n_threads: int | None = None) -> np.ndarray:
     """Logits ``(B, L, V)`` of the model for integer ``tokens`` ``(B, L)``.
 
-    ``eps`` is the epsilon of every RMSNorm (1e-6 by default; Hugging Face
+    ``eps`` is the epsilon of every RMSNorm, a finite number > 0 (``DEFAULT_EPS`` = 1e-6
+    by default; Hugging Face
     Mamba checkpoints use 1e-5). ``discretization`` is ``"zoh"`` (exact) or
     ``"euler"`` (b_bar = Delta*B, as the CUDA Mamba kernels and Hugging Face
     ``transformers`` compute). Token ids outside ``[0, V)`` raise ValueError
@@ -148,7 +152,7 @@ def model_forward(tokens, params, *, eps: float = DEFAULT_EPS, discretization: s
     disc = check_discretization(discretization)
     arrays, dims = check_model_params(params)
     tok = check_tokens("tokens", tokens, dims.V)
-    eps = _check_eps(eps)
+    eps = check_eps(eps)
     B, L = tok.shape
     logits = np.empty((B, L, dims.V), dtype=arrays["embedding"].dtype)
     if B * L:
@@ -158,9 +162,10 @@ def model_forward(tokens, params, *, eps: float = DEFAULT_EPS, discretization: s
     return logits
 
 
-def model_loss_and_grads(tokens, targets, params, checkpointing: bool = False, *,
-                         eps: float = DEFAULT_EPS, discretization: str = "zoh",
-                         loss_scale: float = 1.0, n_threads=None):
+def model_loss_and_grads(tokens: ArrayLike, targets: ArrayLike, params: Mapping[str, ArrayLike],
+                         checkpointing: bool = False, *, eps: float = DEFAULT_EPS,
+                         discretization: str = "zoh", loss_scale: float = 1.0,
+                         n_threads: int | None = None) -> tuple[float, dict[str, np.ndarray]]:
     """Mean cross-entropy and its gradient with respect to every parameter.
 
     Returns ``(loss, grads)``: ``loss`` a Python float (accumulated in double,
@@ -179,7 +184,7 @@ def model_loss_and_grads(tokens, targets, params, checkpointing: bool = False, *
     arrays, dims = check_model_params(params)
     tok = check_tokens("tokens", tokens, dims.V)
     tgt = check_tokens("targets", targets, dims.V, shape=tok.shape)
-    eps = _check_eps(eps)
+    eps = check_eps(eps)
     scale = float(loss_scale)
     if not (np.isfinite(scale) and scale > 0.0):
         raise ValueError(f"loss_scale: expected a finite number > 0, got {loss_scale}")
@@ -196,7 +201,8 @@ def model_loss_and_grads(tokens, targets, params, checkpointing: bool = False, *
     return float(loss), grads
 
 
-def model_workspace_bytes(params, batch: int, seq_len: int, checkpointing: bool = False) -> int:
+def model_workspace_bytes(params: Mapping[str, ArrayLike], batch: int, seq_len: int,
+                          checkpointing: bool = False) -> int:
     """Bytes the compiled loss-and-grads allocates internally for these sizes
     (layer inputs, block caches — one instead of n_layers when checkpointing —,
     logits and gradient buffers)."""
@@ -207,8 +213,8 @@ def model_workspace_bytes(params, batch: int, seq_len: int, checkpointing: bool 
 
 
 def init_model_params(vocab_size: int, d_model: int, n_layers: int, d_state: int = 16,
-                      d_conv: int = 4, expand: int = 2, dt_rank=None, seed: int = 0,
-                      dtype=np.float32) -> dict:
+                      d_conv: int = 4, expand: int = 2, dt_rank: int | None = None, seed: int = 0,
+                      dtype: DTypeLike = np.float32) -> dict[str, np.ndarray]:
     """Fresh model parameters (dict in :func:`MODEL_PARAM_NAMES` order).
 
     Each layer comes from :func:`mamba_ext.init_mamba1_params` with a seed derived

@@ -5,26 +5,34 @@ The prompt and every new byte go through the recurrent ``mamba_ext.recurrent.ste
 position: generation is linear in the length. Samples from
 softmax(logits / temperature) (temperature 0: greedy).
 """
-import argparse
+from __future__ import annotations
+
 import os
 import sys
 
 import numpy as np
 
-from mamba_ext.io.checkpoint import load_checkpoint
-from mamba_ext.recurrent import generate
-from mamba_ext.training.loop import CHECKPOINT_NAME
+from ..constants import DEFAULT_EPS
+from ..io.checkpoint import load_checkpoint
+from ..recurrent import generate
+from ..training.loop import CHECKPOINT_NAME
+from ._common import parser
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mamba_ext sample", description=__doc__)
+def build_parser():
+    p = parser("sample", __doc__)
     p.add_argument("--checkpoint", required=True, metavar="PATH",
                    help="a checkpoint file (or a run folder holding checkpoint.safetensors)")
     p.add_argument("--prompt", default="def ", help="text to continue (UTF-8)")
     p.add_argument("--tokens", type=int, default=300, help="number of bytes to generate")
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    p.add_argument("--temperature", type=float, default=0.8,
+                   help="softmax temperature (0: greedy)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling RNG")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     path = args.checkpoint
     if os.path.isdir(path):
         path = os.path.join(path, CHECKPOINT_NAME)
@@ -39,7 +47,7 @@ def main(argv=None) -> int:
     config = ck["config"]
     prompt = args.prompt.encode("utf-8") or b"\n"
     ids = np.frombuffer(prompt, np.uint8).astype(np.int64)[None]
-    out = generate(ck["params"], ids, args.tokens, eps=float(config.get("eps", 1e-6)),
+    out = generate(ck["params"], ids, args.tokens, eps=float(config.get("eps", DEFAULT_EPS)),
                    discretization=config.get("discretization", "zoh"),
                    temperature=args.temperature, rng=np.random.default_rng(args.seed))
     text = bytes(out[0].astype(np.uint8))

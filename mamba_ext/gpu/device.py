@@ -8,7 +8,6 @@ repository's ``kernels/`` folder, mapped by ``package_dir`` in setup.py).
 from __future__ import annotations
 
 import math
-import os
 import re
 import struct
 import threading

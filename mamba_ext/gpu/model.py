@@ -22,8 +22,7 @@ from .device import gpu
 from .layers import BlockLayer, Scratch, arena_layout, elementwise, gemm, reduce_cols
 
 # Weight decay is off for these (after any "layerN." prefix), as mamba_ext.AdamW's default.
-DEFAULT_NO_DECAY = frozenset({"A_log", "D_vec", "bInProj", "bConv", "bXProj", "bDtProj",
-                              "bOutProj", "lm_head_bias", "normWeight", "final_norm"})
+from ..constants import DEFAULT_NO_DECAY
 
 
 def _decays(name, no_decay):

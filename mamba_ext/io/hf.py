@@ -23,7 +23,8 @@ Why the conv taps flip: transformers runs ``nn.Conv1d(padding=K-1)`` (cross-corr
 whose tap ``K-1`` multiplies the current step; our tap 0 does (docs/semantics.md).
 
 Two semantic differences are carried in the returned config rather than in weights:
-the RMSNorm epsilon (``layer_norm_epsilon``, 1e-5 there; 1e-6 is our default) and the
+the RMSNorm epsilon (``layer_norm_epsilon``, 1e-5 there; our default is
+``mamba_ext.constants.DEFAULT_EPS``, 1e-6) and the
 discretisation: transformers and the CUDA kernels use Euler ``b_bar = Delta*B``, so a
 converted model matches them only when run with ``discretization="euler"``. Pass the
 returned ``config["eps"]`` and ``config["discretization"]`` to ``model_forward`` /
@@ -31,7 +32,8 @@ returned ``config["eps"]`` and ``config["discretization"]`` to ``model_forward``
 
 Anything we cannot represent exactly is refused with a ValueError that says why:
 another activation, an untied or biased head, a non-zero x_proj bias, A_log outside the
-clamp range [-10, 5] our forward applies, non-finite weights, unknown tensors.
+clamp range [A_LOG_MIN, A_LOG_MAX] = [-10, 5] our forward applies (``mamba_ext.constants``),
+non-finite weights, unknown tensors.
 """
 from __future__ import annotations
 
@@ -42,11 +44,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from . import checkpoint
-from .._validate import as_float_array
+from .._validate import as_float_array, check_eps
+from ..constants import A_LOG_MAX, A_LOG_MIN
 from ..model import check_model_params
-
-A_LOG_MIN, A_LOG_MAX = -10.0, 5.0   # our forward clamps A_log to this range (golden README step 7)
+from . import checkpoint
 
 _MIXER = {  # our block name -> HF mixer tensor name (the ones without a layout change)
     "wInProj": "in_proj.weight", "bInProj": "in_proj.bias", "bConv": "conv1d.bias",
@@ -145,7 +146,8 @@ def params_from_hf(tensors: Mapping, hf_config: Mapping, dtype=np.float32):
     unknown = sorted(set(t) - used)
     if unknown:
         raise ValueError(f"checkpoint: unexpected tensor(s) {unknown[:8]}"
-                         f"{' ...' if len(unknown) > 8 else ''}; not a Mamba-1 layout mamba_ext can represent")
+                         f"{' ...' if len(unknown) > 8 else ''}; "
+                         f"not a Mamba-1 layout mamba_ext can represent")
     return params, cfg
 
 
@@ -159,7 +161,7 @@ def params_to_hf(params: Mapping, config: Mapping, approximate_discretization: b
 
     ``config`` needs ``eps`` and ``discretization``. A model run with ``"zoh"`` computes a
     (slightly) different function than transformers' Euler scan: refused unless
-    ``approximate_discretization=True``. A_log is written clipped to [-10, 5], which is
+    ``approximate_discretization=True``. A_log is written clipped to [A_LOG_MIN, A_LOG_MAX], which is
     what our forward uses. Refused: no layers, a non-zero ``lm_head_bias`` or ``bXProj``,
     ``d_inner`` not a multiple of ``d_model`` (transformers only has an integer ``expand``).
     """
@@ -176,7 +178,7 @@ def params_to_hf(params: Mapping, config: Mapping, approximate_discretization: b
                          "with discretization='euler', or pass approximate_discretization=True")
     if "eps" not in config:
         raise ValueError("config: missing 'eps' (the RMSNorm epsilon the model is run with)")
-    eps = float(config["eps"])
+    eps = check_eps(config["eps"])
     if np.any(arrays["lm_head_bias"] != 0):
         raise ValueError("lm_head_bias: non-zero; the Hugging Face Mamba head has no bias, so this "
                          "model cannot be represented there")

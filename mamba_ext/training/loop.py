@@ -22,9 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._validate import check_eps
+from ..constants import DEFAULT_EPS
 from ..io import checkpoint as ckpt_io
-from .data import VOCAB_SIZE, ByteBatches, load_corpus, DEFAULT_MAX_BYTES
 from ..model import init_model_params, model_forward, model_loss_and_grads
+from .data import DEFAULT_MAX_BYTES, VOCAB_SIZE, ByteBatches, load_corpus
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
 PLOT_NAME = "loss.png"
@@ -40,7 +42,7 @@ class TrainConfig:
     d_state: int = 16
     d_conv: int = 4
     expand: int = 2
-    eps: float = 1e-6
+    eps: float = DEFAULT_EPS         # RMSNorm epsilon
     seq_len: int = 128
     batch: int = 16
     steps: int = 1500
@@ -86,7 +88,7 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
 
 
 def amp_step(tokens, targets, params, opt, scaler, *, grad_clip=1.0, checkpointing=False,
-             eps=1e-6, n_threads=None):
+             eps=DEFAULT_EPS, n_threads=None):
     """One mixed-precision training step; returns ``(loss, applied)``.
 
     Forward/backward on ``fp16_view(params)`` (fp16-rounded copies of the fp32
@@ -150,7 +152,7 @@ def _set_lr(opt, lr: float) -> None:
     opt.lr = lr
 
 
-def evaluate(params, batches, eps=1e-6, n_threads=None) -> float | None:
+def evaluate(params, batches, eps=DEFAULT_EPS, n_threads=None) -> float | None:
     """Mean loss over the fixed held-out batches (None if there are none)."""
     vals = batches.val_batches()
     if not vals:
@@ -236,6 +238,7 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
         log(f"resuming from {resume} at step {start}")
     if cfg.device not in ("cpu", "gpu"):
         raise ValueError(f"device: expected 'cpu' or 'gpu', got {cfg.device!r}")
+    cfg.eps = check_eps(cfg.eps)
 
     corpus = load_corpus(cfg.data, cfg.max_bytes)
     batches = ByteBatches(corpus, cfg.seq_len, cfg.batch, cfg.seed)
@@ -296,7 +299,8 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
     save_state(path, cfg, end, params, opt, scaler, losses)
     from .plot import write_loss_curve
     plot_path = os.path.join(out_dir, PLOT_NAME)
-    write_loss_curve(plot_path, losses, reference=math.log(VOCAB_SIZE))
+    write_loss_curve(plot_path, losses, reference=math.log(VOCAB_SIZE),
+                     reference_label=f"ln({VOCAB_SIZE}) = uniform guess")
     val = evaluate(params, batches, cfg.eps, cfg.threads)
     tps = done * cfg.batch * cfg.seq_len / wall if wall > 0 else 0.0
     final = float(np.mean(losses[-50:])) if losses else float("nan")

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import assert_golden_close, load_golden
-from mamba_ext.testing import reference as ref
+
 from mamba_ext._validate import BlockDims, block_param_shapes
 from mamba_ext.recurrent import generate, init_state, step
+from mamba_ext.testing import reference as ref
 
 
 def _random_params(seed, V=13, Dm=6, D=12, N=3, K=4, R=2, n_layers=2, dtype=np.float32):

@@ -4,10 +4,10 @@ import os
 
 import numpy as np
 import pytest
+from conftest import optional
 
 import mamba_ext
 from mamba_ext.io import checkpoint as ck
-from conftest import optional
 
 
 def _tensors():
