@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
-from typing import NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 # The public contract: names and order of docs/semantics.md.
 BLOCK_PARAM_NAMES = (
@@ -44,7 +45,7 @@ class BlockDims(NamedTuple):
         return self.R + 2 * self.N
 
 
-def block_param_shapes(d: BlockDims) -> dict:
+def block_param_shapes(d: BlockDims) -> dict[str, tuple[int, ...]]:
     """The shape of every block parameter, keyed by name (golden layout)."""
     return {
         "wInProj": (2 * d.D, d.Dm), "bInProj": (2 * d.D,),
@@ -57,7 +58,7 @@ def block_param_shapes(d: BlockDims) -> dict:
     }
 
 
-def check_count(name: str, shape) -> None:
+def check_count(name: str, shape: Sequence[int]) -> None:
     """Refuse shapes whose element count would overflow the kernels' indexing."""
     n = 1
     for s in shape:
@@ -67,7 +68,8 @@ def check_count(name: str, shape) -> None:
                          f"{_MAX_ELEMENTS} that mamba_ext can index")
 
 
-def as_float_array(name: str, value, dtype=None, contiguous=True) -> np.ndarray:
+def as_float_array(name: str, value: ArrayLike, dtype: DTypeLike | None = None,
+                   contiguous: bool = True) -> np.ndarray:
     """Convert an array-like to a C-contiguous float32/float64 array.
 
     ``dtype`` None accepts float32 or float64 as given; otherwise the array must
@@ -103,7 +105,9 @@ def _shape_error(name, expected, actual, why=""):
     return ValueError(f"{name}: expected shape {tuple(expected)}, got {tuple(actual)}{why}")
 
 
-def check_block_params(params, dtype=None, d_model=None, prefix=""):
+def check_block_params(params: Mapping[str, ArrayLike], dtype: DTypeLike | None = None,
+                       d_model: int | None = None,
+                       prefix: str = "") -> tuple[dict[str, np.ndarray], BlockDims]:
     """Validate a mapping of the 13 block parameters.
 
     Returns ``(arrays, dims)``: ``arrays`` a dict name -> C-contiguous array of
@@ -161,7 +165,8 @@ def check_block_params(params, dtype=None, d_model=None, prefix=""):
     return arrays, dims
 
 
-def check_x(name: str, x, dtype=None, contiguous=True) -> np.ndarray:
+def check_x(name: str, x: ArrayLike, dtype: DTypeLike | None = None,
+            contiguous: bool = True) -> np.ndarray:
     """Validate a (B, L, Dm) activation; empty B or L is allowed."""
     arr = as_float_array(name, x, dtype, contiguous)
     if arr.ndim != 3:
@@ -170,7 +175,8 @@ def check_x(name: str, x, dtype=None, contiguous=True) -> np.ndarray:
     return arr
 
 
-def check_tokens(name: str, tokens, vocab_size: int | None = None, shape=None) -> np.ndarray:
+def check_tokens(name: str, tokens: ArrayLike, vocab_size: int | None = None,
+                 shape: Sequence[int] | None = None) -> np.ndarray:
     """Validate integer token ids (B, L); out-of-range ids name the id and position."""
     arr = np.asarray(tokens)
     if arr.dtype.kind not in "iu":
@@ -194,7 +200,7 @@ def check_tokens(name: str, tokens, vocab_size: int | None = None, shape=None) -
 DISCRETIZATIONS = {"zoh": 0, "euler": 1}
 
 
-def check_discretization(discretization) -> int:
+def check_discretization(discretization: Any) -> int:
     """``"zoh"`` (exact zero-order hold) -> 0, ``"euler"`` (b_bar = Delta*B) -> 1."""
     if not isinstance(discretization, str) or discretization not in DISCRETIZATIONS:
         raise ValueError(f"discretization: expected one of {sorted(DISCRETIZATIONS)}, "
@@ -202,7 +208,7 @@ def check_discretization(discretization) -> int:
     return DISCRETIZATIONS[discretization]
 
 
-def check_eps(eps) -> float:
+def check_eps(eps: Any) -> float:
     """The one rule for an RMSNorm ``eps`` (block, model, recurrent, training, GPU).
 
     Accepts a finite real number > 0 (Python or NumPy int/float) and returns it as a

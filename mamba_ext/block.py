@@ -111,8 +111,9 @@ class BlockCache:
     __slots__ = ("buffer", "dims", "dtype", "x_shape", "eps", "discretization", "fingerprint",
                  "has_h0", "conv_state")
 
-    def __init__(self, buffer, dims, dtype, x_shape, eps, discretization, fingerprint,
-                 has_h0=False, conv_state=None):
+    def __init__(self, buffer: np.ndarray, dims: BlockDims, dtype: DTypeLike, x_shape: tuple,
+                 eps: float, discretization: str, fingerprint: tuple, has_h0: bool = False,
+                 conv_state: np.ndarray | None = None) -> None:
         self.buffer = buffer
         self.dims = dims
         self.dtype = np.dtype(dtype)
@@ -128,7 +129,7 @@ class BlockCache:
         """Bytes held by the cache buffer (formula in the class docstring)."""
         return int(self.buffer.nbytes)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"BlockCache(x_shape={self.x_shape}, dtype={self.dtype.name}, dims={self.dims}, "
                 f"discretization={self.discretization!r}, nbytes={self.nbytes})")
 

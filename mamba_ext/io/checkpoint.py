@@ -23,8 +23,13 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable, Mapping
+from typing import IO, Any
 
 import numpy as np
+from numpy.typing import ArrayLike
+
+StrPath = str | os.PathLike[str]     # a file path, as open() takes it
 
 CHECKSUM_KEY = "mamba_ext.sha256"
 _MAX_HEADER = 100 * 1024 * 1024
@@ -60,7 +65,7 @@ def _fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
-def save(path, tensors: dict, metadata: dict | None = None) -> None:
+def save(path: StrPath, tensors: Mapping[str, ArrayLike], metadata: Mapping[str, str] | None = None) -> None:
     """Write ``tensors`` (name -> array) and ``metadata`` (str -> str) atomically."""
     path = os.fspath(path)
     meta = {} if metadata is None else dict(metadata)
@@ -95,7 +100,7 @@ def save(path, tensors: dict, metadata: dict | None = None) -> None:
     atomic_write(path, write)
 
 
-def atomic_write(path, write) -> None:
+def atomic_write(path: StrPath, write: Callable[[IO[bytes]], Any]) -> None:
     """Create/replace ``path`` atomically: ``write(f)`` fills a temporary file in
     the same folder, which is fsync'ed and then ``os.replace``d over ``path``."""
     path = os.fspath(path)
@@ -117,7 +122,7 @@ def atomic_write(path, write) -> None:
     _fsync_dir(folder)
 
 
-def load(path, require_checksum: bool = True):
+def load(path: StrPath, require_checksum: bool = True) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Read a safetensors file; returns ``(tensors, metadata)``.
 
     Every check failure raises ``ValueError`` naming the file and the problem.
@@ -222,9 +227,10 @@ def _unflatten(flat: dict) -> dict:
     return out
 
 
-def save_checkpoint(path, params: dict, *, step: int, config: dict,
-                    optimizer_state: dict | None = None, extra: dict | None = None,
-                    arrays: dict | None = None) -> None:
+def save_checkpoint(path: StrPath, params: Mapping[str, ArrayLike], *, step: int,
+                    config: Mapping[str, Any], optimizer_state: Mapping[str, Any] | None = None,
+                    extra: Mapping[str, Any] | None = None,
+                    arrays: Mapping[str, ArrayLike] | None = None) -> None:
     """A training checkpoint: ``params`` (name -> array), the optimizer's
     ``state_dict()`` (possibly nested dicts; arrays stored as tensors
     ``optim.<a/b>``, everything else as JSON), ``step``, ``config`` and
@@ -253,7 +259,7 @@ def _json_default(o):
     raise TypeError(f"checkpoint: cannot store {type(o).__name__} in the metadata")
 
 
-def load_checkpoint(path) -> dict:
+def load_checkpoint(path: StrPath) -> dict[str, Any]:
     """Inverse of :func:`save_checkpoint`: a dict with ``params``, ``step``,
     ``config``, ``optimizer_state``, ``extra``, ``arrays``. (Tuples stored in the
     optimizer state come back as lists.)"""

@@ -41,13 +41,16 @@ import json
 import math
 import os
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from .._validate import as_float_array, check_eps
 from ..constants import A_LOG_MAX, A_LOG_MIN
 from ..model import check_model_params
 from . import checkpoint
+from .checkpoint import StrPath
 
 _MIXER = {  # our block name -> HF mixer tensor name (the ones without a layout change)
     "wInProj": "in_proj.weight", "bInProj": "in_proj.bias", "bConv": "conv1d.bias",
@@ -88,7 +91,8 @@ def _hf_dims(hf_config: Mapping) -> dict:
             "d_inner": D, "dt_rank": R, "eps": eps, "discretization": "euler"}
 
 
-def params_from_hf(tensors: Mapping, hf_config: Mapping, dtype=np.float32):
+def params_from_hf(tensors: Mapping[str, ArrayLike], hf_config: Mapping[str, Any],
+                   dtype: DTypeLike = np.float32) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """HF state dict (name -> array, torch tensors need ``.numpy()`` first) -> ``(params, config)``.
 
     ``params`` is our model dict (``embedding``, ``final_norm``, ``lm_head_bias``,
@@ -156,7 +160,8 @@ def _describe(cfg):
                                                "d_conv", "dt_rank", "n_layers"))
 
 
-def params_to_hf(params: Mapping, config: Mapping, approximate_discretization: bool = False):
+def params_to_hf(params: Mapping[str, ArrayLike], config: Mapping[str, Any],
+                 approximate_discretization: bool = False) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Our params + config -> ``(tensors, hf_config)`` for ``MambaForCausalLM``.
 
     ``config`` needs ``eps`` and ``discretization``. A model run with ``"zoh"`` computes a
@@ -215,7 +220,7 @@ def params_to_hf(params: Mapping, config: Mapping, approximate_discretization: b
 
 # ---- files (mamba_ext.io.checkpoint reads and writes safetensors, verified, atomically) ----
 
-def load_hf(path, dtype=np.float32):
+def load_hf(path: StrPath, dtype: DTypeLike = np.float32) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Load a ``save_pretrained`` folder -> ``(params, config)`` (see :func:`params_from_hf`).
 
     Reads ``model.safetensors`` or the shards of ``model.safetensors.index.json``
@@ -246,7 +251,8 @@ def load_hf(path, dtype=np.float32):
     return params_from_hf(tensors, hf_config, dtype=dtype)
 
 
-def save_hf(path, params, config, approximate_discretization=False):
+def save_hf(path: StrPath, params: Mapping[str, ArrayLike], config: Mapping[str, Any],
+            approximate_discretization: bool = False) -> dict[str, Any]:
     """Write ``config.json`` + ``model.safetensors`` (float32) that
     ``MambaForCausalLM.from_pretrained`` loads; returns the HF config dict.
 

@@ -224,3 +224,39 @@ def test_torch_baselines_match_the_reference(L, chunk):
     np.testing.assert_allclose(dx_a, dx_b, rtol=1e-9, atol=1e-11)
     for k in g_a:
         np.testing.assert_allclose(g_a[k], g_b[k], rtol=1e-9, atol=1e-11, err_msg=k)
+
+
+# ---- type annotations on the public API (py.typed) ----------------------------------------------
+
+PUBLIC_MODULES = ("block", "model", "recurrent", "optim", "amp", "constants", "io.checkpoint", "io.hf",
+                  "_validate")
+
+
+def _public_callables(module):
+    import inspect
+    for name, obj in vars(module).items():
+        if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
+            continue
+        if inspect.isfunction(obj):
+            yield name, obj
+        elif inspect.isclass(obj) and not issubclass(obj, tuple):
+            for mname, meth in vars(obj).items():
+                if inspect.isfunction(meth) and (not mname.startswith("_") or mname == "__init__"):
+                    yield f"{name}.{mname}", meth
+
+
+@pytest.mark.parametrize("modname", PUBLIC_MODULES)
+def test_public_api_is_annotated(modname):
+    import importlib
+    import inspect
+    module = importlib.import_module(f"mamba_ext.{modname}")
+    missing = []
+    for name, fn in _public_callables(module):
+        sig = inspect.signature(fn)
+        for p in sig.parameters.values():
+            if p.name not in ("self", "cls") and p.annotation is inspect.Parameter.empty:
+                missing.append(f"{name}({p.name})")
+        if sig.return_annotation is inspect.Signature.empty:
+            missing.append(f"{name} -> ?")
+    assert not missing, f"mamba_ext.{modname}: unannotated {missing}"
+    assert (PKG / "py.typed").is_file()
