@@ -30,6 +30,47 @@ FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _MAX_ELEMENTS = np.iinfo(np.intp).max // 16
 # Largest single size (dModel, dInner, ...): BLAS takes 32-bit int dimensions.
 _MAX_DIM = 2 ** 31 - 1
+MAX_DIM = _MAX_DIM
+MAX_ELEMENTS = _MAX_ELEMENTS
+
+# Most threads a kernel may be asked for: far more than any machine runs usefully, far
+# fewer than those that make libgomp fail to create its team (1000 ended the process,
+# 65536 segfaulted). Oversubscription beyond 8 threads per core only costs.
+MAX_THREADS_CAP = 1024
+
+
+def max_threads() -> int:
+    """Largest accepted ``n_threads``: min(1024, max(64, 8 * os.cpu_count()))."""
+    import os
+    return min(MAX_THREADS_CAP, max(64, 8 * (os.cpu_count() or 1)))
+
+
+def check_n_threads(n_threads: Any) -> int:
+    """None -> 0 (OpenMP's default team); otherwise an integer in [1, max_threads()]."""
+    if n_threads is None:
+        return 0
+    limit = max_threads()
+    if isinstance(n_threads, (bool, np.bool_)) or not isinstance(n_threads, (int, np.integer)):
+        raise TypeError(f"n_threads: expected None or an integer in [1, {limit}], "
+                        f"got {type(n_threads).__name__} {n_threads!r}")
+    if not 1 <= n_threads <= limit:
+        raise ValueError(f"n_threads: expected None or an integer in [1, {limit}] (the limit is "
+                         f"min({MAX_THREADS_CAP}, max(64, 8 x {__import__('os').cpu_count()} cores))), "
+                         f"got {n_threads}")
+    return int(n_threads)
+
+
+def check_size(name: str, value: Any, lo: int = 1, hi: int = _MAX_DIM) -> int:
+    """A size-like integer argument (batch, a length, a model size) in ``[lo, hi]``.
+
+    ``bool``, floats and non-numbers raise TypeError; an integer outside the range raises
+    ValueError naming the limit. Returns a Python int.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an integer in [{lo}, {hi}], got {type(value).__name__} {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name}: expected an integer in [{lo}, {hi}], got {value}")
+    return int(value)
 
 
 class BlockDims(NamedTuple):

@@ -40,6 +40,8 @@ from ._validate import (
     check_count,
     check_discretization,
     check_eps,
+    check_n_threads,
+    check_size,
     check_x,
 )
 from .constants import DEFAULT_EPS
@@ -67,12 +69,8 @@ def _fingerprint(arrays) -> tuple:
 
 
 def _n_threads(n_threads: int | None) -> int:
-    """None -> 0 (OpenMP's default thread count); otherwise an int >= 1."""
-    if n_threads is None:
-        return 0
-    if isinstance(n_threads, bool) or not isinstance(n_threads, (int, np.integer)) or n_threads < 1:
-        raise ValueError(f"n_threads: expected None or an integer >= 1, got {n_threads!r}")
-    return int(min(n_threads, 1 << 16))
+    """None -> 0 (OpenMP's default thread count); otherwise an int in [1, max_threads()]."""
+    return check_n_threads(n_threads)
 
 
 class BlockCache:
@@ -139,12 +137,20 @@ def _sizes(x_shape, dims) -> tuple:
     return (int(B), int(L), dims.Dm, dims.D, dims.N, dims.K, dims.R)
 
 
+def _cache_elements(sizes: tuple) -> int:
+    """Elements of the forward cache (the layout of block.pyx, see BlockCache) for sizes
+    (B, L, Dm, D, N, K, R), in Python integers, which cannot wrap around."""
+    B, L, Dm, D, N, K, R = sizes
+    M, P = B * L, R + 2 * N
+    C = -(-L // _block.SCAN_CHUNK_LEN)
+    return M * (Dm + 1 + 4 * D + P) + B * C * D * N
+
+
 def _check_work_size(sizes) -> None:
     """Refuse sizes whose cache or backward scratch element counts overflow."""
     B, L, Dm, D, N, K, R = sizes
     M, P = B * L, R + 2 * N
-    nC = -(-L // _block.SCAN_CHUNK_LEN)
-    check_count("cache", (M * (Dm + 1 + 4 * D + P) + B * nC * D * N,))
+    check_count("cache", (_cache_elements(sizes),))
     check_count("backward scratch", (M * (7 * D + P + 2 * R + 2 * Dm),))
 
 
@@ -164,8 +170,8 @@ def mamba1_forward(x: ArrayLike, params: Mapping[str, ArrayLike], *, h0: ArrayLi
         RMSNorm epsilon (inside the square root), a finite number > 0; default
         ``mamba_ext.constants.DEFAULT_EPS`` (1e-6).
     discretization : "zoh" (exact zero-order hold, default) or "euler" (b_bar = Delta*B).
-    n_threads : None (OpenMP default) or int >= 1, threads of the scan and elementwise
-        kernels (BLAS uses its own threads).
+    n_threads : None (OpenMP default) or an int in [1, min(1024, max(64, 8 x cores))],
+        threads of the scan and elementwise kernels (BLAS uses its own threads).
     h0 : None or array (B, D, N) of x's dtype
         Scan state before step 0 (default zeros), e.g. the ``h_last`` of the previous chunk.
     conv_state : None or array (B, D, K-1) of x's dtype
@@ -318,12 +324,12 @@ def init_mamba1_params(d_model: int, d_state: int = 16, d_conv: int = 4, expand:
     """
     for name, v in (("d_model", d_model), ("d_state", d_state), ("d_conv", d_conv),
                     ("expand", expand)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
+        check_size(name, v)
     if dt_rank is None:
         dt_rank = -(-int(d_model) // 16)
-    elif isinstance(dt_rank, bool) or not isinstance(dt_rank, (int, np.integer)) or dt_rank < 1:
-        raise ValueError(f"dt_rank: expected None or an integer >= 1, got {dt_rank!r}")
+    else:
+        check_size("dt_rank", dt_rank)
+    check_size("dInner = expand * d_model", int(expand) * int(d_model))
     dtype = np.dtype(dtype)
     if dtype not in FLOAT_DTYPES:
         raise TypeError(f"dtype: expected float32 or float64, got {dtype}")

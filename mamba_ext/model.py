@@ -25,6 +25,7 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
 from ._validate import (
+    MAX_ELEMENTS,
     BLOCK_PARAM_NAMES,
     BlockDims,
     as_float_array,
@@ -32,12 +33,16 @@ from ._validate import (
     check_count,
     check_discretization,
     check_eps,
+    check_size,
     check_tokens,
 )
 from .constants import DEFAULT_EPS
 
-_LAYER_KEY = re.compile(r"layer(\d+)\.(.+)\Z")
+# layer{i}.{name}: i in canonical ASCII decimal (no sign, no leading zero, no other digits:
+# "layer00.X" or "layer\u0660.X" would otherwise be read as layer 0 and replace layer0.X)
+_LAYER_KEY = re.compile(r"layer(0|[1-9][0-9]{0,8})\.(.+)\Z", re.ASCII)
 _TOP_NAMES = ("embedding", "final_norm", "lm_head_bias")
+MAX_LAYERS = 10 ** 9 - 1     # the largest index _LAYER_KEY reads has 9 digits
 
 
 def MODEL_PARAM_NAMES(n_layers: int) -> tuple[str, ...]:
@@ -80,7 +85,7 @@ def check_model_params(params: Mapping[str, ArrayLike],
     for key in params:
         if key in _TOP_NAMES:
             continue
-        m = _LAYER_KEY.match(str(key))
+        m = _LAYER_KEY.match(key) if isinstance(key, str) else None
         if m is None:
             unknown.append(str(key))
             continue
@@ -201,15 +206,45 @@ def model_loss_and_grads(tokens: ArrayLike, targets: ArrayLike, params: Mapping[
     return float(loss), grads
 
 
+def _workspace_bytes_exact(dims: ModelDims, B: int, L: int, checkpointing: bool, itemsize: int) -> int:
+    """The formula of ``model_workspace_bytes`` in model.pyx, in Python integers (which
+    cannot wrap): layer inputs ((n_layers+1) M Dm), the block caches (one when
+    checkpointing, else n_layers), xn, rstd, logits and 3 M Dm of scratch, plus M doubles.
+    model_workspace_bytes compares the two on every call."""
+    from .block import _cache_elements
+    b = dims.block
+    M = B * L
+    cache_len = _cache_elements(_sizes(dims, B, L)[2:])
+    n_caches = min(dims.n_layers, 1) if checkpointing else dims.n_layers
+    n = ((dims.n_layers + 1) * M * b.Dm + n_caches * cache_len + M * b.Dm + M + M * dims.V
+         + 3 * M * b.Dm)
+    return n * itemsize + M * 8
+
+
 def model_workspace_bytes(params: Mapping[str, ArrayLike], batch: int, seq_len: int,
                           checkpointing: bool = False) -> int:
     """Bytes the compiled loss-and-grads allocates internally for these sizes
     (layer inputs, block caches — one instead of n_layers when checkpointing —,
-    logits and gradient buffers)."""
+    logits and gradient buffers).
+
+    ``batch`` and ``seq_len`` are integers >= 0; sizes whose workspace would not fit
+    in memory addressable by the kernels (more than ``2**63 / 16`` bytes) raise
+    ValueError instead of wrapping around.
+    """
     from .cpu import model as _model
     arrays, dims = check_model_params(params)
-    return int(_model.workspace_bytes(_sizes(dims, int(batch), int(seq_len)), bool(checkpointing),
-                                      arrays["embedding"].itemsize))
+    B = check_size("batch", batch, lo=0, hi=MAX_ELEMENTS)
+    L = check_size("seq_len", seq_len, lo=0, hi=MAX_ELEMENTS)
+    itemsize = arrays["embedding"].itemsize
+    exact = _workspace_bytes_exact(dims, B, L, bool(checkpointing), itemsize)
+    if exact > MAX_ELEMENTS:
+        raise ValueError(f"batch, seq_len: the workspace for batch {B} x seq_len {L} would be "
+                         f"{exact} bytes, more than the {MAX_ELEMENTS} that mamba_ext can allocate")
+    got = int(_model.workspace_bytes(_sizes(dims, B, L), bool(checkpointing), itemsize))
+    if got != exact:     # the compiled formula changed without this one: never return a guess
+        raise RuntimeError(f"model_workspace_bytes: compiled formula gives {got} bytes, the "
+                           f"overflow-checked one {exact}; update mamba_ext.model._workspace_bytes_exact")
+    return got
 
 
 def init_model_params(vocab_size: int, d_model: int, n_layers: int, d_state: int = 16,
@@ -223,10 +258,10 @@ def init_model_params(vocab_size: int, d_model: int, n_layers: int, d_state: int
     ``lm_head_bias = 0``.
     """
     from .block import init_mamba1_params
-    V, Dm, nl = int(vocab_size), int(d_model), int(n_layers)
-    for name, v, lo in (("vocab_size", V, 1), ("d_model", Dm, 1), ("n_layers", nl, 0)):
-        if v < lo:
-            raise ValueError(f"{name}: expected an integer >= {lo}, got {v}")
+    V = check_size("vocab_size", vocab_size)
+    Dm = check_size("d_model", d_model)
+    nl = check_size("n_layers", n_layers, lo=0, hi=MAX_LAYERS)
+    check_count("embedding", (V, Dm))
     dtype = np.dtype(dtype)
     if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise TypeError(f"dtype: expected float32 or float64, got {dtype}")

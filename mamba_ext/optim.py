@@ -28,6 +28,7 @@ from collections.abc import Collection, Mapping, Sequence
 import numpy as np
 
 from .amp import _named_arrays, _state_scalar
+from ._validate import check_n_threads
 from .block import _n_threads
 from .constants import DEFAULT_NO_DECAY
 from .cpu import adamw as _adamw
@@ -143,6 +144,26 @@ class AdamW:
             flat[n] = np.ascontiguousarray(g).reshape(-1)
         return flat
 
+    def _check_updatable(self) -> None:
+        """Every parameter and moment can still be updated in place: the arrays the
+        optimizer holds are public attributes and may have been replaced or made read-only
+        since __init__. Raises before anything changes."""
+        if self.n_threads != 0:          # 0: OpenMP's default team
+            check_n_threads(self.n_threads)
+        for n, w in self.params.items():
+            for what, a in (("params", w), ("exp_avg", self.exp_avg.get(n)),
+                            ("exp_avg_sq", self.exp_avg_sq.get(n))):
+                if not isinstance(a, np.ndarray) or a.dtype != w.dtype or a.shape != w.shape:
+                    raise TypeError(f"AdamW.step: {what}[{n!r}]: expected a {w.dtype} array of shape "
+                                    f"{w.shape}, got {getattr(a, 'dtype', type(a).__name__)} "
+                                    f"{getattr(a, 'shape', '')}; nothing was updated")
+                if a.dtype not in _FLOATS:
+                    raise TypeError(f"AdamW.step: {what}[{n!r}]: dtype {a.dtype} is not float32/float64; "
+                                    f"nothing was updated")
+                if not (a.flags.c_contiguous and a.flags.writeable):
+                    raise ValueError(f"AdamW.step: {what}[{n!r}]: must be a C-contiguous, writeable array "
+                                     f"(it is updated in place); nothing was updated")
+
     def step(self, grads: Mapping[str, np.ndarray], grad_scale: float = 1.0) -> bool:
         """One AdamW step with ``grads * grad_scale`` (grad_scale > 0 fuses an
         unscale or a clip factor into the update). Returns True if applied,
@@ -153,6 +174,7 @@ class AdamW:
                 or not (math.isfinite(grad_scale) and grad_scale > 0)):
             raise ValueError(f"AdamW.step: grad_scale: expected a finite number > 0, got {grad_scale!r}")
         flat = self._flat_grads(grads)
+        self._check_updatable()        # all or nothing: every array is checked before any update
         if any(_adamw.count_nonfinite_array(g, self.n_threads) for g in flat.values()):
             self.skipped += 1
             return False

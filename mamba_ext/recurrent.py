@@ -19,12 +19,21 @@ Size letters: B batch, Dm dModel, D dInner, N dState, K dConv, R dtRank, V vocab
 """
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Mapping
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ._validate import check_discretization, check_eps, check_tokens
+from ._validate import (
+    MAX_ELEMENTS,
+    check_count,
+    check_discretization,
+    check_eps,
+    check_size,
+    check_tokens,
+)
 from .constants import DEFAULT_EPS
 from .model import check_model_params
 from .testing import reference as ref
@@ -86,15 +95,15 @@ def _validated(params: Mapping[str, ArrayLike], state: RecurrentState) -> tuple[
 def init_state(params: Mapping[str, ArrayLike], batch: int, *, eps: float = DEFAULT_EPS,
                discretization: str = "zoh") -> RecurrentState:
     """Zero state for ``batch`` sequences of the model ``params`` (validated here)."""
-    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
-        raise ValueError(f"batch: expected an integer >= 1, got {batch!r}")
+    batch = check_size("batch", batch, hi=MAX_ELEMENTS)
     check_discretization(discretization)
     eps = check_eps(eps)
-    state = RecurrentState(int(batch), eps, discretization)
+    state = RecurrentState(batch, eps, discretization)
     layers, arrays = _validated(params, state)
     for p in layers:
         D, K = p["wConv"].shape
         N = p["A_log"].shape[1]
+        check_count("state h (batch, dInner, dState)", (batch, D, N))
         state.h.append(np.zeros((batch, D, N), p["wConv"].dtype))          # h (B, D, N)
         state.conv.append(np.zeros((batch, D, K - 1), p["wConv"].dtype))   # tail (B, D, K-1), oldest first
     return state
@@ -166,9 +175,13 @@ def generate(params: Mapping[str, ArrayLike], prompt: ArrayLike, n_tokens: int, 
     prompt = check_tokens("prompt", prompt)
     if prompt.shape[1] < 1:
         raise ValueError(f"prompt: expected at least one token per sequence, got shape {prompt.shape}")
-    if isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, np.integer)) or n_tokens < 0:
-        raise ValueError(f"n_tokens: expected an integer >= 0, got {n_tokens!r}")
-    if not (temperature >= 0 and np.isfinite(temperature)):
+    n_tokens = check_size("n_tokens", n_tokens, lo=0, hi=MAX_ELEMENTS)
+    check_count("the output (batch, n_tokens)", (prompt.shape[0], n_tokens))
+    if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, numbers.Real):
+        raise TypeError(f"temperature: expected a finite number >= 0, got {type(temperature).__name__} "
+                        f"{temperature!r}")
+    temperature = float(temperature)
+    if not (temperature >= 0 and math.isfinite(temperature)):
         raise ValueError(f"temperature: expected a finite number >= 0, got {temperature}")
     if temperature > 0 and rng is None:
         rng = np.random.default_rng()
