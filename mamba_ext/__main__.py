@@ -2,11 +2,13 @@
 
 Each command lives in ``mamba_ext/cli/<command>.py`` with a ``main(argv)``; this module
 only dispatches. Before any kernel runs it calls :func:`mamba_ext.configure_threads`
-(idle OpenMP / OpenBLAS threads sleep instead of spinning).
+(idle OpenMP / OpenBLAS threads sleep instead of spinning). Any error ends the command
+with one line on stderr and exit status 1 (``MAMBA_EXT_TRACEBACK=1`` shows the traceback).
 """
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -42,8 +44,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from . import configure_threads
     configure_threads()
-    mod = importlib.import_module(f"mamba_ext.cli.{argv[0]}")
-    return mod.main(argv[1:])
+    try:
+        mod = importlib.import_module(f"mamba_ext.cli.{argv[0]}")
+        return mod.main(argv[1:])
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:          # e.g. `mamba-ext sample ... | head`
+        return 1
+    except Exception as e:           # one clear line, never a traceback
+        if os.environ.get("MAMBA_EXT_TRACEBACK"):
+            raise
+        message = " ".join(str(e).split()) or type(e).__name__
+        print(f"error: {message} ({type(e).__name__}; set MAMBA_EXT_TRACEBACK=1 for the traceback)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

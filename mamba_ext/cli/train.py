@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 
@@ -49,13 +50,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if args.threads is not None and args.threads < 1:
-        print("error: --threads must be >= 1", file=sys.stderr)
-        return 2
-    for name in ("d_model", "n_layers", "d_state", "seq_len", "batch", "steps"):
-        if getattr(args, name) < (0 if name in ("n_layers", "steps") else 1):
-            print(f"error: --{name.replace('_', '-')} must be positive", file=sys.stderr)
-            return 2
     resume = args.resume
     if resume is not None and os.path.isdir(resume):
         resume = os.path.join(resume, CHECKPOINT_NAME)
@@ -70,9 +64,15 @@ def main(argv=None) -> int:
                       checkpointing=args.checkpointing, checkpoint_every=args.checkpoint_every,
                       device=args.device, threads=args.threads)
     try:
+        cfg.validated()
+    except (TypeError, ValueError) as e:     # name the option, not the config field
+        message = re.sub(r"config\.(\w+)", lambda m: "--" + m.group(1).replace("_", "-"), str(e))
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+    try:
         train(cfg, out, resume=resume, progress=None if args.quiet else sys.stderr)
-    except (ValueError, RuntimeError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (ValueError, TypeError, RuntimeError, OSError, MemoryError) as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
-from .._validate import as_float_array, check_eps
+from .._validate import as_float_array, check_eps, check_size
 from ..constants import A_LOG_MAX, A_LOG_MIN
 from ..model import check_model_params
 from . import checkpoint
@@ -73,20 +73,28 @@ def _hf_dims(hf_config: Mapping) -> dict:
     if not cfg.get("tie_word_embeddings", True):
         raise ValueError("config.json: tie_word_embeddings is false; mamba_ext ties the output head to "
                          "the embedding (an untied head is accepted only if lm_head.weight equals it)")
+    def size(key, default=None, lo=1):
+        if key not in cfg and default is None:
+            raise ValueError(f"config.json: missing required field {key!r}")
+        v = cfg.get(key, default)
+        if type(v) is not int:      # JSON integers only: no "64", 64.5 or true
+            raise ValueError(f"config.json: field {key!r}: expected an integer, got {v!r}")
+        try:
+            return check_size(key, v, lo=lo)
+        except ValueError as e:
+            raise ValueError(f"config.json: field {e}") from None
+
+    Dm = size("hidden_size")
+    V = size("vocab_size")
+    n_layers = size("num_hidden_layers", lo=0)
+    N = size("state_size", 16)
+    K = size("conv_kernel", 4)
+    D = check_size("config.json: expand * hidden_size", size("expand", 2) * Dm)  # as transformers
+    R = math.ceil(Dm / 16) if cfg.get("time_step_rank", "auto") == "auto" else size("time_step_rank")
     try:
-        Dm = int(cfg["hidden_size"])
-        V = int(cfg["vocab_size"])
-        n_layers = int(cfg["num_hidden_layers"])
-        N = int(cfg.get("state_size", 16))
-        K = int(cfg.get("conv_kernel", 4))
-        D = int(cfg.get("expand", 2) * Dm)   # transformers derives intermediate_size this way
-        R = cfg.get("time_step_rank", "auto")
-        R = math.ceil(Dm / 16) if R == "auto" else int(R)
-        eps = float(cfg.get("layer_norm_epsilon", 1e-5))
-    except KeyError as e:
-        raise ValueError(f"config.json: missing required field {e.args[0]!r}") from None
-    if not (eps > 0.0 and math.isfinite(eps)):
-        raise ValueError(f"config.json: layer_norm_epsilon must be a finite number > 0, got {eps}")
+        eps = check_eps(cfg.get("layer_norm_epsilon", 1e-5))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"config.json: field 'layer_norm_epsilon': {e}") from None
     return {"vocab_size": V, "d_model": Dm, "n_layers": n_layers, "d_state": N, "d_conv": K,
             "d_inner": D, "dt_rank": R, "eps": eps, "discretization": "euler"}
 
@@ -110,7 +118,11 @@ def params_from_hf(tensors: Mapping[str, ArrayLike], hf_config: Mapping[str, Any
                 raise ValueError(f"checkpoint: missing tensor {key!r} (expected shape {shape})")
             return np.zeros(shape, dtype)
         used.add(key)
-        arr = as_float_array(key, np.asarray(t[key], dtype=np.float64)).astype(dtype)
+        src = np.asarray(t[key])
+        if src.dtype.kind != "f":     # never reinterpret integers (or bools) as weights
+            raise ValueError(f"checkpoint: {key}: dtype {src.dtype} is not a float dtype; "
+                             f"a Mamba weight is float16, float32 or float64")
+        arr = as_float_array(key, src.astype(np.float64)).astype(dtype)
         if arr.shape != tuple(shape):
             raise ValueError(f"checkpoint: {key}: expected shape {tuple(shape)} (from config.json: "
                              f"{_describe(cfg)}), got {arr.shape}")
@@ -229,26 +241,47 @@ def load_hf(path: StrPath, dtype: DTypeLike = np.float32) -> tuple[dict[str, np.
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise FileNotFoundError(f"{path}: no config.json; expected a Hugging Face save_pretrained folder")
-    with open(cfg_path, encoding="utf-8") as f:
-        hf_config = json.load(f)
+    hf_config = _read_json(cfg_path)
     single = os.path.join(path, "model.safetensors")
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(single):
         files = [single]
     elif os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
-        files = [os.path.join(path, s) for s in shards]
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map or not all(
+                isinstance(s, str) and s == os.path.basename(s) and s not in ("", ".", "..")
+                for s in weight_map.values()):
+            raise ValueError(f"{index}: field 'weight_map': expected a non-empty mapping of tensor "
+                             f"names to shard file names in the same folder")
+        files = [os.path.join(path, s) for s in sorted(set(weight_map.values()))]
     else:
         other = [n for n in os.listdir(path) if n.endswith((".bin", ".pt", ".pth"))]
         raise FileNotFoundError(f"{path}: no model.safetensors (or index); "
                                 + (f"found {other}: re-save with safe_serialization=True" if other else
                                    "expected the safetensors layout of save_pretrained"))
-    tensors = {}
+    tensors: dict[str, np.ndarray] = {}
     for fname in files:
         part, _ = checkpoint.load(fname, require_checksum=False)
-        tensors.update(part)
+        for key, a in part.items():
+            if a.dtype.kind != "f":
+                raise ValueError(f"{fname}: tensor {key!r}: field 'dtype': {a.dtype} is not a float "
+                                 f"dtype (F16, F32 or F64); mamba_ext never converts integers to weights")
+            if key in tensors:
+                raise ValueError(f"{fname}: tensor {key!r} is also in another shard")
+            tensors[key] = a
     return params_from_hf(tensors, hf_config, dtype=dtype)
+
+
+def _read_json(fname: str) -> dict[str, Any]:
+    """A JSON object from a file: one ValueError naming the file when it is not one."""
+    try:
+        with open(fname, "rb") as f:
+            value = checkpoint.strict_json(f.read().decode("utf-8"), fname)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{fname}: not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{fname}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 def save_hf(path: StrPath, params: Mapping[str, ArrayLike], config: Mapping[str, Any],
