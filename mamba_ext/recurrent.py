@@ -187,10 +187,20 @@ def generate(params: Mapping[str, ArrayLike], prompt: ArrayLike, n_tokens: int, 
         rng = np.random.default_rng()
     B = prompt.shape[0]
     state = init_state(params, B, eps=eps, discretization=discretization)
-    for t in range(prompt.shape[1]):
-        logits, state = step(prompt[:, t], params, state)
+    with np.errstate(over="ignore", invalid="ignore"):   # overflow is reported below, once
+        for t in range(prompt.shape[1]):
+            logits, state = step(prompt[:, t], params, state)
+        return _continue(logits, state, params, prompt.shape[1], n_tokens, temperature, rng)
+
+
+def _continue(logits, state, params, L, n_tokens, temperature, rng):
+    """The sampling loop of :func:`generate` after the prompt (L tokens)."""
+    B = logits.shape[0]
     out = np.empty((B, n_tokens), np.int64)
     for j in range(n_tokens):
+        if not np.isfinite(logits).all():
+            raise ValueError(f"params: the logits of position {L + j - 1} are not finite; "
+                             f"the weights cannot be sampled from (a diverged model?)")
         if temperature == 0:
             nxt = np.argmax(logits, axis=-1)
         else:
