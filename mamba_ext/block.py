@@ -22,7 +22,6 @@ at chunk boundaries (see :class:`BlockCache`), never a (B, L, D, N) tensor.
 """
 from __future__ import annotations
 
-import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,21 +49,21 @@ from .cpu import block as _block
 __all__ = ["mamba1_forward", "mamba1_backward", "init_mamba1_params", "BlockCache"]
 
 
-_FINGERPRINT_SAMPLES = 8192
-
-
 def _fingerprint(arrays) -> tuple:
-    """Cheap identity of the parameter values: CRC-32 of each array's bytes, or for an
-    array of more than 8192 values, of 8192 values evenly strided over it (CRC-32 of all
-    16 MB of size-c params, forward and backward, cost ~2% of the step). An optimizer
-    step or other params change the sample; an edit confined to unsampled entries
-    would not be noticed."""
+    """Identity of the parameter values covering EVERY value: per array, the sum modulo
+    2**64 of its bytes read as 64-bit words (one pass at memory speed; CRC-32 of all
+    16 MB of size-c params cost ~2% of a step, this sum about a tenth of that). Any
+    change of one value changes its word and so the sum; only edits that cancel exactly
+    modulo 2**64 could go unnoticed. (Arrays of the 13 parameters are C-contiguous
+    float32/float64 here, so their bytes are a whole number of 32-bit words.)"""
     fp = []
     for n in BLOCK_PARAM_NAMES:
         a = arrays[n].reshape(-1)
-        if a.size > _FINGERPRINT_SAMPLES:
-            a = np.ascontiguousarray(a[::-(-a.size // _FINGERPRINT_SAMPLES)])
-        fp.append(zlib.crc32(a))
+        raw = a.view(np.uint8)
+        n8 = raw.size // 8 * 8
+        words = raw[:n8].view(np.uint64)
+        tail = int.from_bytes(raw[n8:].tobytes(), "little")
+        fp.append((int(np.add.reduce(words, dtype=np.uint64)) + tail) % 2 ** 64)
     return tuple(fp)
 
 
@@ -96,9 +95,12 @@ class BlockCache:
     scratch, which each calling thread keeps for its next call (see _block.pyx).
 
     The cache also records the sizes, dtype, ``x`` shape, eps, discretization
-    and a CRC-32 fingerprint of every parameter (of a strided sample of 8192 values
-    for larger ones), so that using it with other parameters, other shapes or a
-    ``dout`` of another shape raises ValueError.
+    and a fingerprint of every value of every parameter (``_fingerprint``), so that
+    using it with other parameters, other shapes or a ``dout`` of another shape raises
+    ValueError. Its attributes are read-only, ``buffer`` is a read-only view, and the
+    backward re-validates the cache's state before any kernel reads it (an edited cache
+    is refused, never read out of bounds). Writing into the buffer's memory by other
+    means voids the gradients, as editing the parameters would.
 
     With state passing, ``has_h0`` records whether the forward got ``h0`` (it is the
     hstate of chunk 0, kept in ``buffer``) and ``conv_state`` holds a copy of the
@@ -106,30 +108,76 @@ class BlockCache:
     their gradients.
     """
 
-    __slots__ = ("buffer", "dims", "dtype", "x_shape", "eps", "discretization", "fingerprint",
-                 "has_h0", "conv_state")
+    __slots__ = ("_buffer", "_dims", "_dtype", "_x_shape", "_eps", "_discretization", "_fingerprint",
+                 "_has_h0", "_conv_state")
 
     def __init__(self, buffer: np.ndarray, dims: BlockDims, dtype: DTypeLike, x_shape: tuple,
                  eps: float, discretization: str, fingerprint: tuple, has_h0: bool = False,
                  conv_state: np.ndarray | None = None) -> None:
-        self.buffer = buffer
-        self.dims = dims
-        self.dtype = np.dtype(dtype)
-        self.x_shape = tuple(x_shape)
-        self.eps = float(eps)
-        self.discretization = discretization
-        self.fingerprint = fingerprint
-        self.has_h0 = bool(has_h0)
-        self.conv_state = conv_state
+        self._buffer = buffer
+        self._dims = dims
+        self._dtype = np.dtype(dtype)
+        self._x_shape = tuple(x_shape)
+        self._eps = float(eps)
+        self._discretization = discretization
+        self._fingerprint = fingerprint
+        self._has_h0 = bool(has_h0)
+        if conv_state is not None:
+            conv_state.flags.writeable = False
+        self._conv_state = conv_state
+
+    buffer = property(lambda self: _readonly(self._buffer), doc="The cache values (read-only view).")
+    dims = property(lambda self: self._dims, doc="BlockDims of the forward.")
+    dtype = property(lambda self: self._dtype, doc="dtype of x and of the cache.")
+    x_shape = property(lambda self: self._x_shape, doc="(B, L, Dm) of the forward's x.")
+    eps = property(lambda self: self._eps, doc="The forward's RMSNorm eps.")
+    discretization = property(lambda self: self._discretization, doc='"zoh" or "euler".')
+    fingerprint = property(lambda self: self._fingerprint, doc="Fingerprint of the forward's params.")
+    has_h0 = property(lambda self: self._has_h0, doc="Whether the forward got h0.")
+    conv_state = property(lambda self: self._conv_state, doc="The forward's conv_state (read-only) or None.")
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the cache buffer (formula in the class docstring)."""
-        return int(self.buffer.nbytes)
+        return int(self._buffer.nbytes)
+
+    def _checked(self) -> tuple:
+        """The state the backward needs, re-validated (the private slots can still be
+        reassigned from Python): ``(buffer, sizes, discretization code)``."""
+        d, shape = self._dims, self._x_shape
+        ok = (isinstance(d, BlockDims) and all(type(v) is int and v >= 1 for v in d)
+              and isinstance(shape, tuple) and len(shape) == 3
+              and all(type(v) is int and v >= 0 for v in shape) and shape[2] == d.Dm
+              and self._dtype in FLOAT_DTYPES and self._discretization in DISCRETIZATIONS
+              and isinstance(self._has_h0, bool))
+        if ok:
+            sizes = _sizes(shape, d)
+            try:
+                _check_work_size(sizes)
+            except ValueError:
+                ok = False
+        buf = self._buffer
+        if ok:
+            ok = (isinstance(buf, np.ndarray) and buf.dtype == self._dtype and buf.ndim == 1
+                  and buf.flags.c_contiguous and buf.size == _block.cache_len(sizes))
+        cs = self._conv_state
+        if ok and cs is not None:
+            ok = (isinstance(cs, np.ndarray) and cs.dtype == self._dtype and cs.flags.c_contiguous
+                  and cs.shape == (shape[0], d.D, d.K - 1))
+        if not ok:
+            raise ValueError("cache: its state was edited after mamba1_forward made it (sizes, "
+                             "buffer or conv_state no longer agree); run the forward again")
+        return buf, sizes, DISCRETIZATIONS[self._discretization]
 
     def __repr__(self) -> str:
         return (f"BlockCache(x_shape={self.x_shape}, dtype={self.dtype.name}, dims={self.dims}, "
                 f"discretization={self.discretization!r}, nbytes={self.nbytes})")
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view
 
 
 def _sizes(x_shape, dims) -> tuple:
@@ -260,6 +308,7 @@ def mamba1_backward(dout: ArrayLike, params: Mapping[str, ArrayLike], cache: Blo
     if not isinstance(cache, BlockCache):
         raise TypeError(f"cache: expected the BlockCache returned by mamba1_forward, "
                         f"got {type(cache).__name__}")
+    cache_buffer, _, disc = cache._checked()
     dout = check_x("dout", dout, cache.dtype, contiguous=False)
     if dout.shape != cache.x_shape:
         raise ValueError(f"dout: expected shape {cache.x_shape} (the shape of x in the forward), "
@@ -287,9 +336,9 @@ def mamba1_backward(dout: ArrayLike, params: Mapping[str, ArrayLike], cache: Blo
     dh0 = np.zeros(h_shape, cache.dtype) if cache.has_h0 else None
     dconv_state = np.zeros(c_shape, cache.dtype) if cache.conv_state is not None else None
     if dout.size:
-        _block.backward(dx, [grads[n] for n in BLOCK_PARAM_NAMES], dout, cache.buffer,
+        _block.backward(dx, [grads[n] for n in BLOCK_PARAM_NAMES], dout, cache_buffer,
                         [arrays[n] for n in BLOCK_PARAM_NAMES], _sizes(dout.shape, dims),
-                        DISCRETIZATIONS[cache.discretization], nt, conv_state=cache.conv_state,
+                        disc, nt, conv_state=cache.conv_state,
                         dh_last=dh_last, dconv_tail=dconv_tail, dh0=dh0,
                         dconv_state=dconv_state)
     elif L == 0:   # an empty chunk passes its state through unchanged

@@ -48,6 +48,18 @@ def test_n_threads_at_the_limit_and_types():
             check_n_threads(bad)
 
 
+def test_workspace_formula_in_python_equals_the_compiled_one():
+    """model._workspace_bytes_exact (Python integers) guards the compiled formula against
+    overflow: the two must agree wherever the compiled one cannot wrap."""
+    from mamba_ext.model import _workspace_bytes_exact, check_model_params
+    for nl in (0, 1, 3):
+        p = mamba_ext.init_model_params(13, 4, nl, d_state=3, d_conv=2)
+        _, dims = check_model_params(p)
+        for B, L in ((0, 0), (1, 1), (2, 63), (3, 64), (2, 65), (5, 1000)):
+            for cp in (False, True):
+                assert model_workspace_bytes(p, B, L, cp) == _workspace_bytes_exact(dims, B, L, cp, 4)
+
+
 def test_workspace_bytes_never_wraps():
     p = _model()
     small = model_workspace_bytes(p, 2, 5)
