@@ -180,3 +180,13 @@ def test_kill_during_training_and_checkpoint_writes_then_resume_is_exact(corpus,
     for k, v in full["params"].items():
         np.testing.assert_array_equal(resumed["params"][k], v, err_msg=k)
     assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
+
+
+def test_sample_takes_a_prompt_that_is_not_utf8(corpus, tmp_path):
+    train(_cfg(corpus, steps=2), tmp_path / "out", progress=None, log=lambda s: None)
+    prompt = b"ab\xff\xfe"                    # not UTF-8: fed to the byte model as these bytes
+    r = subprocess.run([os.fsencode(sys.executable), b"-m", b"mamba_ext", b"sample", b"--checkpoint",
+                        os.fsencode(tmp_path / "out"), b"--prompt", prompt, b"--tokens", b"4",
+                        b"--temperature", b"0"], capture_output=True, timeout=120)
+    assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr
+    assert r.stdout.startswith(b"ab\xef\xbf\xbd")     # printed with replacement characters
