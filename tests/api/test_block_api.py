@@ -4,10 +4,10 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from conftest import golden_tolerance, load_golden
 
 import mamba_ext
-from conftest import golden_tolerance, load_golden
-from mamba_ext.cli.gradcheck import random_block_params
+from mamba_ext.testing.gradcheck import random_block_params
 
 NAMES = mamba_ext.BLOCK_PARAM_NAMES
 fwd, bwd = mamba_ext.mamba1_forward, mamba_ext.mamba1_backward

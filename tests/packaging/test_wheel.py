@@ -83,7 +83,8 @@ def test_wheel_ships_kernels_pxd_header_stubs_and_modules(wheel_path):
     assert not missing, f"{wheel_path.name} lacks {missing}"
     for mod in compiled_module_names():
         # one binary per .pyx, for the wheel's own Python tag
-        built = [n for n in names if n.startswith(f"mamba_ext/{mod.replace('.', '/')}.") and n.endswith(".so")]
+        stem = f"mamba_ext/{mod.replace('.', '/')}."
+        built = [n for n in names if n.startswith(stem) and n.endswith(".so")]
         assert len(built) == 1, f"{mod}: compiled module not in the wheel ({built})"
     assert not [n for n in names if n.startswith("tests/")], "tests leaked into the wheel"
     assert not [n for n in names if n.startswith("mamba_ext/") and n.endswith(".c")], \
