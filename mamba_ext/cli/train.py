@@ -10,6 +10,7 @@ import os
 import sys
 import time
 
+from mamba_ext.training import distributed
 from mamba_ext.training.loop import CHECKPOINT_NAME, TrainConfig, train
 
 
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads of the kernels (default: OpenMP's default)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    distributed.add_arguments(p)
     return p
 
 
@@ -60,14 +62,25 @@ def main(argv=None) -> int:
         return 2
     out = args.out or (os.path.dirname(os.path.abspath(resume)) if resume
                        else os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")))
+    log = lambda s: print(s, file=sys.stderr)
+    try:
+        dist = distributed.from_args(args, log)
+    except (ValueError, ImportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if dist is not None and not dist.is_root:      # one voice: rank 0 logs and shows progress
+        log, args.quiet = (lambda s: None), True
     cfg = TrainConfig(data=args.data, d_model=args.d_model, n_layers=args.n_layers,
                       d_state=args.d_state, seq_len=args.seq_len, batch=args.batch,
                       steps=args.steps, lr=args.lr, seed=args.seed, amp=args.amp,
                       checkpointing=args.checkpointing, checkpoint_every=args.checkpoint_every,
                       device=args.device, threads=args.threads)
     try:
-        train(cfg, out, resume=resume, progress=None if args.quiet else sys.stderr)
+        train(cfg, out, resume=resume, progress=None if args.quiet else sys.stderr, log=log,
+              dist=dist)
     except (ValueError, RuntimeError, OSError) as e:
+        if dist is not None:       # end every rank now, not when the others time out
+            dist.abort(f"error: {e}", 1)
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
