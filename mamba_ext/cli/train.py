@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     log = lambda s: print(s, file=sys.stderr)
     try:
         dist = distributed.from_args(args, log)
-    except (ValueError, ImportError) as e:
+    except (ValueError, ImportError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if dist is not None and not dist.is_root:      # one voice: rank 0 logs and shows progress

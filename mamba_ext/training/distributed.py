@@ -47,8 +47,8 @@ import numpy as np
 from .data import ByteBatches
 
 __all__ = ["Distributed", "DistributedError", "DivergenceError", "GradReducer", "ShardedBatches",
-           "allreduce_grads", "launcher_world_size", "require_mpi", "DEFAULT_BUCKET_BYTES",
-           "DEFAULT_TIMEOUT", "DEFAULT_CHECK_EVERY"]
+           "allreduce_grads", "reduce_flat", "launcher_world_size", "require_mpi",
+           "weights_checksum", "DEFAULT_BUCKET_BYTES", "DEFAULT_TIMEOUT", "DEFAULT_CHECK_EVERY"]
 
 DEFAULT_BUCKET_BYTES = 16 * 1024 * 1024   # 4 Mi float32 per bucket: a few buckets for 10^7..10^8 params
 DEFAULT_TIMEOUT = 300.0                    # s a rank waits in one collective before aborting the job
@@ -377,6 +377,13 @@ class Distributed:
             raise ValueError(f"check_every: expected an integer >= 0, got {check_every!r}")
         self.timeout, self.check_every, self.bucket_bytes = float(timeout), check_every, bucket_bytes
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        launched = launcher_world_size()
+        if comm is None and self.size == 1 and launched > 1:
+            raise DistributedError(
+                f"the launcher started {launched} processes but MPI sees only this one: mpi4py "
+                f"loaded another MPI library than the launcher's (e.g. the mpich wheel under a "
+                f"system Open MPI mpirun). Use the mpiexec of the MPI that mpi4py loads "
+                f"({MPI.Get_library_version().splitlines()[0].strip()}), or set MPI4PY_LIBMPI")
         self.is_root = self.rank == 0
         self.stream = stream if stream is not None else sys.stderr
         self.step = None          # the step in flight (for messages)
@@ -407,6 +414,9 @@ class Distributed:
         try:
             self.stream.write(f"\nmamba_ext.distributed: rank {self.rank}/{self.size}: {message}\n")
             self.stream.flush()
+            # the launcher forwards our output through its own pipes and stops reading
+            # them when it tears the job down: give it a moment to pass the message on
+            time.sleep(1.0)
         finally:
             self.comm.Abort(code)
         os._exit(code)   # pragma: no cover - Abort does not return
@@ -424,7 +434,7 @@ class Distributed:
         values = self._gather_u64(value, what)
         bad = [r for r, v in enumerate(values) if v != values[0]]
         if bad:
-            raise error(f"{what} differs between ranks: rank 0 has {values[0]:#010x}, "
+            raise error(f"ranks disagree on {what} (checksums): rank 0 has {values[0]:#010x}, "
                         + ", ".join(f"rank {r} has {values[r]:#010x}" for r in bad))
 
     def start(self, config: dict, params: Mapping) -> None:
