@@ -251,11 +251,14 @@ class Gpu:
 
 
 def _adapters(wgpu):
-    """The adapters that count for MAMBA_EXT_GPU_INDEX: those of the native
-    backends (Vulkan, Metal, D3D12), or all when there are none of those."""
+    """The adapters that count for MAMBA_EXT_GPU_INDEX, in wgpu's order: those of
+    the native backends (Vulkan, Metal, D3D12) that are not software renderers,
+    falling back to the software ones, then to all."""
     found = list(wgpu.gpu.enumerate_adapters_sync())
-    native = [a for a in found if str(a.info.get("backend_type", "")) not in ("OpenGL", "GL")]
-    return native or found
+    native = [a for a in found if str(a.info.get("backend_type", "")) not in ("OpenGL", "GL")] or found
+    # real GPUs first: a software adapter (llvmpipe) counts only when there is no other
+    real = [a for a in native if str(a.info.get("adapter_type", "")).lower() != "cpu"]
+    return real or native
 
 
 def adapter_count() -> int:

@@ -4,6 +4,7 @@
 
 MODE ``api``: the checks that need two ranks, results as JSON in
 OUT_DIR/result.json (written by rank 0) for the test to assert on.
+MODE ``gpu``: P=2 against P=1 with ``--device gpu``, JSON likewise.
 MODE ``kill`` / ``hang``: a training run in which rank 1 is killed with
 SIGKILL / stops answering (sleeps) at step 3; the job must end with an error.
 """
@@ -91,6 +92,22 @@ def api(corpus, out):
             json.dump(res, f)
 
 
+def gpu(corpus, out):
+    """--device gpu on both ranks (each its own wgpu device): P=2 x b=4 vs P=1 x b=8."""
+    res = {}
+    cfg = dict(device="gpu", steps=4)
+    p2 = train(tiny(corpus, **cfg), os.path.join(out, "g2"), dist=Distributed(COMM, check_every=1),
+               **QUIET)
+    if RANK == 0:
+        p1 = train(tiny(corpus, batch=8, **cfg), os.path.join(out, "g1"),
+                   dist=Distributed(MPI.COMM_SELF), **QUIET)
+        res["p2_vs_p1_max_abs"] = max(float(np.max(np.abs(p2["params"][k] - p1["params"][k])))
+                                      for k in p1["params"])
+        res["losses"] = [p2["losses"], p1["losses"]]
+        with open(os.path.join(out, "result.json"), "w") as f:
+            json.dump(res, f)
+
+
 class _Fault(Distributed):
     """Rank 1 fails at step 3: killed (SIGKILL) or hung (stops answering)."""
     mode = None
@@ -113,7 +130,7 @@ def fault(mode, corpus, out):
 
 if __name__ == "__main__":
     mode, corpus, out = sys.argv[1:4]
-    if mode == "api":
-        api(corpus, out)
+    if mode in ("api", "gpu"):
+        globals()[mode](corpus, out)
     else:
         fault(mode, corpus, out)

@@ -160,6 +160,21 @@ def test_two_ranks_match_one_rank_with_the_doubled_batch_and_resume_exactly(corp
     assert "ranks disagree on the weights after step 7" in res["divergence"]
 
 
+def test_gpu_ranks_match_one_gpu_with_the_doubled_batch(corpus, tmp_path):
+    gpu = optional("mamba_ext.gpu", "pip install wgpu; needs a Vulkan/Metal/D3D12 adapter")
+    if not gpu.available():
+        optional("mamba_ext_no_gpu_adapter", "no GPU adapter (apt-get install mesa-vulkan-drivers)")
+    out = tmp_path / "gpu"
+    out.mkdir()
+    p, _ = _job([sys.executable, WORKER, "gpu", corpus, str(out)], tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = json.loads((out / "result.json").read_text())
+    # the arena is read back, all-reduced, written back; grad norm + AdamW on the GPU
+    # (same tolerance and reason as the CPU test above)
+    assert res["p2_vs_p1_max_abs"] < 2e-5, res
+    np.testing.assert_allclose(res["losses"][0], res["losses"][1], rtol=1e-6)
+
+
 def test_cli_auto_detects_mpiexec_and_resumes_with_another_world_size(corpus, tmp_path):
     common = ["--data", corpus, "--d-model", "16", "--n-layers", "1", "--d-state", "4",
               "--seq-len", "16", "--batch", "3", "--quiet"]
