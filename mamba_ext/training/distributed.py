@@ -16,10 +16,11 @@ One step on every rank:
 3. :class:`GradReducer`: the gradients are copied into a few preallocated,
    contiguous buckets (default 16 MiB each, the last layers first) and each
    bucket is all-reduced in place with a non-blocking ``Iallreduce`` as soon as
-   it is filled, so bucket ``i`` travels while bucket ``i+1`` is filled; then
-   scaled by ``1/P`` (the mean over ranks of per-rank means = the global
-   mean, every rank holds ``b*L`` positions). The loss and the AMP overflow
-   flag travel in one extra small float64 all-reduce;
+   it is filled (bucket ``i`` can travel while bucket ``i+1`` is filled, as far
+   as the MPI library progresses in the background: docs/distributed.md). The
+   copy also scales by ``1/P``: the sum over ranks of per-rank means / P is
+   the global mean (every rank holds ``b*L`` positions). The loss and the AMP
+   overflow flag travel in one extra small float64 all-reduce;
 4. clipping and AdamW on the reduced gradients: the same inputs and the same
    arithmetic on every rank, so the weights stay bitwise identical; every
    ``check_every`` steps a CRC32 checksum of the weights is all-gathered and a
@@ -260,19 +261,20 @@ class GradReducer:
         from mpi4py import MPI
         self._check(grads)
         P = self.comm.Get_size()
+        # the mean: every rank scales by 1/P while it copies into the bucket (one pass),
+        # then the all-reduce sums; for P a power of two this equals (sum)/P exactly
+        inv = self.dtype.type(1.0 / P if average else 1.0)
         self.scalars[:] = (float(loss), 1.0 if overflow else 0.0)
         reqs = [self.comm.Iallreduce(MPI.IN_PLACE, self.scalars, op=MPI.SUM)]
         for buf, names in zip(self.buckets, self.groups):
-            for k in names:                      # flatten into the preallocated bucket
-                if grads[k] is not self.views[k]:
+            for k in names:                      # flatten (and scale) into the bucket
+                if inv != 1:
+                    np.multiply(grads[k], inv, out=self.views[k])
+                elif grads[k] is not self.views[k]:
                     np.copyto(self.views[k], grads[k])
             reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM))
-            MPI.Request.Testall(reqs)            # let MPI progress while we fill the next bucket
+            MPI.Request.Testall(reqs)            # let MPI progress before we fill the next bucket
         self._wait(reqs, what)
-        if average and P > 1:
-            inv = self.dtype.type(1.0 / P)
-            for buf in self.buckets:
-                np.multiply(buf, inv, out=buf)
         return self.views, float(self.scalars[0]) / P, bool(self.scalars[1] > 0)
 
 
@@ -287,15 +289,18 @@ def reduce_flat(comm, flat: np.ndarray, loss: float = 0.0, overflow: bool = Fals
             or not flat.flags.writeable:
         raise TypeError("reduce_flat: flat: expected a writeable, contiguous 1-D array")
     _float_dtype("reduce_flat: flat", flat.dtype)
+    P = comm.Get_size()
+    inv = flat.dtype.type(1.0 / P if average else 1.0)
     scalars = np.array([float(loss), 1.0 if overflow else 0.0])   # (2,) float64
     reqs = [comm.Iallreduce(MPI.IN_PLACE, scalars, op=MPI.SUM)]
     step = max(1, int(bucket_bytes) // flat.itemsize)
     for lo in range(0, flat.size, step):
-        reqs.append(comm.Iallreduce(MPI.IN_PLACE, flat[lo:lo + step], op=MPI.SUM))
+        part = flat[lo:lo + step]
+        if inv != 1:
+            np.multiply(part, inv, out=part)     # the mean, as in GradReducer.reduce
+        reqs.append(comm.Iallreduce(MPI.IN_PLACE, part, op=MPI.SUM))
+        MPI.Request.Testall(reqs)
     (waiter or _plain_wait)(reqs, what)
-    P = comm.Get_size()
-    if average and P > 1:
-        np.multiply(flat, flat.dtype.type(1.0 / P), out=flat)
     return flat, float(scalars[0]) / P, bool(scalars[1] > 0)
 
 
