@@ -132,8 +132,13 @@ def main(argv=None) -> int:
 
     # the all-reduce alone, on the gradient bytes (every rank enters together)
     grads = {k: np.zeros_like(a) for k, a in params.items()}
-    if args.device == "gpu":
-        grads = np.zeros(trainer.n, np.float32)
+    readback = float("nan")
+    if args.device == "gpu":        # the host staging alone: arena read-back + write-back
+        t = time.perf_counter()
+        grads = gpu().read(trainer.gr, trainer.n)
+        gpu().write(trainer.gr, grads)
+        gpu().sync()
+        readback = time.perf_counter() - t
     comm_alone = []
     for _ in range(args.comm_reps):
         dist.comm.Barrier()
@@ -155,12 +160,17 @@ def main(argv=None) -> int:
                "adapter": adapter, "steps": args.steps, "tokens_per_s": tokens / wall,
                "step_s": float(worst[3]), "compute_s": float(worst[0]), "comm_s": float(worst[1]),
                "opt_s": float(worst[2]), "allreduce_alone_s": t_ar, "grad_bytes": nbytes,
-               "busbw_GBps": busbw / 1e9, "mpi": dist.MPI.Get_library_version().splitlines()[0]}
+               "busbw_GBps": busbw / 1e9, "staging_s": readback,
+               # effective FLOP/s of one rank by the 6 N FLOP per token rule (forward 2N, backward 4N)
+               "flops_per_rank": 6 * n_params * b * L / float(worst[0]),
+               "mpi": dist.MPI.Get_library_version().splitlines()[0]}
         print(f"{args.label:8s} {args.device} {layers}x{dm} P={P:<3d} b={b:<4d} G={P * b:<5d} "
               f"L={L} thr={threads:<3d} {row['tokens_per_s']:10.0f} tok/s  step {worst[3] * 1e3:8.1f} ms"
               f"  compute {worst[0] * 1e3:8.1f}  allreduce {worst[1] * 1e3:7.1f}  opt {worst[2] * 1e3:6.1f}"
               f"  | allreduce alone {t_ar * 1e3:7.2f} ms on {nbytes / 1e6:.1f} MB"
-              + (f", busbw {busbw / 1e9:.2f} GB/s" if P > 1 else ""), flush=True)
+              + (f", busbw {busbw / 1e9:.2f} GB/s" if P > 1 else "")
+              + (f"; read-back + write-back {readback * 1e3:.1f} ms" if readback == readback else "")
+              + f"; 6N FLOP/token: {row['flops_per_rank'] / 1e12:.2f} TFLOP/s per rank", flush=True)
         if args.json:
             with open(args.json, "a") as f:
                 f.write(json.dumps(row) + "\n")

@@ -123,15 +123,17 @@ for r in rows:
     if r["P"] == 1:
         base[(r["label"], r["model"])] = r
 print(f"| run | model | P | b | G | threads | tokens/s | speed-up | efficiency | step ms | "
-      f"compute ms | all-reduce ms (in step) | all-reduce alone ms | grad MB | bus GB/s |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+      f"compute ms | all-reduce ms (in step) | all-reduce alone ms | grad MB | bus GB/s | "
+      f"GPU staging ms | TFLOP/s per rank (6N) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     b1 = base.get((r["label"], r["model"]))
     sp = r["tokens_per_s"] / b1["tokens_per_s"] if b1 else float("nan")
     print(f"| {r['label']} | {r['model']} | {r['P']} | {r['b']} | {r['G']} | {r['threads']} | "
           f"{r['tokens_per_s']:.0f} | {sp:.2f} | {sp / r['P']:.2f} | {r['step_s'] * 1e3:.1f} | "
           f"{r['compute_s'] * 1e3:.1f} | {r['comm_s'] * 1e3:.1f} | {r['allreduce_alone_s'] * 1e3:.2f} | "
-          f"{r['grad_bytes'] / 1e6:.1f} | {r['busbw_GBps']:.2f} |")
+          f"{r['grad_bytes'] / 1e6:.1f} | {r['busbw_GBps']:.2f} | {r['staging_s'] * 1e3:.1f} | "
+          f"{r['flops_per_rank'] / 1e12:.3f} |")
 if rows:
     print(f"\nMPI: {rows[0]['mpi']}; GPU adapter(s): "
           f"{sorted({r['adapter'] for r in rows if r['device'] == 'gpu'}) or 'none'}")
