@@ -15,9 +15,10 @@ rm -rf .whl && mkdir -p .whl/mpi
 python3 -m pip download -q --no-deps "${PLAT[@]}" -d .whl \
   wgpu==0.32.0 cffi pycparser rendercanvas "Cython>=3.1"
 python3 -m pip download -q --no-deps "${PLAT[@]}" -d .whl/mpi "mpi4py>=4.0" mpich
-if [ ! -d .gl ]; then
-  mkdir -p .gl /tmp/amd64/partial
-  o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
+if ! ls .gl/*.deb >/dev/null 2>&1; then
+  LISTS=$(mktemp -d)            # own package lists: other users of /tmp/amd64 hold its lock
+  mkdir -p .gl "$LISTS/partial"
+  o="-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=$LISTS"
   apt-get $o update -qq
   (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
 fi
