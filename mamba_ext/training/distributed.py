@@ -72,7 +72,10 @@ class DivergenceError(DistributedError):
 
 def launcher_world_size() -> int:
     """Number of processes an MPI launcher (mpiexec, mpirun, srun) started, read
-    from its environment variables; 1 when none is set (a plain ``python``)."""
+    from its environment variables; 1 when none is set (a plain ``python``) or
+    when ``MAMBA_EXT_DISTRIBUTED=0`` switches the detection off."""
+    if os.environ.get("MAMBA_EXT_DISTRIBUTED", "").strip() == "0":
+        return 1
     for var in _LAUNCHER_SIZE_VARS:
         value = os.environ.get(var, "").strip()
         if value.isdigit() and int(value) >= 1:
@@ -387,8 +390,10 @@ class Distributed:
             raise DistributedError(
                 f"the launcher started {launched} processes but MPI sees only this one: mpi4py "
                 f"loaded another MPI library than the launcher's (e.g. the mpich wheel under a "
-                f"system Open MPI mpirun). Use the mpiexec of the MPI that mpi4py loads "
-                f"({MPI.Get_library_version().splitlines()[0].strip()}), or set MPI4PY_LIBMPI")
+                f"system Open MPI mpirun), or srun ran without an MPI plugin (srun --mpi=pmix). "
+                f"Use the mpiexec of the MPI that mpi4py loads "
+                f"({MPI.Get_library_version().splitlines()[0].strip()}), or set MPI4PY_LIBMPI; "
+                f"MAMBA_EXT_DISTRIBUTED=0 turns the launcher detection off")
         self.is_root = self.rank == 0
         self.stream = stream if stream is not None else sys.stderr
         self.step = None          # the step in flight (for messages)

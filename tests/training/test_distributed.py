@@ -99,9 +99,11 @@ def test_buckets_are_contiguous_reverse_order_and_closed_at_the_size():
 
 
 @pytest.mark.parametrize("env,expect", [({}, 1), ({"OMPI_COMM_WORLD_SIZE": "4"}, 4),
-                                        ({"PMI_SIZE": "3"}, 3), ({"SLURM_STEP_NUM_TASKS": "8"}, 8)])
+                                        ({"PMI_SIZE": "3"}, 3), ({"SLURM_STEP_NUM_TASKS": "8"}, 8),
+                                        ({"PMI_SIZE": "3", "MAMBA_EXT_DISTRIBUTED": "0"}, 1)])
 def test_launcher_world_size_reads_the_launchers_variables(monkeypatch, env, expect):
-    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS"):
+    for var in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS",
+                "MAMBA_EXT_DISTRIBUTED"):
         monkeypatch.delenv(var, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
