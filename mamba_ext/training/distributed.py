@@ -27,7 +27,8 @@ One step on every rank:
    mismatch stops the job with :class:`DivergenceError`.
 
 Faults: every collective is non-blocking and waited for with a deadline
-(``timeout`` seconds, :meth:`Distributed.wait`); a rank that waits longer
+(``timeout`` seconds, :meth:`Distributed.wait`: ``Waitall`` under a watchdog
+thread, or ``Testall`` polling); a rank that waits longer
 (another rank died, hung or raised) prints which step and collective it was
 waiting for and calls ``MPI_Abort``, which ends every rank of the job. A rank
 that dies is also noticed by ``mpiexec`` itself, which then kills the others.
@@ -39,6 +40,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
 import zlib
 from collections.abc import Mapping
@@ -336,7 +338,8 @@ def allreduce_grads(grads: Mapping, comm=None, *, average: bool = True,
     if len(dtypes) != 1:
         raise TypeError(f"allreduce_grads: grads: expected one float dtype, got {sorted(map(str, dtypes))}")
     dtype = _float_dtype("allreduce_grads: grads", dtypes.pop())
-    key = (comm.py2f(), tuple((k, np.shape(v)) for k, v in grads.items()), dtype.str, int(bucket_bytes))
+    key = (comm.py2f(), tuple((k, np.shape(v)) for k, v in grads.items()), dtype.str,
+           int(bucket_bytes), timeout)
     red = _REDUCERS.get(key)
     if red is None:
         if len(_REDUCERS) > 8:
@@ -370,12 +373,15 @@ class Distributed:
     ``comm``: an ``mpi4py`` communicator (default ``MPI.COMM_WORLD``);
     ``timeout``: seconds one collective may wait before the job is aborted;
     ``check_every``: steps between weight-checksum comparisons (0: only at the
-    start and the end); ``bucket_bytes``: gradient bucket size.
+    start and the end); ``bucket_bytes``: gradient bucket size; ``blocking``:
+    how :meth:`wait` waits (None: block under a watchdog thread when MPI gives
+    ``MPI_THREAD_MULTIPLE``, else poll).
     """
 
     def __init__(self, comm=None, *, timeout: float = DEFAULT_TIMEOUT,
                  check_every: int = DEFAULT_CHECK_EVERY,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, stream=None):
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, blocking: bool | None = None,
+                 stream=None):
         MPI = require_mpi()
         self.MPI = MPI
         self.comm = MPI.COMM_WORLD if comm is None else comm
@@ -385,6 +391,8 @@ class Distributed:
             raise ValueError(f"check_every: expected an integer >= 0, got {check_every!r}")
         self.timeout, self.check_every, self.bucket_bytes = float(timeout), check_every, bucket_bytes
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.blocking = (MPI.Query_thread() == MPI.THREAD_MULTIPLE if blocking is None
+                         else bool(blocking))
         launched = launcher_world_size()
         if comm is None and self.size == 1 and launched > 1:
             raise DistributedError(
@@ -404,20 +412,36 @@ class Distributed:
     def wait(self, reqs, what: str) -> None:
         """Wait for ``reqs``; past ``timeout`` seconds print why and abort the job.
 
-        Polls ``Testall`` (which also drives MPI's progress), backing off to 1 ms
-        sleeps so a waiting rank leaves the cores to ranks still computing.
+        ``blocking`` (MPI_THREAD_MULTIPLE, which mpi4py asks for): block in
+        ``Waitall``, where every MPI library progresses its collectives best
+        (Open MPI's non-blocking collectives advance only inside MPI calls), while
+        a watchdog timer thread aborts the job at the deadline. Otherwise poll
+        ``Testall`` (which drives the progress too), backing off to 1 ms sleeps
+        so that a waiting rank leaves oversubscribed cores to ranks still computing.
         """
         MPI = self.MPI
+        if self.blocking:
+            timer = threading.Timer(self.timeout, self._expired, (what, self.step))
+            timer.daemon = True
+            timer.start()
+            try:
+                MPI.Request.Waitall(reqs)
+            finally:
+                timer.cancel()
+            return
         deadline = time.monotonic() + self.timeout
         delay = 0.0
         while not MPI.Request.Testall(reqs):
             if time.monotonic() > deadline:
-                self.abort(f"no answer within {self.timeout:g} s in the all-reduce of {what}"
-                           f"{'' if self.step is None else f' at step {self.step}'}: another rank "
-                           f"died, hung or failed. Aborting the job (the last checkpoint stays valid).")
+                self._expired(what, self.step)
             if delay:
                 time.sleep(delay)
             delay = min(delay * 2 if delay else 1e-5, 1e-3)
+
+    def _expired(self, what, step):
+        self.abort(f"no answer within {self.timeout:g} s in the all-reduce of {what}"
+                   f"{'' if step is None else f' at step {step}'}: another rank died, hung or "
+                   f"failed. Aborting the job (the last checkpoint stays valid).")
 
     def abort(self, message: str, code: int = 3):
         """Print ``message`` (prefixed with this rank) and end every rank of the job."""

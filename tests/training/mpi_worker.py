@@ -122,7 +122,8 @@ class _Fault(Distributed):
 
 def fault(mode, corpus, out):
     _Fault.mode = mode
-    dist = _Fault(COMM, timeout=float(os.environ.get("MX_TEST_TIMEOUT", "5")))
+    dist = _Fault(COMM, timeout=float(os.environ.get("MX_TEST_TIMEOUT", "5")),
+                  blocking=os.environ.get("MX_TEST_BLOCKING", "1") == "1")
     cfg = tiny(corpus, steps=10, checkpoint_every=2)
     train(cfg, out, dist=dist, **QUIET)
     print("UNREACHABLE: the job went on after the fault", flush=True)

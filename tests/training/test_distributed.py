@@ -199,12 +199,13 @@ def test_cli_auto_detects_mpiexec_and_resumes_with_another_world_size(corpus, tm
     assert d["world_size"] == 1 and d["data_position"] == 24 + 2 * 3
 
 
-@pytest.mark.parametrize("mode", ["kill", "hang"])
-def test_a_dead_or_hung_rank_ends_the_job_with_an_error(corpus, tmp_path, mode):
+@pytest.mark.parametrize("mode,blocking", [("kill", "1"), ("hang", "1"), ("hang", "0")])
+def test_a_dead_or_hung_rank_ends_the_job_with_an_error(corpus, tmp_path, mode, blocking):
+    """blocking=1: Waitall under a watchdog thread; 0: Testall polling with a deadline."""
     out = tmp_path / mode
     timeout = 3
     p, wall = _job([sys.executable, WORKER, mode, corpus, str(out)], tmp_path,
-                   {"MX_TEST_TIMEOUT": str(timeout)})
+                   {"MX_TEST_TIMEOUT": str(timeout), "MX_TEST_BLOCKING": blocking})
     text = p.stdout + p.stderr
     assert p.returncode != 0, text
     assert "UNREACHABLE" not in text
