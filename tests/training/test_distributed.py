@@ -218,3 +218,22 @@ def test_a_dead_or_hung_rank_ends_the_job_with_an_error(corpus, tmp_path, mode, 
     # the last checkpoint (after step 2) is complete and loads
     state = load_checkpoint(out / "checkpoint.safetensors")
     assert state["step"] == 2 and state["extra"]["distributed"]["rank_positions"] == [16, 20]
+
+
+def test_gpu_index_counts_real_adapters_before_software_ones():
+    from types import SimpleNamespace
+    from mamba_ext.gpu import device
+
+    def fake(*adapters):
+        ads = [SimpleNamespace(info={"device": d, "backend_type": b, "adapter_type": t})
+               for d, b, t in adapters]
+        return SimpleNamespace(gpu=SimpleNamespace(enumerate_adapters_sync=lambda: ads))
+
+    w = fake(("H200 a", "Vulkan", "DiscreteGPU"), ("llvmpipe", "Vulkan", "CPU"),
+             ("H200 b", "Vulkan", "DiscreteGPU"), ("H200 a", "OpenGL", "DiscreteGPU"))
+    assert [a.info["device"] for a in device._adapters(w)] == ["H200 a", "H200 b"]
+    assert device._adapter_by_index(w, "1").info["device"] == "H200 b"
+    with pytest.raises(RuntimeError, match=r"MAMBA_EXT_GPU_INDEX='2'.*\[0, 2\)"):
+        device._adapter_by_index(w, "2")
+    w = fake(("llvmpipe", "Vulkan", "CPU"), ("llvmpipe", "OpenGL", "CPU"))
+    assert [a.info["backend_type"] for a in device._adapters(w)] == ["Vulkan"]
