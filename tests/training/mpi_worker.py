@@ -33,8 +33,34 @@ def tiny(corpus, **kw):
     return TrainConfig(**cfg)
 
 
+def example(corpus):
+    """The loop of docs/distributed.md ("Python API"), quoted there verbatim."""
+    corpus_bytes = np.fromfile(corpus, np.uint8)
+    from mpi4py import MPI
+    from mamba_ext.distributed import allreduce_grads, ShardedBatches
+    import mamba_ext
+
+    comm = MPI.COMM_WORLD
+    data = ShardedBatches(corpus_bytes, seq_len=32, batch=4, seed=0,
+                          rank=comm.rank, size=comm.size)          # this rank's slice of each global batch
+    params = mamba_ext.init_model_params(256, 32, 1, seed=0)         # the same seed on every rank
+    opt = mamba_ext.AdamW(params, lr=1e-3)
+    for step in range(3):
+        tokens, targets = data.get(step)
+        loss, grads = mamba_ext.model_loss_and_grads(tokens, targets, params)
+        allreduce_grads(grads, comm)      # in place: the mean over ranks, the same bits everywhere
+        mamba_ext.clip_grad_norm(grads, 1.0)
+        opt.step(grads)
+    return params
+
+
 def api(corpus, out):
     res = {"size": COMM.Get_size()}
+    mine = example(corpus)
+    theirs = COMM.allgather(mine)
+    res["example_same_weights"] = all(np.array_equal(theirs[0][k], theirs[1][k]) for k in mine)
+    res["example_moved"] = any(not np.array_equal(mine[k], v) for k, v in
+                               __import__("mamba_ext").init_model_params(256, 32, 1, seed=0).items())
 
     # 1. allreduce_grads: mean over ranks, bitwise the same everywhere, several buckets
     rng = np.random.default_rng(RANK)

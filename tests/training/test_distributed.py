@@ -147,6 +147,8 @@ def test_two_ranks_match_one_rank_with_the_doubled_batch_and_resume_exactly(corp
     assert p.returncode == 0, p.stdout + p.stderr
     res = json.loads((out / "result.json").read_text())
     assert res["size"] == 2
+    # the Python API loop of docs/distributed.md: both ranks end with the same weights
+    assert res["example_same_weights"] is True and res["example_moved"] is True
     # allreduce_grads: the mean of the two ranks (float32 sum, exact /2), the same bits on both
     assert res["allreduce_max_err"] < 1e-6 and res["allreduce_identical"]
     assert res["overflow_any"] == [True, True] and res["loss_mean"] == 0.5
