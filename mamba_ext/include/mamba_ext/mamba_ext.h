@@ -165,6 +165,13 @@ static const mamba_ext_api *mamba_ext_API = NULL;
  * import's own error) and return NULL. Needs the GIL. */
 static inline const mamba_ext_api *mamba_ext_load_api(int abi_version, int min_count)
 {
+    /* PyCapsule_Import imports only the top-level package and then looks the rest
+     * of the name up as attributes, so the module defining the capsule is imported
+     * first (otherwise this fails in a process that has not imported it yet). */
+    PyObject *module = PyImport_ImportModule("mamba_ext.cpu.capi");
+    if (module == NULL)
+        return NULL;
+    Py_DECREF(module);
     const mamba_ext_api *api =
         (const mamba_ext_api *)PyCapsule_Import(MAMBA_EXT_CAPSULE_NAME, 0);
     if (api == NULL)
