@@ -5,7 +5,9 @@ Every rank runs ``--warmup`` + ``--steps`` training steps of the model
 ``--model LAYERSxDMODEL`` on random bytes, timing per step: compute (loss and
 gradients; on the GPU also the read-back of the gradient arena), the
 gradient all-reduce (``mamba_ext.distributed``: buckets + Iallreduce) and the
-optimizer (CPU: clip + AdamW; GPU: write-back + grad norm + AdamW). Then the
+optimizer (CPU: clip + AdamW; GPU: write-back + grad norm + AdamW). With
+P = 1 the step is the plain single-process one (no buckets, no staging): the
+baseline of the speed-ups. Then the
 all-reduce alone on the same bytes (``--comm-reps`` times) for the bus
 bandwidth ``2 (P-1)/P * bytes / t``. Rank 0 prints one table row and, with
 ``--json FILE``, appends the numbers as one JSON line.
@@ -101,7 +103,11 @@ def main(argv=None) -> int:
         def step(k):
             tok, tgt = shard.get(k)
             t0 = time.perf_counter()
-            trainer.step(tok, tgt, reduce=reduce)   # ends with the grad-stat read: GPU idle
+            # P = 1: the plain single-GPU step (one submit, no staging) is the baseline
+            if P == 1:
+                trainer.step(tok, tgt)
+            else:
+                trainer.step(tok, tgt, reduce=reduce)   # ends with the grad-stat read: GPU idle
             dt = time.perf_counter() - t0
             return dt - comm_s[0], comm_s[0], 0.0, dt
     else:
@@ -113,7 +119,8 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             loss, grads = model_loss_and_grads(tok, tgt, params, n_threads=threads)
             t1 = time.perf_counter()
-            grads, loss, _ = dist.reduce(grads, loss)
+            if P > 1:                   # P = 1: the plain single-process step is the baseline
+                grads, loss, _ = dist.reduce(grads, loss)
             t2 = time.perf_counter()
             clip_grad_norm(grads, 1.0, n_threads=threads)
             opt.step(grads)

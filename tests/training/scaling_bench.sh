@@ -22,6 +22,8 @@ JSON="$RES/scaling.jsonl"
 NCORES=$(nproc)
 STEPS=${STEPS:-6}
 export PYTHONUNBUFFERED=1
+# Open MPI refuses root without these (the device machine runs commands as root)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 log() { printf '\n== %s\n' "$*"; }
 
 log "host: $NCORES cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
@@ -44,9 +46,9 @@ fi
 # ---- MPI: the host's own if mpiexec and mpi4py work together, else the carried mpich wheel
 mpi_flags() {
   if "$1" --version 2>&1 | grep -qiE 'open ?mpi|openrte'; then
-    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     # Open MPI binds each rank to one core by default: our ranks run threads
-    echo "--oversubscribe --bind-to none -x PATH -x LD_LIBRARY_PATH -x PYTHONPATH -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS"
+    echo "--oversubscribe --bind-to none --allow-run-as-root -x PATH -x LD_LIBRARY_PATH" \
+         "-x PYTHONPATH -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS"
   fi
 }
 mpi_works() {
