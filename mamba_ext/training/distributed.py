@@ -532,14 +532,18 @@ class Distributed:
         return self._node_comm
 
     def default_threads(self) -> int:
-        """CPU threads per rank: the cores divided among the ranks of this node."""
+        """CPU threads per rank: the cores the launcher bound this rank to, or, for
+        an unbound rank, the node's cores divided among the ranks of this node."""
         local = self._node().Get_size()
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        return max(1, (cores or 1) // max(local, 1))
+        cores = os.cpu_count() or 1
+        mine = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
+        if mine < cores:          # bound (Open MPI's --bind-to, srun --cpus-per-task)
+            return max(1, mine)
+        return max(1, cores // max(local, 1))
 
     def gpu_index(self, explicit: int | None = None) -> int:
         """The adapter of this rank: ``explicit``, or the rank on this node
-        modulo the number of adapters found (``mamba_ext.gpu.adapter_count()``)."""
+        modulo the number of adapters found (``mamba_ext.gpu.device.adapter_count``)."""
         if explicit is not None:
             return int(explicit)
         from ..gpu.device import adapter_count
