@@ -532,14 +532,15 @@ class Distributed:
         return self._node_comm
 
     def default_threads(self) -> int:
-        """CPU threads per rank: the cores the launcher bound this rank to, or, for
-        an unbound rank, the node's cores divided among the ranks of this node."""
-        local = self._node().Get_size()
-        cores = os.cpu_count() or 1
-        mine = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
-        if mine < cores:          # bound (Open MPI's --bind-to, srun --cpus-per-task)
-            return max(1, mine)
-        return max(1, cores // max(local, 1))
+        """CPU threads per rank (collective over the node's ranks): the cores this
+        rank may run on, divided among the node's ranks when they all share the
+        same cores (no binding), kept whole when the launcher bound each rank to
+        its own (Open MPI's --bind-to, srun --cpus-per-task)."""
+        node = self._node()
+        mine = (tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity")
+                else tuple(range(os.cpu_count() or 1)))
+        shared = all(a == mine for a in node.allgather(mine))
+        return max(1, len(mine) // node.Get_size() if shared else len(mine))
 
     def gpu_index(self, explicit: int | None = None) -> int:
         """The adapter of this rank: ``explicit``, or the rank on this node
