@@ -584,6 +584,8 @@ def from_args(args, log) -> Distributed | None:
         return None
     if args.check_every < 0:
         raise ValueError(f"--check-every: expected an integer >= 0, got {args.check_every}")
+    if not (math.isfinite(args.dist_timeout) and args.dist_timeout > 0):
+        raise ValueError(f"--dist-timeout: expected a number of seconds > 0, got {args.dist_timeout}")
     dist = Distributed(timeout=args.dist_timeout, check_every=args.check_every)
     if not args.distributed and dist.is_root:
         log(f"distributed: {dist.size} processes started by an MPI launcher (--distributed implied)")

@@ -239,3 +239,14 @@ def test_gpu_index_counts_real_adapters_before_software_ones():
         device._adapter_by_index(w, "2")
     w = fake(("llvmpipe", "Vulkan", "CPU"), ("llvmpipe", "OpenGL", "CPU"))
     assert [a.info["backend_type"] for a in device._adapters(w)] == ["Vulkan"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--distributed", "--dist-timeout", "0"], "--dist-timeout: expected a number of seconds > 0"),
+    (["--distributed", "--check-every", "-1"], "--check-every: expected an integer >= 0"),
+    (["--gpu-index", "-1"], "--gpu-index: expected an adapter index >= 0"),
+])
+def test_cli_rejects_bad_distributed_options(capsys, args, message):
+    from mamba_ext.cli.train import main
+    assert main(args + ["--steps", "1", "--quiet"]) == 2
+    assert message in capsys.readouterr().err
