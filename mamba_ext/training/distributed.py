@@ -183,6 +183,14 @@ class ShardedBatches:
         """``(tokens, targets)`` int64 (b, L) of this rank at step ``step``."""
         return self._split._windows(self.train, self.window_starts(self.samples(step)))
 
+    def __iter__(self):
+        """This rank's batches from ``start_step`` on, without end (``get`` of
+        each step in turn)."""
+        step = self.start_step
+        while True:
+            yield self.get(step)
+            step += 1
+
     def val_batches(self, n_batches: int = 4):
         return self._split.val_batches(n_batches)
 

@@ -68,6 +68,9 @@ def test_resume_with_another_world_size_continues_the_stream():
     np.testing.assert_array_equal(got, np.arange(28, 36))   # step 6 = samples 28..35
     flat = ShardedBatches(data, L, 1, seed=1)                  # sample s = step s at batch 1
     np.testing.assert_array_equal(p4[3].get(6)[0], np.concatenate([flat.get(34)[0], flat.get(35)[0]]))
+    it = iter(p4[1])                                           # the iterator starts at step 5
+    np.testing.assert_array_equal(next(it)[0], p4[1].get(5)[0])
+    np.testing.assert_array_equal(next(it)[1], p4[1].get(6)[1])
 
 
 def test_sharded_batches_reject_bad_arguments():
