@@ -13,6 +13,7 @@ import re
 import sys
 import time
 
+from ..training import distributed
 from ..training.loop import CHECKPOINT_NAME, TrainConfig, train
 from ._common import parser
 
@@ -45,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads of the kernels (None: OpenMP's default)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    distributed.add_arguments(p)
     return p
 
 
@@ -58,6 +60,14 @@ def main(argv=None) -> int:
         return 2
     out = args.out or (os.path.dirname(os.path.abspath(resume)) if resume
                        else os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")))
+    log = lambda s: print(s, file=sys.stderr)
+    try:
+        dist = distributed.from_args(args, log)
+    except (ValueError, ImportError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if dist is not None and not dist.is_root:      # one voice: rank 0 logs and shows progress
+        log, args.quiet = (lambda s: None), True
     cfg = TrainConfig(data=args.data, d_model=args.d_model, n_layers=args.n_layers,
                       d_state=args.d_state, seq_len=args.seq_len, batch=args.batch,
                       steps=args.steps, lr=args.lr, seed=args.seed, amp=args.amp,
@@ -70,9 +80,13 @@ def main(argv=None) -> int:
         print(f"error: {message}", file=sys.stderr)
         return 2
     try:
-        train(cfg, out, resume=resume, progress=None if args.quiet else sys.stderr)
+        train(cfg, out, resume=resume, progress=None if args.quiet else sys.stderr, log=log,
+              dist=dist)
     except (ValueError, TypeError, RuntimeError, OSError, MemoryError) as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        message = f"error: {' '.join(str(e).split())}"
+        if dist is not None:       # end every rank now, not when the others time out
+            dist.abort(message, 1)
+        print(message, file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -144,7 +144,7 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
 
 
 def amp_step(tokens, targets, params, opt, scaler, *, grad_clip=1.0, checkpointing=False,
-             eps=DEFAULT_EPS, n_threads=None):
+             eps=DEFAULT_EPS, n_threads=None, reduce=None):
     """One mixed-precision training step; returns ``(loss, applied)``.
 
     Forward/backward on ``fp16_view(params)`` (fp16-rounded copies of the fp32
@@ -153,6 +153,8 @@ def amp_step(tokens, targets, params, opt, scaler, *, grad_clip=1.0, checkpointi
     checked, and on overflow the step is skipped: weights and optimizer moments
     stay untouched and the scale backs off. Otherwise they are unscaled in
     float32, clipped, and AdamW updates the fp32 master weights.
+    ``reduce``: distributed hook ``(grads, loss, overflow) -> (grads, loss,
+    overflow)`` (``Distributed.reduce``: mean over ranks, overflow of any rank).
     """
     from ..amp import fp16_view, round_fp16
     from ..optim import clip_grad_norm
@@ -161,6 +163,8 @@ def amp_step(tokens, targets, params, opt, scaler, *, grad_clip=1.0, checkpointi
                                        loss_scale=scaler.scale, n_threads=n_threads)
     grads = {k: np.asarray(round_fp16(g), dtype=params[k].dtype) for k, g in grads.items()}
     overflow = bool(scaler.check(grads))
+    if reduce is not None:
+        grads, loss, overflow = reduce(grads, loss, overflow)
     if not overflow:
         scaler.unscale(grads)
         if grad_clip:
@@ -222,52 +226,68 @@ def evaluate(params, batches, eps=DEFAULT_EPS, n_threads=None) -> float | None:
     return total / len(vals)
 
 
-def save_state(path, cfg, step, params, opt, scaler, losses) -> None:
+def save_state(path, cfg, step, params, opt, scaler, losses, dist=None) -> None:
     """``opt``: an AdamW or the GPU ResidentTrainer; both give the same
-    ``state_dict()`` format, so CPU and GPU checkpoints hold the same keys."""
+    ``state_dict()`` format, so CPU and GPU checkpoints hold the same keys.
+    ``dist``: distributed run; only its root writes, adding the data position
+    of every rank."""
+    if dist is not None and not dist.is_root:
+        return
     extra = {"scaler": scaler.state_dict() if scaler is not None else None}
+    if dist is not None:
+        extra["distributed"] = dist.data_state(step)
     opt_state = opt.state_dict() if opt is not None else None
     ckpt_io.save_checkpoint(path, params, step=step, config=cfg.to_dict(),
                             optimizer_state=opt_state,
                             extra=extra, arrays={"losses": np.asarray(losses, np.float64)})
 
 
-def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, bar) -> int:
+def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, bar,
+          dist=None) -> int:
     """Steps ``start .. end-1``; appends to ``losses``; returns the number of steps
     skipped (AMP overflow, or the optimizer's NaN guard: a non-finite gradient)."""
     from ..optim import clip_grad_norm
-    tokens_per_step = cfg.batch * cfg.seq_len
+    tokens_per_step = cfg.batch * cfg.seq_len * (1 if dist is None else dist.size)
     skipped = 0
+    reduce = None if dist is None else dist.reduce
     for step in range(start, end):
         tok, tgt = batches.get(step)
         lr = lr_at(cfg, step)
+        if dist is not None:
+            dist.step = step
         if trainer is not None:
             trainer.lr = lr
             before = trainer.skipped
-            loss = float(trainer.step(tok, tgt))
+            loss = float(trainer.step(tok, tgt) if reduce is None
+                         else trainer.step(tok, tgt, reduce=reduce))
             skipped += trainer.skipped != before
         elif scaler is not None:
             _set_lr(opt, lr)
             before = opt.skipped
             loss, applied = amp_step(tok, tgt, params, opt, scaler, grad_clip=cfg.grad_clip,
                                      checkpointing=cfg.checkpointing, eps=cfg.eps,
-                                     n_threads=cfg.threads)
+                                     n_threads=cfg.threads, reduce=reduce)
             skipped += (not applied) or opt.skipped != before
         else:
             _set_lr(opt, lr)
             loss, grads = model_loss_and_grads(tok, tgt, params, checkpointing=cfg.checkpointing,
                                                eps=cfg.eps, n_threads=cfg.threads)
+            if reduce is not None:
+                grads, loss, _ = reduce(grads, loss, False)
             if cfg.grad_clip:
                 clip_grad_norm(grads, cfg.grad_clip)
             skipped += not opt.step(grads)
         losses.append(loss)
         bar.update(step, float(np.mean(losses[-20:])), (step + 1 - start) * tokens_per_step,
                    force=step + 1 == end)
+        if dist is not None:
+            dist.check_weights(step + 1, trainer.params if trainer is not None else lambda: params)
         if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < end:
             if trainer is not None:
-                save_state(path, cfg, step + 1, trainer.params(), trainer, None, losses)
+                if dist is None or dist.is_root:
+                    save_state(path, cfg, step + 1, trainer.params(), trainer, None, losses, dist)
             else:
-                save_state(path, cfg, step + 1, params, opt, scaler, losses)
+                save_state(path, cfg, step + 1, params, opt, scaler, losses, dist)
     return skipped
 
 
@@ -342,14 +362,16 @@ def load_training_checkpoint(path) -> dict:
         raise ValueError(f"{fname}: tensor 'array.losses': expected {step} float64 values (one per "
                          f"step), got {losses.dtype} of shape {list(losses.shape)}")
     extra = ck["extra"]
-    if set(extra) - {"scaler"}:
+    known_extra = {"scaler", "distributed"}     # distributed: data positions of the ranks
+    if set(extra) - known_extra:
         raise ValueError(f"{fname}: field '__metadata__.extra': unknown key(s) "
-                         f"{sorted(set(extra) - {'scaler'})}")
+                         f"{sorted(set(extra) - known_extra)}")
     scaler_state = extra.get("scaler")
     if scaler_state is not None and not isinstance(scaler_state, dict):
         raise ValueError(f"{fname}: field '__metadata__.extra.scaler': expected an object or null")
     return {"config": cfg, "params": params, "step": step, "losses": [float(v) for v in losses],
-            "optimizer_state": ck["optimizer_state"], "scaler_state": scaler_state}
+            "optimizer_state": ck["optimizer_state"], "scaler_state": scaler_state,
+            "extra": extra}
 
 
 def _restore(fname, what, load, state) -> None:
@@ -365,7 +387,7 @@ def _finite_or_none(v):
 
 
 def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=None,
-          stop_after=None) -> dict:
+          stop_after=None, dist=None) -> dict:
     """Run (or continue, with ``resume`` = a checkpoint path) a training run.
 
     ``stop_after``: stop after that many total steps as an interrupted run
@@ -373,6 +395,10 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
     ``cfg.steps``), e.g. to continue later with ``resume``. On Ctrl-C the last
     periodic checkpoint is kept. Temporary files a killed run left in ``out_dir``
     (``.checkpoint.safetensors.*.tmp`` and the like) are removed at the start.
+
+    ``dist``: a ``mamba_ext.training.distributed.Distributed`` for data-parallel
+    training (``cfg.batch`` is then the per-rank batch; only its root writes
+    files; docs/distributed.md).
 
     Returns a summary dict: ``losses`` (every step's training loss, from step 0),
     ``final_loss`` (mean of the last 50 steps), ``val_loss``, ``tokens_per_s``,
@@ -382,10 +408,11 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
     when the steps run were all skipped or the final loss is not finite.
     """
     log = log or (lambda s: print(s, file=sys.stderr))
-    os.makedirs(out_dir, exist_ok=True)
-    for name in (CHECKPOINT_NAME, PLOT_NAME, SUMMARY_NAME):
-        for stale in ckpt_io.remove_stale_temporaries(out_dir, name):
-            log(f"removed {stale}, left by an interrupted write")
+    if dist is None or dist.is_root:
+        os.makedirs(out_dir, exist_ok=True)
+        for name in (CHECKPOINT_NAME, PLOT_NAME, SUMMARY_NAME):
+            for stale in ckpt_io.remove_stale_temporaries(out_dir, name):
+                log(f"removed {stale}, left by an interrupted write")
     start, losses, state = 0, [], None
     if resume is not None:
         steps, threads = cfg.steps, cfg.threads   # the only settings a resume may change
@@ -399,18 +426,25 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
     stop = None if stop_after is None else check_size("stop_after", stop_after, lo=0, hi=MAX_ELEMENTS)
 
     corpus = load_corpus(cfg.data, cfg.max_bytes)
-    batches = ByteBatches(corpus, cfg.seq_len, cfg.batch, cfg.seed)
+    if dist is None:
+        batches = ByteBatches(corpus, cfg.seq_len, cfg.batch, cfg.seed)
+    else:
+        batches = dist.shard(corpus, cfg.seq_len, cfg.batch, cfg.seed, start,
+                             state["extra"].get("distributed") if state is not None else None)
     if state is not None:
         params = state["params"]
     else:
         params = init_model_params(VOCAB_SIZE, cfg.d_model, cfg.n_layers, d_state=cfg.d_state,
                                    d_conv=cfg.d_conv, expand=cfg.expand, seed=cfg.seed)
+    if dist is not None:
+        dist.start(cfg.to_dict(), params)
     n_params = sum(a.size for a in params.values())
     log(f"model: {cfg.n_layers} layers, d_model {cfg.d_model}, d_state {cfg.d_state}, "
         f"{n_params:,} parameters; corpus {corpus.size:,} bytes "
         f"({'Python stdlib sources' if cfg.data is None else cfg.data}); "
         f"batch {cfg.batch} x seq_len {cfg.seq_len}, {cfg.steps} steps on {cfg.device}"
-        f"{', amp' if cfg.amp else ''}{', checkpointing' if cfg.checkpointing else ''}")
+        f"{', amp' if cfg.amp else ''}{', checkpointing' if cfg.checkpointing else ''}"
+        + ("" if dist is None else f"; {dist.size} ranks, global batch {dist.size * cfg.batch}"))
 
     opt = scaler = trainer = None
     if cfg.device == "gpu":
@@ -443,7 +477,8 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
     skipped = 0
     end = max(start, cfg.steps if stop is None else min(cfg.steps, stop))
     try:
-        skipped = _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, bar)
+        skipped = _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, bar,
+                        dist)
     except KeyboardInterrupt:
         # the step in flight may have half-updated the weights: keep the last
         # complete checkpoint rather than saving this state
@@ -455,7 +490,13 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
     if trainer is not None:
         params, opt = trainer.params(), trainer
     done = end - start
-    save_state(path, cfg, end, params, opt, scaler, losses)
+    if dist is not None:
+        dist.check_weights(end, lambda: params, force=True)
+        if not dist.is_root:     # only the root writes files
+            return {"losses": losses, "final_loss": float(np.mean(losses[-50:])) if losses else
+                    float("nan"), "wall_s": wall, "steps": cfg.steps, "skipped_steps": skipped,
+                    "checkpoint": path, "params": params}
+    save_state(path, cfg, end, params, opt, scaler, losses, dist)
     from .plot import write_loss_curve
     plot_path = os.path.join(out_dir, PLOT_NAME)
     write_loss_curve(plot_path, losses, reference=math.log(VOCAB_SIZE),
@@ -463,7 +504,8 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
     with np.errstate(all="ignore"):
         val = evaluate(params, batches, cfg.eps, cfg.threads)
         final = float(np.mean(losses[-50:])) if losses else float("nan")
-    tps = done * cfg.batch * cfg.seq_len / wall if wall > 0 else 0.0
+    ranks = 1 if dist is None else dist.size
+    tps = done * ranks * cfg.batch * cfg.seq_len / wall if wall > 0 else 0.0
     failure = None
     if done and skipped == done:
         failure = (f"every one of the {done} steps was skipped (non-finite gradients or fp16 "
