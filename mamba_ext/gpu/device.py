@@ -17,6 +17,7 @@ Size letters: M = B*L rows.
 from __future__ import annotations
 
 import math
+import os
 import re
 import struct
 import threading
