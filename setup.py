@@ -73,7 +73,7 @@ def compiler_flags(compiler):
     c_args, l_args = list(opt), []
     if _disabled("MAMBA_EXT_NO_OPENMP"):
         warnings.warn("mamba_ext: OpenMP disabled by MAMBA_EXT_NO_OPENMP; "
-                      "kernels run single-threaded.")
+                      "kernels run single-threaded.", stacklevel=2)
         print("mamba_ext: OpenMP disabled by MAMBA_EXT_NO_OPENMP; kernels run single-threaded.",
               file=sys.stderr)
     elif _accepts(compiler, omp, "#include <omp.h>\nint main(void)"
@@ -81,7 +81,8 @@ def compiler_flags(compiler):
         c_args += omp
         l_args += [] if msvc else omp
     else:
-        warnings.warn("mamba_ext: the C compiler has no OpenMP; kernels run single-threaded.")
+        warnings.warn("mamba_ext: the C compiler has no OpenMP; kernels run single-threaded.",
+                      stacklevel=2)
         print("WARNING: mamba_ext is built WITHOUT OpenMP (single-threaded kernels).",
               file=sys.stderr)
     simd = ["-fopenmp-simd", "-DMX_OPENMP_SIMD"]
