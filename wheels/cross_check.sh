@@ -14,7 +14,8 @@
 # -fopenmp-simd -DMX_OPENMP_SIMD (what setup.py does for builds without OpenMP).
 #
 # Usage:  wheels/cross_check.sh          Env: PYTHON (python3), QEMU (qemu-aarch64-static),
-#                                              THIN (16: test_mx_math sweep thinning)
+#                                              THIN (16: test_mx_math sweep thinning),
+#                                              ZIGLANG_VERSION (0.17.1, when not installed)
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -30,7 +31,7 @@ FAILED=()
 step() { printf '\n==> %s\n' "$*"; }
 fail() { printf 'FAILED: %s\n' "$*" >&2; FAILED+=("$*"); }
 
-"$PYTHON" -m ziglang version >/dev/null 2>&1 || "$PYTHON" -m pip install -q "ziglang>=0.13"
+"$PYTHON" -m ziglang version >/dev/null 2>&1 || "$PYTHON" -m pip install -q "ziglang==${ZIGLANG_VERSION:-0.17.1}"
 ZIG=("$PYTHON" -m ziglang cc)
 echo "zig $("$PYTHON" -m ziglang version), $(command -v "$QEMU" || echo "no $QEMU")"
 command -v "$QEMU" >/dev/null || { echo "FAILED: $QEMU not found (apt-get install qemu-user-static)" >&2; exit 1; }
