@@ -2,8 +2,9 @@
  *
  * Each vectorised row kernel (n = 1000 values, so a vector body and a scalar tail run)
  * against the same formula evaluated one value at a time with the scalar helpers of
- * mx_math.h (float) or libm (double): bitwise equal in an ISO C build (no FP contraction),
- * within 4 ulp-ish (2e-6 relative) where the compiler may contract. The inputs span
+ * mx_math.h (float) or libm (double): bitwise equal in an ISO C build without FMA,
+ * within 2e-6 (float) / 1e-14 (double) relative where the compiler may contract a*b+c
+ * into an FMA (GNU C modes, or a target with FMA: Clang contracts within expressions). The inputs span
  * [-30, 30] plus a few values beyond the exp clamps (+-100).
  */
 #include <stdlib.h>
@@ -91,7 +92,7 @@ int main(void) {
     /* limits: silu(-100) = -0 or tiny, softplus(100) = 100, softplus(-100) = 0 */
     mx_softplus_forward_f(memcpy(o, x, sizeof o), NV);
     MX_CHECK(o[0] == 100.0f && o[1] == 0.0f, "softplus(+-100) = %a, %a", o[0], o[1]);
-    printf("row kernels: %d mismatches (tolerance %g float, %g double)\n", bad, TOL_F, TOL_D);
+    printf("row kernels: %d mismatches\n", bad);     /* same text on every target */
     printf("%s (%d failure%s)\n", mx_test_failures ? "FAILED" : "OK", mx_test_failures,
            mx_test_failures == 1 ? "" : "s");
     return mx_test_failures ? 1 : 0;
