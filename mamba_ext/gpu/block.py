@@ -111,7 +111,8 @@ class BlockLayer:
         self.delta_pre = mk(M * D, "delta_pre")      # (M, D) dt_proj output + bias
         self.delta = mk(M * D, "delta")              # (M, D) softplus(delta_pre)
         n = self.s.chunk_elems
-        self.hchunk = mk(n, "scan_hchunk")           # (B, C, D, N) chunk end states from zero
+        # (B, C, D, N) chunk end states from zero (not used by the single-pass scan)
+        self.hchunk = mk(1 if self.s.single else n, "scan_hchunk")
         self.achunk = mk(n, "scan_achunk")           # (B, C, D, N) chunk decay products
         self.hstate = mk(n, "scan_hstate")           # (B, C, D, N) state entering each chunk
         self.y = mk(M * D, "y")                      # (M, D) scan output before the gate

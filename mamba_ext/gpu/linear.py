@@ -25,11 +25,17 @@ _VEC = 4
 PREFETCH = True
 
 
+# Workgroup buffers of the tile loop (override STAGES). 2 (double-buffered, 32 KiB)
+# measured slower on an H200 than 1 with register prefetch (block d's in_proj and
+# out_proj products: 16-18 against 18-22 TFLOP/s, docs/gpu_h200.txt), so 1.
+GEMM_STAGES = 1
+
+
 def _stages(g):
-    """Workgroup buffers of the tile loop: 2 (double-buffered, 32 KiB) when the
-    adapter allows it, else 1 (16 KiB, WebGPU's default limit)."""
+    """GEMM_STAGES, or 1 where the adapter allows less than 32 KiB of workgroup
+    memory (WebGPU's default limit is 16 KiB)."""
     lim = int(g.device.limits.get("max-compute-workgroup-storage-size", 16384))
-    return 2 if lim >= 32768 else 1
+    return GEMM_STAGES if lim >= 32768 else 1
 
 
 def split_count(g, M, N, K):
