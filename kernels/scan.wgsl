@@ -70,7 +70,7 @@ fn a_of(a_log: f32) -> f32 { return -exp(clamp(a_log, a_log_min, a_log_max)); }
 
 override WG: u32 = 128u;
 // Steps per block of scan_forward_output / scan_backward_grads: per-step contributions
-// of a block are kept in workgroup memory (TB * WG floats per array) and
+// of a block are kept in workgroup memory (TB * SROW floats per array) and
 // reduced once per block, so the sequential loop has no barrier inside.
 override TB: u32 = 16u;
 // Longest chunk scan_backward_grads can hold in its private history array
@@ -85,13 +85,18 @@ override SINGLE: bool = false;
 
 @group(0) @binding(0) var<uniform> p: Params;
 
-// Row stride WG + 1 (padding against shared-memory bank conflicts in the
-// reductions, whose readers walk the N states of a channel).
-const PADW: u32 = 1u;
-var<workgroup> s1: array<f32, TB * (WG + PADW)>;
-var<workgroup> s2: array<f32, TB * (WG + PADW)>;
-var<workgroup> s3: array<f32, TB * (WG + PADW)>;
-var<workgroup> s4: array<f32, TB * (WG + PADW)>;
+// Per-step contributions in workgroup memory: step row (t - tb) of SROW floats,
+// channel dl at dl * (N + 1), state n at + n (SROW = CPW * (N + 1), set by the
+// host). The pad of one float per channel spreads the readers that sum the N
+// states of their channel over different banks.
+override SROW: u32 = 129u;
+var<workgroup> s1: array<f32, TB * SROW>;   // (TB, SROW)
+var<workgroup> s2: array<f32, TB * SROW>;   // (TB, SROW)
+var<workgroup> s3: array<f32, TB * SROW>;   // (TB, SROW)
+var<workgroup> s4: array<f32, TB * SROW>;   // (TB, SROW)
+
+// Slot of invocation li's value of step row tr (li = channel dl * N + state n).
+fn sslot(tr: u32, li: u32) -> u32 { return tr * SROW + (li / p.N) * (p.N + 1u) + li % p.N; }
 
 struct Lane { n: u32, d: u32, on: bool, b: u32, c: u32, t0: u32, t1: u32 }
 
@@ -206,7 +211,7 @@ fn scan_forward_output(@builtin(local_invocation_index) li: u32, @builtin(workgr
                     ac *= ab;
                     contrib = fo_xproj[r * p.P + p.R + p.N + l.n] * h;
                 }
-                s1[(t - tb) * (WG + PADW) + li] = contrib;
+                if (li < cpw * p.N) { s1[sslot(t - tb, li)] = contrib; }
             }
             workgroupBarrier();
             // y[r, d] = sum_n Cs h (fixed order) + D_vec u, for the block's steps x channels.
@@ -216,7 +221,7 @@ fn scan_forward_output(@builtin(local_invocation_index) li: u32, @builtin(workgr
                 let d = wid.x * cpw + dl;
                 if (d < p.D) {
                     var s = 0.0;
-                    let base = (t - tb) * (WG + PADW) + dl * p.N;
+                    let base = (t - tb) * SROW + dl * (p.N + 1u);
                     for (var j = 0u; j < p.N; j++) { s += s1[base + j]; }
                     let r = l.b * p.L + t;
                     fo_y[r * p.D + d] = s + fo_w[p.dvec_off + d] * fo_u[r * p.D + d];
@@ -347,8 +352,10 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
                     dA += g * hp * ab * dl;
                 }
             }
-            let k = (t - 1u - tb) * (WG + PADW) + li;
-            s1[k] = c_du; s2[k] = c_dd; s3[k] = c_db; s4[k] = c_dc;
+            if (li < cpw * p.N) {
+                let k = sslot(t - 1u - tb, li);
+                s1[k] = c_du; s2[k] = c_dd; s3[k] = c_db; s4[k] = c_dc;
+            }
         }
         workgroupBarrier();
         let nt = te - tb;
@@ -358,7 +365,7 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
             let dl = q % cpw;
             let d = wid.x * cpw + dl;
             if (d < p.D) {
-                let base = (t - tb) * (WG + PADW) + dl * p.N;
+                let base = (t - tb) * SROW + dl * (p.N + 1u);
                 var su = 0.0; var sd = 0.0;
                 for (var j = 0u; j < p.N; j++) { su += s1[base + j]; sd += s2[base + j]; }
                 let r = l.b * p.L + t;
@@ -370,9 +377,12 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
         for (var q = li; q < nt * p.N; q += WG) {
             let t = tb + q / p.N;
             let n = q % p.N;
-            let base = (t - tb) * (WG + PADW) + n;
+            let base = (t - tb) * SROW + n;
             var sb = 0.0; var sc = 0.0;
-            for (var j = 0u; j < cpw; j++) { sb += s3[base + j * p.N]; sc += s4[base + j * p.N]; }
+            for (var j = 0u; j < cpw; j++) {
+                sb += s3[base + j * (p.N + 1u)];
+                sc += s4[base + j * (p.N + 1u)];
+            }
             let o = (wid.x * M + l.b * p.L + t) * 2u * p.N;
             bg_dbc_part[o + n] = sb;
             bg_dbc_part[o + p.N + n] = sc;

@@ -17,15 +17,16 @@ from .device import column_sum, elementwise
 # Must stay within [1, 64] (TMAX of kernels/scan.wgsl).
 SCAN_CHUNK = 32
 SCAN_CHUNK_MAX = 64
-# Steps per block of scan_backward_grads: it keeps 4 arrays of TB x (WG+1)
-# floats in workgroup memory, and a small TB lets an SM hold more workgroups
-# (the scan is latency-bound; measured on an H200).
+# Steps per block of scan_backward_grads (4 arrays of TB x SROW floats in workgroup
+# memory) and of scan_forward_output (1 array; None = as many as fit in 8 KiB).
 SCAN_TB_BACKWARD = 4
+SCAN_TB_FORWARD = None
 # One workgroup walks all chunks of its channels (override SINGLE of
-# kernels/scan.wgsl: 1 forward and 1 backward scan pass instead of 3 and 3) when
-# B x D x N reaches this many invocations; below it, time is split into chunks
-# across workgroups to fill the GPU (B 1, L 1024 has 24,576).
-SCAN_SINGLE_MIN = 65536
+# kernels/scan.wgsl: 1 forward and 1 backward scan pass instead of 3 and 3, and no
+# hchunk/gchunk/gcarry buffers) when B x D x N reaches SCAN_SINGLE_MIN
+# invocations. None = never: on an H200 at block d (B x D x N = 196,608) it
+# measured 16.2 ms against 15.8 ms for the chunked layout (docs/gpu_h200.txt).
+SCAN_SINGLE_MIN = None
 
 
 def scan_constants(wg, tb):
@@ -51,7 +52,7 @@ class ScanShape:
         self.wg = max(128, N)                          # WG invocations = WG/N channels x N states
         self.G = math.ceil(D / (self.wg // N))
         self.chunk_elems = B * self.C * D * N          # size of a (B, C, D, N) chunk tensor
-        self.single = B * D * N >= SCAN_SINGLE_MIN
+        self.single = SCAN_SINGLE_MIN is not None and B * D * N >= SCAN_SINGLE_MIN
 
     def params(self, alog_off, dvec_off):
         return [self.B, self.L, self.D, self.N, self.R, self.P, self.chunk, self.C, self.G,
@@ -61,11 +62,14 @@ class ScanShape:
 def _chunk_op(g, s, entry, params, buffers, single=False):
     """One workgroup per (channel group, chunk, batch row), or per (channel group,
     batch row) walking all chunks when ``single``."""
-    # TB steps per block: scan_forward_output keeps one (TB, WG) array (2048
-    # floats); every array of TB*(WG+1) floats must fit.
-    tb = SCAN_TB_BACKWARD if entry == "scan_backward_grads" else 2048 // s.wg
-    tb = max(1, min(tb, 2048 // (s.wg + 1)))
-    consts = scan_constants(s.wg, tb)
+    # TB steps per block; every (TB, SROW) array of workgroup memory stays within
+    # 2048 floats (8 KiB): more memory per workgroup means fewer resident
+    # workgroups, and the scan is latency-bound (TB 8 in the backward measured
+    # 1.6x slower than TB 4 on an H200).
+    srow = (s.wg // s.N) * (s.N + 1)
+    tb = SCAN_TB_BACKWARD if entry == "scan_backward_grads" else SCAN_TB_FORWARD
+    tb = max(1, min(tb or 2048, 2048 // srow))
+    consts = {**scan_constants(s.wg, tb), "SROW": srow}
     if entry in ("scan_forward_output", "scan_backward_grads"):
         consts["SINGLE"] = single
     return g.op("scan", entry, (s.G, 1 if single else s.C, s.B), params, buffers, consts)
