@@ -10,17 +10,19 @@ import math
 from ..constants import A_LOG_MAX, A_LOG_MIN
 from .device import column_sum, elementwise
 
-# Chunk length of the chunked scan. 32 on the GPU, not the CPU's 64:
-# scan_backward_grads keeps the states of one chunk in a private array of
-# SCAN_CHUNK floats per invocation (registers, spilling beyond), and shorter
-# chunks give more workgroups (grid G x C x B) to fill the GPU at batch 1.
-# Must stay within [1, 64] (TMAX of kernels/scan.wgsl).
-SCAN_CHUNK = 32
+# Chunk length of the chunked scan: 64, as on the CPU (measured on an H200 at
+# block d: chunk 16 / 32 / 64 -> scan kernels 11.4 / 10.7 / 10.5 ms,
+# docs/gpu_h200.txt). At most 64: scan_backward_grads keeps the states of one
+# chunk in a private array of TMAX = 64 floats (kernels/scan.wgsl).
+SCAN_CHUNK = 64
 SCAN_CHUNK_MAX = 64
 # Steps per block of scan_backward_grads (4 arrays of TB x SROW floats in workgroup
 # memory) and of scan_forward_output (1 array; None = as many as fit in 8 KiB).
-SCAN_TB_BACKWARD = 4
-SCAN_TB_FORWARD = None
+# Small blocks measured fastest on an H200 (block d, chunk 32: backward TB 2 / 4
+# with forward TB 4 -> scan kernels 10.7 / 13.8 ms; forward TB 4 / 8 / 15 ->
+# 10.7 / 11.1 / 12.7 ms): less workgroup memory, more resident workgroups.
+SCAN_TB_BACKWARD = 2
+SCAN_TB_FORWARD = 4
 # One workgroup walks all chunks of its channels (override SINGLE of
 # kernels/scan.wgsl: 1 forward and 1 backward scan pass instead of 3 and 3, and no
 # hchunk/gchunk/gcarry buffers) when B x D x N reaches SCAN_SINGLE_MIN
@@ -64,8 +66,7 @@ def _chunk_op(g, s, entry, params, buffers, single=False):
     batch row) walking all chunks when ``single``."""
     # TB steps per block; every (TB, SROW) array of workgroup memory stays within
     # 2048 floats (8 KiB): more memory per workgroup means fewer resident
-    # workgroups, and the scan is latency-bound (TB 8 in the backward measured
-    # 1.6x slower than TB 4 on an H200).
+    # workgroups, and the scan is latency-bound.
     srow = (s.wg // s.N) * (s.N + 1)
     tb = SCAN_TB_BACKWARD if entry == "scan_backward_grads" else SCAN_TB_FORWARD
     tb = max(1, min(tb or 2048, 2048 // srow))
