@@ -63,7 +63,9 @@ def extensions():
             continue
         exts.append(Extension(
             "mamba_ext.cpu." + mod, [pyx],
-            include_dirs=[numpy.get_include(), os.path.join("mamba_ext", "include")],
+            include_dirs=[numpy.get_include(), os.path.join("mamba_ext", "include"),
+                          os.path.join("mamba_ext", "cpu")],   # "csrc/mx_*.h"
+            depends=sorted(glob.glob(os.path.join("mamba_ext", "cpu", "csrc", "*.h"))),
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
             extra_compile_args=opt + omp_c,
             extra_link_args=omp_l,
@@ -88,7 +90,7 @@ setup(
     package_dir={"mamba_ext.kernels": "kernels"},
     package_data={
         "mamba_ext": ["py.typed"],
-        "mamba_ext.cpu": ["*.pxd", "*.pyi"],
+        "mamba_ext.cpu": ["*.pxd", "*.pyi", "csrc/*.h"],
         "mamba_ext.kernels": ["*.wgsl"],
         "mamba_ext.include": ["mamba_ext/*.h"],
     },

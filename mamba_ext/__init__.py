@@ -5,24 +5,62 @@ GPU: WGSL kernels run by wgpu (``mamba_ext.gpu``).
 
 The public names are loaded lazily (PEP 562) so that ``import mamba_ext`` is
 cheap and optional parts (``mamba_ext.gpu`` needs wgpu) load only when used.
+Importing changes nothing in the process (no environment variable is set); for
+the fastest CPU runs call :func:`configure_threads` first (the command line does).
 """
+from __future__ import annotations
+
 import importlib
 import os
+import sys
 
-# Our kernels alternate OpenMP regions with BLAS calls that run OpenBLAS's own
-# threads; idle threads of either pool spinning take the cores from the other.
-# - libgomp's default keeps idle threads spinning: size-c forward+backward 590 ms
-#   spinning vs 370 ms passive on 2 cores.
-# - OpenBLAS's idle threads spin ~0.1 s after each GEMM, i.e. through the whole scan
-#   that follows (perf: 27% of size-c cycles in blas_thread_server); 2^4 cycles makes
-#   them sleep at once, and waking them costs far less than a GEMM.
-# Both are read once, when libgomp / scipy's OpenBLAS load, so they are set here,
-# before any compiled module; a user's own setting wins. (If scipy.linalg was
-# imported before mamba_ext, OpenBLAS keeps its setting.)
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
-
+# The one version string: setuptools reads it (pyproject.toml, dynamic version).
 __version__ = "0.1.0"
+
+
+def _libgomp_loaded() -> bool:
+    """Whether libgomp is already mapped into this process (Linux: /proc/self/maps;
+    elsewhere: whether a compiled mamba_ext module, which links it, is imported)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            return "libgomp" in f.read()
+    except OSError:
+        return any(m.startswith("mamba_ext.cpu.") for m in list(sys.modules))
+
+
+def _scipy_openblas_loaded() -> bool:
+    """Whether SciPy's BLAS (the one our kernels call, through scipy.linalg.cython_blas)
+    is already loaded. NumPy's own OpenBLAS is another library and does not matter here."""
+    return any(m in sys.modules for m in ("scipy.linalg.cython_blas", "scipy.linalg._fblas"))
+
+
+def configure_threads() -> dict[str, bool]:
+    """Make idle OpenMP and OpenBLAS threads sleep instead of spinning (opt-in).
+
+    The CPU kernels alternate OpenMP regions with BLAS calls that run OpenBLAS's own
+    threads, and idle threads of either pool that spin take the cores from the other:
+    libgomp's default keeps idle threads spinning (size-c forward+backward 590 ms
+    spinning vs 370 ms passive on 2 cores), and OpenBLAS's idle threads spin ~0.1 s
+    after each GEMM, i.e. through the whole scan that follows (27% of size-c cycles in
+    ``blas_thread_server``); a timeout of 2^4 cycles makes them sleep at once, and
+    waking them costs far less than a GEMM.
+
+    Neither library has a call to change this at run time: they read
+    ``OMP_WAIT_POLICY`` and ``OPENBLAS_THREAD_TIMEOUT`` once, when they load. So this
+    function sets those two environment variables of the process (``PASSIVE`` and
+    ``4``; a value the user already set is kept) and must run before the first compiled
+    kernel or ``scipy.linalg`` loads them: call it right after ``import mamba_ext``.
+    ``python -m mamba_ext`` / ``mamba-ext`` call it for you. Nothing else in mamba_ext
+    changes the environment.
+
+    Returns ``{variable: takes_effect}``: False for a variable whose library was already
+    loaded when the function ran (libgomp, or SciPy's OpenBLAS).
+    """
+    loaded = {"OMP_WAIT_POLICY": _libgomp_loaded(),
+              "OPENBLAS_THREAD_TIMEOUT": _scipy_openblas_loaded()}
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+    return {var: not was_loaded for var, was_loaded in loaded.items()}
 
 
 def _check_built() -> None:
@@ -58,7 +96,8 @@ _EXPORTS = {
     "clip_grad_norm": "optim",
 }
 
-__all__ = sorted(list(_EXPORTS) + ["get_include", "amp", "gpu", "__version__"])
+__all__ = sorted(list(_EXPORTS) + ["get_include", "configure_threads", "amp", "gpu", "constants",
+                                    "__version__"])
 
 
 def get_include() -> str:
@@ -66,16 +105,16 @@ def get_include() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
 
 
-def __getattr__(name):
+def __getattr__(name: str):
     mod = _EXPORTS.get(name)
     if mod is not None:
         value = getattr(importlib.import_module("." + mod, __name__), name)
         globals()[name] = value
         return value
-    if name in ("amp", "gpu"):
+    if name in ("amp", "gpu", "constants"):
         return importlib.import_module("." + name, __name__)
     raise AttributeError(f"module 'mamba_ext' has no attribute {name!r}")
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return __all__

@@ -9,10 +9,13 @@ R dtRank, P = R + 2N.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import NamedTuple
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 # The public contract: names and order of docs/semantics.md.
 BLOCK_PARAM_NAMES = (
@@ -27,6 +30,47 @@ FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _MAX_ELEMENTS = np.iinfo(np.intp).max // 16
 # Largest single size (dModel, dInner, ...): BLAS takes 32-bit int dimensions.
 _MAX_DIM = 2 ** 31 - 1
+MAX_DIM = _MAX_DIM
+MAX_ELEMENTS = _MAX_ELEMENTS
+
+# Most threads a kernel may be asked for: far more than any machine runs usefully, far
+# fewer than those that make libgomp fail to create its team (1000 ended the process,
+# 65536 segfaulted). Oversubscription beyond 8 threads per core only costs.
+MAX_THREADS_CAP = 1024
+
+
+def max_threads() -> int:
+    """Largest accepted ``n_threads``: min(1024, max(64, 8 * os.cpu_count()))."""
+    import os
+    return min(MAX_THREADS_CAP, max(64, 8 * (os.cpu_count() or 1)))
+
+
+def check_n_threads(n_threads: Any) -> int:
+    """None -> 0 (OpenMP's default team); otherwise an integer in [1, max_threads()]."""
+    if n_threads is None:
+        return 0
+    limit = max_threads()
+    if isinstance(n_threads, (bool, np.bool_)) or not isinstance(n_threads, (int, np.integer)):
+        raise TypeError(f"n_threads: expected None or an integer in [1, {limit}], "
+                        f"got {type(n_threads).__name__} {n_threads!r}")
+    if not 1 <= n_threads <= limit:
+        raise ValueError(f"n_threads: expected None or an integer in [1, {limit}] (the limit is "
+                         f"min({MAX_THREADS_CAP}, max(64, 8 x {__import__('os').cpu_count()} cores))), "
+                         f"got {n_threads}")
+    return int(n_threads)
+
+
+def check_size(name: str, value: Any, lo: int = 1, hi: int = _MAX_DIM) -> int:
+    """A size-like integer argument (batch, a length, a model size) in ``[lo, hi]``.
+
+    ``bool``, floats and non-numbers raise TypeError; an integer outside the range raises
+    ValueError naming the limit. Returns a Python int.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an integer in [{lo}, {hi}], got {type(value).__name__} {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name}: expected an integer in [{lo}, {hi}], got {value}")
+    return int(value)
 
 
 class BlockDims(NamedTuple):
@@ -42,7 +86,7 @@ class BlockDims(NamedTuple):
         return self.R + 2 * self.N
 
 
-def block_param_shapes(d: BlockDims) -> dict:
+def block_param_shapes(d: BlockDims) -> dict[str, tuple[int, ...]]:
     """The shape of every block parameter, keyed by name (golden layout)."""
     return {
         "wInProj": (2 * d.D, d.Dm), "bInProj": (2 * d.D,),
@@ -55,7 +99,7 @@ def block_param_shapes(d: BlockDims) -> dict:
     }
 
 
-def check_count(name: str, shape) -> None:
+def check_count(name: str, shape: Sequence[int]) -> None:
     """Refuse shapes whose element count would overflow the kernels' indexing."""
     n = 1
     for s in shape:
@@ -65,7 +109,8 @@ def check_count(name: str, shape) -> None:
                          f"{_MAX_ELEMENTS} that mamba_ext can index")
 
 
-def as_float_array(name: str, value, dtype=None, contiguous=True) -> np.ndarray:
+def as_float_array(name: str, value: ArrayLike, dtype: DTypeLike | None = None,
+                   contiguous: bool = True) -> np.ndarray:
     """Convert an array-like to a C-contiguous float32/float64 array.
 
     ``dtype`` None accepts float32 or float64 as given; otherwise the array must
@@ -101,7 +146,9 @@ def _shape_error(name, expected, actual, why=""):
     return ValueError(f"{name}: expected shape {tuple(expected)}, got {tuple(actual)}{why}")
 
 
-def check_block_params(params, dtype=None, d_model=None, prefix=""):
+def check_block_params(params: Mapping[str, ArrayLike], dtype: DTypeLike | None = None,
+                       d_model: int | None = None,
+                       prefix: str = "") -> tuple[dict[str, np.ndarray], BlockDims]:
     """Validate a mapping of the 13 block parameters.
 
     Returns ``(arrays, dims)``: ``arrays`` a dict name -> C-contiguous array of
@@ -159,7 +206,8 @@ def check_block_params(params, dtype=None, d_model=None, prefix=""):
     return arrays, dims
 
 
-def check_x(name: str, x, dtype=None, contiguous=True) -> np.ndarray:
+def check_x(name: str, x: ArrayLike, dtype: DTypeLike | None = None,
+            contiguous: bool = True) -> np.ndarray:
     """Validate a (B, L, Dm) activation; empty B or L is allowed."""
     arr = as_float_array(name, x, dtype, contiguous)
     if arr.ndim != 3:
@@ -168,7 +216,8 @@ def check_x(name: str, x, dtype=None, contiguous=True) -> np.ndarray:
     return arr
 
 
-def check_tokens(name: str, tokens, vocab_size: int | None = None, shape=None) -> np.ndarray:
+def check_tokens(name: str, tokens: ArrayLike, vocab_size: int | None = None,
+                 shape: Sequence[int] | None = None) -> np.ndarray:
     """Validate integer token ids (B, L); out-of-range ids name the id and position."""
     arr = np.asarray(tokens)
     if arr.dtype.kind not in "iu":
@@ -192,7 +241,7 @@ def check_tokens(name: str, tokens, vocab_size: int | None = None, shape=None) -
 DISCRETIZATIONS = {"zoh": 0, "euler": 1}
 
 
-def check_discretization(discretization) -> int:
+def check_discretization(discretization: Any) -> int:
     """``"zoh"`` (exact zero-order hold) -> 0, ``"euler"`` (b_bar = Delta*B) -> 1."""
     if not isinstance(discretization, str) or discretization not in DISCRETIZATIONS:
         raise ValueError(f"discretization: expected one of {sorted(DISCRETIZATIONS)}, "
@@ -200,14 +249,16 @@ def check_discretization(discretization) -> int:
     return DISCRETIZATIONS[discretization]
 
 
-def check_eps(eps) -> float:
-    """The one eps rule of every RMSNorm epsilon (CPU and GPU, block and model):
-    a finite real number > 0 (bool and str refused); returns it as a float."""
-    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.integer,
-                                                                np.floating)):
-        raise TypeError(f"eps: expected a finite real number > 0, got {type(eps).__name__} "
-                        f"{eps!r}")
-    e = float(eps)
-    if not (np.isfinite(e) and e > 0.0):
-        raise ValueError(f"eps: expected a finite real number > 0, got {eps!r}")
-    return e
+def check_eps(eps: Any) -> float:
+    """The one rule for an RMSNorm ``eps`` (block, model, recurrent, training, GPU).
+
+    Accepts a finite real number > 0 (Python or NumPy int/float) and returns it as a
+    float. ``bool``, ``str`` and other non-numbers raise TypeError; NaN, +-inf and
+    values <= 0 raise ValueError. Both messages name ``eps``.
+    """
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"eps: expected a real number > 0, got {type(eps).__name__} {eps!r}")
+    value = float(eps)
+    if not (math.isfinite(value) and value > 0.0):
+        raise ValueError(f"eps: expected a finite number > 0, got {eps!r}")
+    return value

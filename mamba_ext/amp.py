@@ -23,16 +23,17 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = ["round_fp16", "fp16_view", "DynamicLossScaler"]
 
 _FLOAT_KINDS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
-def round_fp16(a, out=None) -> np.ndarray:
+def round_fp16(a: ArrayLike, out: np.ndarray | None = None) -> np.ndarray:
     """Round ``a`` to float16 values (nearest, ties to even), returned as float32.
 
     ``a``: float16/float32/float64 array. Magnitudes >= 65520 become +-inf
@@ -56,7 +57,7 @@ def round_fp16(a, out=None) -> np.ndarray:
     return out
 
 
-def fp16_view(params: Mapping) -> dict:
+def fp16_view(params: Mapping[str, ArrayLike]) -> dict[str, np.ndarray]:
     """Dict of fp16-rounded float32 copies of ``params`` (the weights the AMP
     forward/backward runs on); the master arrays are not modified."""
     if not isinstance(params, Mapping):
@@ -133,8 +134,9 @@ class DynamicLossScaler:
     scaler's event count, ``skipped`` the training loop's.
     """
 
-    def __init__(self, init_scale=2.0 ** 14, growth_factor=2.0, backoff_factor=0.5,
-                 growth_interval=200, min_scale=1.0, max_scale=2.0 ** 24):
+    def __init__(self, init_scale: float = 2.0 ** 14, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 200, min_scale: float = 1.0,
+                 max_scale: float = 2.0 ** 24) -> None:
         self._set_config(init_scale, growth_factor, backoff_factor, growth_interval,
                          min_scale, max_scale)
         self.growth_tracker = 0
@@ -158,9 +160,11 @@ class DynamicLossScaler:
             raise ValueError(f"DynamicLossScaler: growth_interval: expected an integer >= 1, "
                              f"got {growth_interval!r}")
         if not growth_factor > 1.0 or math.isinf(growth_factor):
-            raise ValueError(f"DynamicLossScaler: growth_factor: expected a finite value > 1, got {growth_factor}")
+            raise ValueError(f"DynamicLossScaler: growth_factor: expected a finite value > 1, "
+                             f"got {growth_factor}")
         if not 0.0 < backoff_factor < 1.0:
-            raise ValueError(f"DynamicLossScaler: backoff_factor: expected a value in (0, 1), got {backoff_factor}")
+            raise ValueError(f"DynamicLossScaler: backoff_factor: expected a value in (0, 1), "
+                             f"got {backoff_factor}")
         min_scale, max_scale = _f32(min_scale), _f32(max_scale)
         if not 0.0 < min_scale <= max_scale:
             raise ValueError(f"DynamicLossScaler: expected 0 < min_scale <= max_scale, got "
@@ -176,11 +180,11 @@ class DynamicLossScaler:
         self.min_scale = min_scale
         self.max_scale = max_scale
 
-    def check(self, grads) -> bool:
+    def check(self, grads: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> bool:
         """True if any gradient holds a NaN or +-Inf (a mapping or a sequence of arrays)."""
         return any(not np.isfinite(g).all() for _, g in _named_arrays("grads", grads))
 
-    def unscale(self, grads) -> None:
+    def unscale(self, grads: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> None:
         """Multiply every gradient in place by 1/scale (float64 reciprocal
         rounded to the gradient's dtype, as GradScaler does for float32)."""
         items = _named_arrays("grads", grads)
@@ -191,11 +195,12 @@ class DynamicLossScaler:
         for _, g in items:
             np.multiply(g, g.dtype.type(inv), out=g)
 
-    def update(self, overflow) -> bool:
+    def update(self, overflow: bool) -> bool:
         """Advance the scale for one step; returns True if the step should be
         applied (no overflow), False if it must be skipped."""
         if not isinstance(overflow, (bool, np.bool_)):
-            raise TypeError(f"DynamicLossScaler.update: overflow: expected a bool, got {type(overflow).__name__}")
+            raise TypeError(f"DynamicLossScaler.update: overflow: expected a bool, "
+                            f"got {type(overflow).__name__}")
         if overflow:
             self.scale = _f32(self.scale * self.backoff_factor)
             self.growth_tracker = 0
@@ -211,7 +216,7 @@ class DynamicLossScaler:
         self.scale = min(max(self.scale, self.min_scale), self.max_scale)
         return not overflow
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, float | int]:
         """Plain dict of Python scalars (settings and progress)."""
         return {"scale": self.scale, "growth_factor": self.growth_factor,
                 "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval,
@@ -219,11 +224,12 @@ class DynamicLossScaler:
                 "growth_tracker": self.growth_tracker, "overflows": self.overflows,
                 "skipped": self.skipped}
 
-    def load_state_dict(self, state: Mapping) -> None:
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Restore from :meth:`state_dict` (scalars may be 1-element arrays).
         Everything is validated before anything changes."""
         if not isinstance(state, Mapping):
-            raise TypeError(f"DynamicLossScaler.load_state_dict: expected a mapping, got {type(state).__name__}")
+            raise TypeError(f"DynamicLossScaler.load_state_dict: expected a mapping, "
+                            f"got {type(state).__name__}")
         known = set(self.state_dict())
         unknown = sorted(str(k) for k in state if k not in known)
         if unknown:
@@ -245,6 +251,6 @@ class DynamicLossScaler:
         self.overflows = counts["overflows"]
         self.skipped = counts["skipped"]
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"DynamicLossScaler(scale={self.scale}, growth_tracker={self.growth_tracker}, "
                 f"overflows={self.overflows}, skipped={self.skipped})")

@@ -22,64 +22,70 @@ at chunk boundaries (see :class:`BlockCache`), never a (B, L, D, N) tensor.
 """
 from __future__ import annotations
 
-import math
-import os
-import zlib
+from collections.abc import Mapping
+from typing import Any
 
-# Thread wait policies (OMP_WAIT_POLICY, OPENBLAS_THREAD_TIMEOUT) are set in
-# mamba_ext/__init__.py, before any compiled module or scipy's OpenBLAS loads.
+import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
-import numpy as np  # noqa: E402
-
-from .cpu import block as _block  # noqa: E402
-from ._validate import (BLOCK_PARAM_NAMES, DISCRETIZATIONS, FLOAT_DTYPES, as_float_array,
-                        block_param_shapes, check_block_params, check_count,
-                        check_discretization, check_x)
+from ._validate import (
+    BLOCK_PARAM_NAMES,
+    DISCRETIZATIONS,
+    FLOAT_DTYPES,
+    BlockDims,
+    as_float_array,
+    block_param_shapes,
+    check_block_params,
+    check_count,
+    check_discretization,
+    check_eps,
+    check_n_threads,
+    check_size,
+    check_x,
+)
+from .constants import DEFAULT_EPS
+from .cpu import block as _block
 
 __all__ = ["mamba1_forward", "mamba1_backward", "init_mamba1_params", "BlockCache"]
 
 
-_FINGERPRINT_SAMPLES = 8192
-
-
 def _fingerprint(arrays) -> tuple:
-    """Cheap identity of the parameter values: CRC-32 of each array's bytes, or for an
-    array of more than 8192 values, of 8192 values evenly strided over it (CRC-32 of all
-    16 MB of size-c params, forward and backward, cost ~2% of the step). An optimizer
-    step or other params change the sample; an edit confined to unsampled entries
-    would not be noticed."""
+    """Identity of the parameter values covering EVERY value: per array, the sum modulo
+    2**64 of its bytes read as 64-bit words (one pass at memory speed; CRC-32 of all
+    16 MB of size-c params cost ~2% of a step, this sum about a tenth of that). Any
+    change of one value changes its word and so the sum; only edits that cancel exactly
+    modulo 2**64 could go unnoticed. (Arrays of the 13 parameters are C-contiguous
+    float32/float64 here, so their bytes are a whole number of 32-bit words.)"""
     fp = []
     for n in BLOCK_PARAM_NAMES:
         a = arrays[n].reshape(-1)
-        if a.size > _FINGERPRINT_SAMPLES:
-            a = np.ascontiguousarray(a[::-(-a.size // _FINGERPRINT_SAMPLES)])
-        fp.append(zlib.crc32(a))
+        raw = a.view(np.uint8)
+        n8 = raw.size // 8 * 8
+        words = raw[:n8].view(np.uint64)
+        tail = int.from_bytes(raw[n8:].tobytes(), "little")
+        fp.append((int(np.add.reduce(words, dtype=np.uint64)) + tail) % 2 ** 64)
     return tuple(fp)
 
 
-def _n_threads(n_threads) -> int:
-    """None -> 0 (OpenMP's default thread count); otherwise an int >= 1."""
-    if n_threads is None:
-        return 0
-    if isinstance(n_threads, bool) or not isinstance(n_threads, (int, np.integer)) or n_threads < 1:
-        raise ValueError(f"n_threads: expected None or an integer >= 1, got {n_threads!r}")
-    return int(min(n_threads, 1 << 16))
+def _n_threads(n_threads: int | None) -> int:
+    """None -> 0 (OpenMP's default thread count); otherwise an int in [1, max_threads()]."""
+    return check_n_threads(n_threads)
 
 
 class BlockCache:
     """What :func:`mamba1_forward` saves for :func:`mamba1_backward`.
 
     ``buffer`` is one 1-D array of the forward's dtype holding, in order
-    (M = B*L, P = R + 2N, nC = ceil(L / 64)):
+    (M = B*L, P = R + 2N, C = ceil(L / SCAN_CHUNK), SCAN_CHUNK = 64):
 
     ======== ================ ============================================
     x        (M, Dm)          block input
     rstd     (M,)             RMSNorm 1/sqrt(mean(x^2) + eps)
-    Y        (M, 2D)          in_proj output [xc | z]
-    Q        (M, P)           x_proj output [dt | Bs | Cs]
-    Delta    (M, D)           softplus(dt_proj output)
+    xz       (M, 2D)          in_proj output [xc | z]
+    xproj    (M, P)           x_proj output [dt_low | Bs | Cs]
+    delta    (M, D)           softplus(delta_pre), delta_pre = dt_proj output
     y        (M, D)           scan output incl. D_vec skip, before the gate
-    hstate   (B, nC, D, N)    scan state entering each chunk of 64 steps
+    hstate   (B, C, D, N)     scan state entering each chunk of SCAN_CHUNK steps
     ======== ================ ============================================
 
     ``nbytes = itemsize * (M * (Dm + 1 + 4*D + P) + B * ceil(L/64) * D * N)``,
@@ -89,9 +95,12 @@ class BlockCache:
     scratch, which each calling thread keeps for its next call (see _block.pyx).
 
     The cache also records the sizes, dtype, ``x`` shape, eps, discretization
-    and a CRC-32 fingerprint of every parameter (of a strided sample of 8192 values
-    for larger ones), so that using it with other parameters, other shapes or a
-    ``dout`` of another shape raises ValueError.
+    and a fingerprint of every value of every parameter (``_fingerprint``), so that
+    using it with other parameters, other shapes or a ``dout`` of another shape raises
+    ValueError. Its attributes are read-only, ``buffer`` is a read-only view, and the
+    backward re-validates the cache's state before any kernel reads it (an edited cache
+    is refused, never read out of bounds). Writing into the buffer's memory by other
+    means voids the gradients, as editing the parameters would.
 
     With state passing, ``has_h0`` records whether the forward got ``h0`` (it is the
     hstate of chunk 0, kept in ``buffer``) and ``conv_state`` holds a copy of the
@@ -99,29 +108,76 @@ class BlockCache:
     their gradients.
     """
 
-    __slots__ = ("buffer", "dims", "dtype", "x_shape", "eps", "discretization", "fingerprint",
-                 "has_h0", "conv_state")
+    __slots__ = ("_buffer", "_dims", "_dtype", "_x_shape", "_eps", "_discretization", "_fingerprint",
+                 "_has_h0", "_conv_state")
 
-    def __init__(self, buffer, dims, dtype, x_shape, eps, discretization, fingerprint,
-                 has_h0=False, conv_state=None):
-        self.buffer = buffer
-        self.dims = dims
-        self.dtype = np.dtype(dtype)
-        self.x_shape = tuple(x_shape)
-        self.eps = float(eps)
-        self.discretization = discretization
-        self.fingerprint = fingerprint
-        self.has_h0 = bool(has_h0)
-        self.conv_state = conv_state
+    def __init__(self, buffer: np.ndarray, dims: BlockDims, dtype: DTypeLike, x_shape: tuple,
+                 eps: float, discretization: str, fingerprint: tuple, has_h0: bool = False,
+                 conv_state: np.ndarray | None = None) -> None:
+        self._buffer = buffer
+        self._dims = dims
+        self._dtype = np.dtype(dtype)
+        self._x_shape = tuple(x_shape)
+        self._eps = float(eps)
+        self._discretization = discretization
+        self._fingerprint = fingerprint
+        self._has_h0 = bool(has_h0)
+        if conv_state is not None:
+            conv_state.flags.writeable = False
+        self._conv_state = conv_state
+
+    buffer = property(lambda self: _readonly(self._buffer), doc="The cache values (read-only view).")
+    dims = property(lambda self: self._dims, doc="BlockDims of the forward.")
+    dtype = property(lambda self: self._dtype, doc="dtype of x and of the cache.")
+    x_shape = property(lambda self: self._x_shape, doc="(B, L, Dm) of the forward's x.")
+    eps = property(lambda self: self._eps, doc="The forward's RMSNorm eps.")
+    discretization = property(lambda self: self._discretization, doc='"zoh" or "euler".')
+    fingerprint = property(lambda self: self._fingerprint, doc="Fingerprint of the forward's params.")
+    has_h0 = property(lambda self: self._has_h0, doc="Whether the forward got h0.")
+    conv_state = property(lambda self: self._conv_state, doc="The forward's conv_state (read-only) or None.")
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the cache buffer (formula in the class docstring)."""
-        return int(self.buffer.nbytes)
+        return int(self._buffer.nbytes)
 
-    def __repr__(self):
+    def _checked(self) -> tuple:
+        """The state the backward needs, re-validated (the private slots can still be
+        reassigned from Python): ``(buffer, sizes, discretization code)``."""
+        d, shape = self._dims, self._x_shape
+        ok = (isinstance(d, BlockDims) and all(type(v) is int and v >= 1 for v in d)
+              and isinstance(shape, tuple) and len(shape) == 3
+              and all(type(v) is int and v >= 0 for v in shape) and shape[2] == d.Dm
+              and self._dtype in FLOAT_DTYPES and self._discretization in DISCRETIZATIONS
+              and isinstance(self._has_h0, bool))
+        if ok:
+            sizes = _sizes(shape, d)
+            try:
+                _check_work_size(sizes)
+            except ValueError:
+                ok = False
+        buf = self._buffer
+        if ok:
+            ok = (isinstance(buf, np.ndarray) and buf.dtype == self._dtype and buf.ndim == 1
+                  and buf.flags.c_contiguous and buf.size == _block.cache_len(sizes))
+        cs = self._conv_state
+        if ok and cs is not None:
+            ok = (isinstance(cs, np.ndarray) and cs.dtype == self._dtype and cs.flags.c_contiguous
+                  and cs.shape == (shape[0], d.D, d.K - 1))
+        if not ok:
+            raise ValueError("cache: its state was edited after mamba1_forward made it (sizes, "
+                             "buffer or conv_state no longer agree); run the forward again")
+        return buf, sizes, DISCRETIZATIONS[self._discretization]
+
+    def __repr__(self) -> str:
         return (f"BlockCache(x_shape={self.x_shape}, dtype={self.dtype.name}, dims={self.dims}, "
                 f"discretization={self.discretization!r}, nbytes={self.nbytes})")
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False
+    return view
 
 
 def _sizes(x_shape, dims) -> tuple:
@@ -129,17 +185,27 @@ def _sizes(x_shape, dims) -> tuple:
     return (int(B), int(L), dims.Dm, dims.D, dims.N, dims.K, dims.R)
 
 
+def _cache_elements(sizes: tuple) -> int:
+    """Elements of the forward cache (the layout of block.pyx, see BlockCache) for sizes
+    (B, L, Dm, D, N, K, R), in Python integers, which cannot wrap around."""
+    B, L, Dm, D, N, K, R = sizes
+    M, P = B * L, R + 2 * N
+    C = -(-L // _block.SCAN_CHUNK)
+    return M * (Dm + 1 + 4 * D + P) + B * C * D * N
+
+
 def _check_work_size(sizes) -> None:
     """Refuse sizes whose cache or backward scratch element counts overflow."""
     B, L, Dm, D, N, K, R = sizes
     M, P = B * L, R + 2 * N
-    nC = -(-L // _block.SCAN_CHUNK_LEN)
-    check_count("cache", (M * (Dm + 1 + 4 * D + P) + B * nC * D * N,))
+    check_count("cache", (_cache_elements(sizes),))
     check_count("backward scratch", (M * (7 * D + P + 2 * R + 2 * Dm),))
 
 
-def mamba1_forward(x, params, *, h0=None, conv_state=None, return_state=False, eps=1e-6,
-                   discretization="zoh", n_threads=None):
+def mamba1_forward(x: ArrayLike, params: Mapping[str, ArrayLike], *, h0: ArrayLike | None = None,
+                   conv_state: ArrayLike | None = None, return_state: bool = False,
+                   eps: float = DEFAULT_EPS, discretization: str = "zoh",
+                   n_threads: int | None = None) -> tuple[Any, ...]:
     """Forward pass of one Mamba-1 block.
 
     Parameters
@@ -149,10 +215,11 @@ def mamba1_forward(x, params, *, h0=None, conv_state=None, return_state=False, e
     params : mapping of the 13 names of ``BLOCK_PARAM_NAMES`` to arrays of the
         golden shapes, all of the dtype of ``x``; sizes are inferred from them.
     eps : float
-        RMSNorm epsilon (inside the square root), default 1e-6.
+        RMSNorm epsilon (inside the square root), a finite number > 0; default
+        ``mamba_ext.constants.DEFAULT_EPS`` (1e-6).
     discretization : "zoh" (exact zero-order hold, default) or "euler" (b_bar = Delta*B).
-    n_threads : None (OpenMP default) or int >= 1, threads of the scan and elementwise
-        kernels (BLAS uses its own threads).
+    n_threads : None (OpenMP default) or an int in [1, min(1024, max(64, 8 x cores))],
+        threads of the scan and elementwise kernels (BLAS uses its own threads).
     h0 : None or array (B, D, N) of x's dtype
         Scan state before step 0 (default zeros), e.g. the ``h_last`` of the previous chunk.
     conv_state : None or array (B, D, K-1) of x's dtype
@@ -174,9 +241,7 @@ def mamba1_forward(x, params, *, h0=None, conv_state=None, return_state=False, e
     arrays, dims = check_block_params(params, dtype=x.dtype, d_model=x.shape[2])
     disc = check_discretization(discretization)
     nt = _n_threads(n_threads)
-    eps = float(eps)
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps: expected a finite number >= 0, got {eps!r}")
+    eps = check_eps(eps)
     sizes = _sizes(x.shape, dims)
     _check_work_size(sizes)
     B, L = sizes[:2]
@@ -223,13 +288,16 @@ def _params_dtype(params):
     return None
 
 
-def mamba1_backward(dout, params, cache, *, dh_last=None, dconv_tail=None, n_threads=None):
+def mamba1_backward(dout: ArrayLike, params: Mapping[str, ArrayLike], cache: BlockCache, *,
+                    dh_last: ArrayLike | None = None, dconv_tail: ArrayLike | None = None,
+                    n_threads: int | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Backward pass (vector-Jacobian product) of one Mamba-1 block.
 
     ``dout`` (B, L, Dm) is dLoss/d``out`` of the forward that made ``cache``; ``params``
     must be the same values the forward used. Returns ``(dx, grads)``: ``dx`` of the
     shape of ``x``, ``grads`` a dict with the 13 names, shapes and dtype of ``params``.
-    dLoss/dA_log is exactly 0 where A_log <= -10 or A_log >= 5 (the clamp).
+    dLoss/dA_log is exactly 0 where A_log <= A_LOG_MIN or A_log >= A_LOG_MAX (the clamp,
+    ``mamba_ext.constants``: -10 and 5).
 
     State passing: ``dh_last`` (B, D, N) and ``dconv_tail`` (B, D, K-1) are dLoss/d of the
     state the forward returned with ``return_state=True`` (default zeros; e.g. the
@@ -240,6 +308,7 @@ def mamba1_backward(dout, params, cache, *, dh_last=None, dconv_tail=None, n_thr
     if not isinstance(cache, BlockCache):
         raise TypeError(f"cache: expected the BlockCache returned by mamba1_forward, "
                         f"got {type(cache).__name__}")
+    cache_buffer, _, disc = cache._checked()
     dout = check_x("dout", dout, cache.dtype, contiguous=False)
     if dout.shape != cache.x_shape:
         raise ValueError(f"dout: expected shape {cache.x_shape} (the shape of x in the forward), "
@@ -267,9 +336,9 @@ def mamba1_backward(dout, params, cache, *, dh_last=None, dconv_tail=None, n_thr
     dh0 = np.zeros(h_shape, cache.dtype) if cache.has_h0 else None
     dconv_state = np.zeros(c_shape, cache.dtype) if cache.conv_state is not None else None
     if dout.size:
-        _block.backward(dx, [grads[n] for n in BLOCK_PARAM_NAMES], dout, cache.buffer,
+        _block.backward(dx, [grads[n] for n in BLOCK_PARAM_NAMES], dout, cache_buffer,
                         [arrays[n] for n in BLOCK_PARAM_NAMES], _sizes(dout.shape, dims),
-                        DISCRETIZATIONS[cache.discretization], nt, conv_state=cache.conv_state,
+                        disc, nt, conv_state=cache.conv_state,
                         dh_last=dh_last, dconv_tail=dconv_tail, dh0=dh0,
                         dconv_state=dconv_state)
     elif L == 0:   # an empty chunk passes its state through unchanged
@@ -284,8 +353,9 @@ def mamba1_backward(dout, params, cache, *, dh_last=None, dconv_tail=None, n_thr
     return dx, grads
 
 
-def init_mamba1_params(d_model, d_state=16, d_conv=4, expand=2, dt_rank=None, seed=0,
-                       dtype=np.float32):
+def init_mamba1_params(d_model: int, d_state: int = 16, d_conv: int = 4, expand: int = 2,
+                       dt_rank: int | None = None, seed: int = 0,
+                       dtype: DTypeLike = np.float32) -> dict[str, np.ndarray]:
     """Default parameters of one Mamba-1 block (dict of the 13 ``BLOCK_PARAM_NAMES``).
 
     Sizes: dInner D = expand * d_model, dtRank R = ceil(d_model / 16) unless given.
@@ -303,16 +373,15 @@ def init_mamba1_params(d_model, d_state=16, d_conv=4, expand=2, dt_rank=None, se
     """
     for name, v in (("d_model", d_model), ("d_state", d_state), ("d_conv", d_conv),
                     ("expand", expand)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
+        check_size(name, v)
     if dt_rank is None:
         dt_rank = -(-int(d_model) // 16)
-    elif isinstance(dt_rank, bool) or not isinstance(dt_rank, (int, np.integer)) or dt_rank < 1:
-        raise ValueError(f"dt_rank: expected None or an integer >= 1, got {dt_rank!r}")
+    else:
+        check_size("dt_rank", dt_rank)
+    check_size("dInner = expand * d_model", int(expand) * int(d_model))
     dtype = np.dtype(dtype)
     if dtype not in FLOAT_DTYPES:
         raise TypeError(f"dtype: expected float32 or float64, got {dtype}")
-    from ._validate import BlockDims
     dims = BlockDims(Dm=int(d_model), D=int(expand) * int(d_model), N=int(d_state),
                      K=int(d_conv), R=int(dt_rank))
     shapes = block_param_shapes(dims)

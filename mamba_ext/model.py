@@ -22,16 +22,30 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
-from ._validate import (BLOCK_PARAM_NAMES, BlockDims, as_float_array, check_block_params,
-                        check_count, check_discretization, check_tokens)
+from ._validate import (
+    MAX_ELEMENTS,
+    BLOCK_PARAM_NAMES,
+    BlockDims,
+    as_float_array,
+    check_block_params,
+    check_count,
+    check_discretization,
+    check_eps,
+    check_size,
+    check_tokens,
+)
+from .constants import DEFAULT_EPS
 
-DEFAULT_EPS = 1e-6
-_LAYER_KEY = re.compile(r"layer(\d+)\.(.+)\Z")
+# layer{i}.{name}: i in canonical ASCII decimal (no sign, no leading zero, no other digits:
+# "layer00.X" or "layer\u0660.X" would otherwise be read as layer 0 and replace layer0.X)
+_LAYER_KEY = re.compile(r"layer(0|[1-9][0-9]{0,8})\.(.+)\Z", re.ASCII)
 _TOP_NAMES = ("embedding", "final_norm", "lm_head_bias")
+MAX_LAYERS = 10 ** 9 - 1     # the largest index _LAYER_KEY reads has 9 digits
 
 
-def MODEL_PARAM_NAMES(n_layers: int) -> tuple:
+def MODEL_PARAM_NAMES(n_layers: int) -> tuple[str, ...]:
     """Names of the model parameters, in a fixed order:
     ``embedding``, ``final_norm``, ``lm_head_bias``, then ``layer{i}.{name}`` for
     ``i`` in ``range(n_layers)`` and ``name`` in ``BLOCK_PARAM_NAMES``."""
@@ -52,7 +66,8 @@ class ModelDims(NamedTuple):
         return self.block.Dm
 
 
-def check_model_params(params, dtype=None):
+def check_model_params(params: Mapping[str, ArrayLike],
+                       dtype: DTypeLike | None = None) -> tuple[dict[str, np.ndarray], ModelDims]:
     """Validate a model parameter dict.
 
     Returns ``(arrays, dims)``: ``arrays`` a dict in :func:`MODEL_PARAM_NAMES`
@@ -70,7 +85,7 @@ def check_model_params(params, dtype=None):
     for key in params:
         if key in _TOP_NAMES:
             continue
-        m = _LAYER_KEY.match(str(key))
+        m = _LAYER_KEY.match(key) if isinstance(key, str) else None
         if m is None:
             unknown.append(str(key))
             continue
@@ -112,13 +127,6 @@ def check_model_params(params, dtype=None):
     return arrays, ModelDims(V=V, n_layers=n_layers, block=block)
 
 
-def _check_eps(eps) -> float:
-    e = float(eps)
-    if not (np.isfinite(e) and e > 0.0):
-        raise ValueError(f"eps: expected a finite number > 0, got {eps}")
-    return e
-
-
 def _sizes(dims: ModelDims, B: int, L: int) -> tuple:
     b = dims.block
     return (dims.V, dims.n_layers, B, L, b.Dm, b.D, b.N, b.K, b.R)
@@ -128,17 +136,18 @@ def _layer_lists(arrays: Mapping, n_layers: int) -> list:
     return [[arrays[f"layer{i}.{n}"] for n in BLOCK_PARAM_NAMES] for i in range(n_layers)]
 
 
-def _n_threads(n_threads) -> int:
+def _n_threads(n_threads: int | None) -> int:
     """None -> 0 (OpenMP's default thread count), else an int >= 1 (as the block API)."""
     from .block import _n_threads as block_threads
     return block_threads(n_threads)
 
 
-def model_forward(tokens, params, *, eps: float = DEFAULT_EPS, discretization: str = "zoh",
-                  n_threads=None) -> np.ndarray:
+def model_forward(tokens: ArrayLike, params: Mapping[str, ArrayLike], *, eps: float = DEFAULT_EPS,
+                  discretization: str = "zoh", n_threads: int | None = None) -> np.ndarray:
     """Logits ``(B, L, V)`` of the model for integer ``tokens`` ``(B, L)``.
 
-    ``eps`` is the epsilon of every RMSNorm (1e-6 by default; Hugging Face
+    ``eps`` is the epsilon of every RMSNorm, a finite number > 0 (``DEFAULT_EPS`` = 1e-6
+    by default; Hugging Face
     Mamba checkpoints use 1e-5). ``discretization`` is ``"zoh"`` (exact) or
     ``"euler"`` (b_bar = Delta*B, as the CUDA Mamba kernels and Hugging Face
     ``transformers`` compute). Token ids outside ``[0, V)`` raise ValueError
@@ -148,7 +157,7 @@ def model_forward(tokens, params, *, eps: float = DEFAULT_EPS, discretization: s
     disc = check_discretization(discretization)
     arrays, dims = check_model_params(params)
     tok = check_tokens("tokens", tokens, dims.V)
-    eps = _check_eps(eps)
+    eps = check_eps(eps)
     B, L = tok.shape
     logits = np.empty((B, L, dims.V), dtype=arrays["embedding"].dtype)
     if B * L:
@@ -158,9 +167,10 @@ def model_forward(tokens, params, *, eps: float = DEFAULT_EPS, discretization: s
     return logits
 
 
-def model_loss_and_grads(tokens, targets, params, checkpointing: bool = False, *,
-                         eps: float = DEFAULT_EPS, discretization: str = "zoh",
-                         loss_scale: float = 1.0, n_threads=None):
+def model_loss_and_grads(tokens: ArrayLike, targets: ArrayLike, params: Mapping[str, ArrayLike],
+                         checkpointing: bool = False, *, eps: float = DEFAULT_EPS,
+                         discretization: str = "zoh", loss_scale: float = 1.0,
+                         n_threads: int | None = None) -> tuple[float, dict[str, np.ndarray]]:
     """Mean cross-entropy and its gradient with respect to every parameter.
 
     Returns ``(loss, grads)``: ``loss`` a Python float (accumulated in double,
@@ -179,7 +189,7 @@ def model_loss_and_grads(tokens, targets, params, checkpointing: bool = False, *
     arrays, dims = check_model_params(params)
     tok = check_tokens("tokens", tokens, dims.V)
     tgt = check_tokens("targets", targets, dims.V, shape=tok.shape)
-    eps = _check_eps(eps)
+    eps = check_eps(eps)
     scale = float(loss_scale)
     if not (np.isfinite(scale) and scale > 0.0):
         raise ValueError(f"loss_scale: expected a finite number > 0, got {loss_scale}")
@@ -196,19 +206,49 @@ def model_loss_and_grads(tokens, targets, params, checkpointing: bool = False, *
     return float(loss), grads
 
 
-def model_workspace_bytes(params, batch: int, seq_len: int, checkpointing: bool = False) -> int:
+def _workspace_bytes_exact(dims: ModelDims, B: int, L: int, checkpointing: bool, itemsize: int) -> int:
+    """The formula of ``model_workspace_bytes`` in model.pyx, in Python integers (which
+    cannot wrap): layer inputs ((n_layers+1) M Dm), the block caches (one when
+    checkpointing, else n_layers), xn, rstd, logits and 3 M Dm of scratch, plus M doubles.
+    It guards the compiled formula against overflow; tests/api/test_limits.py keeps the
+    two equal."""
+    from .block import _cache_elements
+    b = dims.block
+    M = B * L
+    cache_len = _cache_elements(_sizes(dims, B, L)[2:])
+    n_caches = min(dims.n_layers, 1) if checkpointing else dims.n_layers
+    n = ((dims.n_layers + 1) * M * b.Dm + n_caches * cache_len + M * b.Dm + M + M * dims.V
+         + 3 * M * b.Dm)
+    return n * itemsize + M * 8
+
+
+def model_workspace_bytes(params: Mapping[str, ArrayLike], batch: int, seq_len: int,
+                          checkpointing: bool = False) -> int:
     """Bytes the compiled loss-and-grads allocates internally for these sizes
     (layer inputs, block caches — one instead of n_layers when checkpointing —,
-    logits and gradient buffers)."""
+    logits and gradient buffers).
+
+    ``batch`` and ``seq_len`` are integers >= 0; sizes whose workspace would not fit
+    in memory addressable by the kernels (more than ``2**63 / 16`` bytes) raise
+    ValueError instead of wrapping around.
+    """
     from .cpu import model as _model
     arrays, dims = check_model_params(params)
-    return int(_model.workspace_bytes(_sizes(dims, int(batch), int(seq_len)), bool(checkpointing),
-                                      arrays["embedding"].itemsize))
+    B = check_size("batch", batch, lo=0, hi=MAX_ELEMENTS)
+    L = check_size("seq_len", seq_len, lo=0, hi=MAX_ELEMENTS)
+    itemsize = arrays["embedding"].itemsize
+    exact = _workspace_bytes_exact(dims, B, L, bool(checkpointing), itemsize)
+    if exact > MAX_ELEMENTS:
+        raise ValueError(f"batch, seq_len: the workspace for batch {B} x seq_len {L} would be "
+                         f"{exact} bytes, more than the {MAX_ELEMENTS} that mamba_ext can allocate")
+    # sizes this small cannot wrap in the compiled formula (tests/api/test_limits.py
+    # checks that it equals the exact one)
+    return int(_model.workspace_bytes(_sizes(dims, B, L), bool(checkpointing), itemsize))
 
 
 def init_model_params(vocab_size: int, d_model: int, n_layers: int, d_state: int = 16,
-                      d_conv: int = 4, expand: int = 2, dt_rank=None, seed: int = 0,
-                      dtype=np.float32) -> dict:
+                      d_conv: int = 4, expand: int = 2, dt_rank: int | None = None, seed: int = 0,
+                      dtype: DTypeLike = np.float32) -> dict[str, np.ndarray]:
     """Fresh model parameters (dict in :func:`MODEL_PARAM_NAMES` order).
 
     Each layer comes from :func:`mamba_ext.init_mamba1_params` with a seed derived
@@ -217,10 +257,10 @@ def init_model_params(vocab_size: int, d_model: int, n_layers: int, d_state: int
     ``lm_head_bias = 0``.
     """
     from .block import init_mamba1_params
-    V, Dm, nl = int(vocab_size), int(d_model), int(n_layers)
-    for name, v, lo in (("vocab_size", V, 1), ("d_model", Dm, 1), ("n_layers", nl, 0)):
-        if v < lo:
-            raise ValueError(f"{name}: expected an integer >= {lo}, got {v}")
+    V = check_size("vocab_size", vocab_size)
+    Dm = check_size("d_model", d_model)
+    nl = check_size("n_layers", n_layers, lo=0, hi=MAX_LAYERS)
+    check_count("embedding", (V, Dm))
     dtype = np.dtype(dtype)
     if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise TypeError(f"dtype: expected float32 or float64, got {dtype}")

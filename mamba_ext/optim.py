@@ -23,23 +23,17 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
-from .cpu import adamw as _adamw
 from .amp import _named_arrays, _state_scalar
+from ._validate import check_n_threads
 from .block import _n_threads
+from .constants import DEFAULT_NO_DECAY
+from .cpu import adamw as _adamw
 
 __all__ = ["AdamW", "clip_grad_norm", "DEFAULT_NO_DECAY"]
-
-# Parameters without weight decay by default: the SSM parameters A_log and
-# D_vec, every bias and the RMSNorm gains (matching rule: see AdamW).
-DEFAULT_NO_DECAY = frozenset({
-    "A_log", "D_vec",
-    "bInProj", "bConv", "bXProj", "bDtProj", "bOutProj", "lm_head_bias",
-    "normWeight", "final_norm",
-})
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _SCALAR_KEYS = ("step", "skipped", "nonfinite", "lr", "beta1", "beta2", "eps",
@@ -88,7 +82,7 @@ class AdamW:
     ``no_decay``: names or suffixes exempt from weight decay. A parameter is
     exempt iff it equals an entry or ends with "." followed by an entry, so
     "A_log" covers "A_log" and "layer0.A_log", "layer0.A_log" covers only that
-    name. Default :data:`DEFAULT_NO_DECAY`; ``()`` decays everything. Entries
+    name. Default :data:`mamba_ext.constants.DEFAULT_NO_DECAY`; ``()`` decays everything. Entries
     that match no parameter are allowed (one set serves block and model
     dicts); ``decayed`` lists the parameters that do get decay.
 
@@ -97,8 +91,10 @@ class AdamW:
     ``n_threads``: OpenMP threads for large arrays; None = OpenMP's default.
     """
 
-    def __init__(self, params: Mapping, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-                 weight_decay=0.01, max_delta=0.0, no_decay=DEFAULT_NO_DECAY, n_threads=None):
+    def __init__(self, params: Mapping[str, np.ndarray], lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.01, max_delta: float = 0.0,
+                 no_decay: Collection[str] = DEFAULT_NO_DECAY, n_threads: int | None = None) -> None:
         if not isinstance(params, Mapping):
             raise TypeError(f"AdamW: params: expected a mapping name -> array, got {type(params).__name__}")
         self.params = {}
@@ -126,10 +122,11 @@ class AdamW:
         self.skipped = 0        # steps skipped because a gradient was not finite
         self.nonfinite = 0      # elements the kernel's per-element guard left unchanged
 
-    def _flat_grads(self, grads: Mapping) -> dict:
+    def _flat_grads(self, grads: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Validated gradients as flat C-contiguous arrays, keyed like params."""
         if not isinstance(grads, Mapping):
-            raise TypeError(f"AdamW.step: grads: expected a mapping name -> array, got {type(grads).__name__}")
+            raise TypeError(f"AdamW.step: grads: expected a mapping name -> array, "
+                            f"got {type(grads).__name__}")
         missing = [n for n in self.params if n not in grads]
         if missing:
             raise ValueError(f"AdamW.step: grads: missing gradient(s) for {missing}")
@@ -147,7 +144,27 @@ class AdamW:
             flat[n] = np.ascontiguousarray(g).reshape(-1)
         return flat
 
-    def step(self, grads: Mapping, grad_scale: float = 1.0) -> bool:
+    def _check_updatable(self) -> None:
+        """Every parameter and moment can still be updated in place: the arrays the
+        optimizer holds are public attributes and may have been replaced or made read-only
+        since __init__. Raises before anything changes."""
+        if self.n_threads != 0:          # 0: OpenMP's default team
+            check_n_threads(self.n_threads)
+        for n, w in self.params.items():
+            for what, a in (("params", w), ("exp_avg", self.exp_avg.get(n)),
+                            ("exp_avg_sq", self.exp_avg_sq.get(n))):
+                if not isinstance(a, np.ndarray) or a.dtype != w.dtype or a.shape != w.shape:
+                    raise TypeError(f"AdamW.step: {what}[{n!r}]: expected a {w.dtype} array of shape "
+                                    f"{w.shape}, got {getattr(a, 'dtype', type(a).__name__)} "
+                                    f"{getattr(a, 'shape', '')}; nothing was updated")
+                if a.dtype not in _FLOATS:
+                    raise TypeError(f"AdamW.step: {what}[{n!r}]: dtype {a.dtype} is not float32/float64; "
+                                    f"nothing was updated")
+                if not (a.flags.c_contiguous and a.flags.writeable):
+                    raise ValueError(f"AdamW.step: {what}[{n!r}]: must be a C-contiguous, writeable array "
+                                     f"(it is updated in place); nothing was updated")
+
+    def step(self, grads: Mapping[str, np.ndarray], grad_scale: float = 1.0) -> bool:
         """One AdamW step with ``grads * grad_scale`` (grad_scale > 0 fuses an
         unscale or a clip factor into the update). Returns True if applied,
         False if skipped because a gradient held a NaN/Inf."""
@@ -157,6 +174,7 @@ class AdamW:
                 or not (math.isfinite(grad_scale) and grad_scale > 0)):
             raise ValueError(f"AdamW.step: grad_scale: expected a finite number > 0, got {grad_scale!r}")
         flat = self._flat_grads(grads)
+        self._check_updatable()        # all or nothing: every array is checked before any update
         if any(_adamw.count_nonfinite_array(g, self.n_threads) for g in flat.values()):
             self.skipped += 1
             return False
@@ -170,7 +188,7 @@ class AdamW:
         self.step_count = t
         return True
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, object]:
         """Flat dict, ready for safetensors: ``exp_avg.<name>`` and
         ``exp_avg_sq.<name>`` arrays (copies) plus Python scalars ``step``,
         ``skipped``, ``nonfinite``, ``lr``, ``beta1``, ``beta2``, ``eps``,
@@ -186,7 +204,7 @@ class AdamW:
             state["exp_avg_sq." + n] = self.exp_avg_sq[n].copy()
         return state
 
-    def load_state_dict(self, state: Mapping) -> None:
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
         """Restore from :meth:`state_dict` output (scalars may also be
         1-element arrays). Everything is validated before anything changes:
         exactly the expected keys, each moment with its parameter's dtype and
@@ -204,7 +222,8 @@ class AdamW:
                     raise TypeError(f"AdamW.load_state_dict: {key!r}: expected a {w.dtype} array, got "
                                     f"{getattr(a, 'dtype', type(a).__name__)}")
                 if a.shape != w.shape:
-                    raise ValueError(f"AdamW.load_state_dict: {key!r}: expected shape {w.shape}, got {a.shape}")
+                    raise ValueError(f"AdamW.load_state_dict: {key!r}: expected shape {w.shape}, "
+                                     f"got {a.shape}")
                 if not np.isfinite(a).all():
                     raise ValueError(f"AdamW.load_state_dict: {key!r}: holds NaN or Inf")
                 if prefix == "exp_avg_sq." and (a < 0).any():
@@ -228,7 +247,8 @@ class AdamW:
         self.lr, self.betas, self.eps, self.weight_decay, self.max_delta = lr, (beta1, beta2), eps, wd, md
 
 
-def clip_grad_norm(grads, max_norm: float, n_threads=None) -> float:
+def clip_grad_norm(grads: Mapping[str, np.ndarray] | Sequence[np.ndarray], max_norm: float,
+                   n_threads: int | None = None) -> float:
     """Clip gradients by their global L2 norm, in place; return the norm before clipping.
 
     ``grads``: mapping name -> array or a sequence of float32/float64 arrays.

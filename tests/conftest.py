@@ -18,6 +18,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# A_log clamp bounds of the golden semantics (step 7): the gradient is exactly
+# zero at and beyond them. Defined once, in mamba_ext.constants; re-exported for tests.
+from mamba_ext.constants import A_LOG_MAX, A_LOG_MIN
+
+__all__ = ["A_LOG_MIN", "A_LOG_MAX", "optional", "golden_dir", "load_golden", "golden_block_case",
+           "golden_tolerance", "assert_golden_close", "clamped_mask", "assert_clamped_grad_zero",
+           "BLOCK_GOLDEN", "MODEL_GOLDEN"]
+
 TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
@@ -50,9 +58,6 @@ KNOWN_BLOCK_GOLDEN = (
 )
 KNOWN_MODEL_GOLDEN = ("model_1layer", "model_2layer")
 
-# A_log clamp bounds of the golden semantics (step 7): the gradient is exactly
-# zero at and beyond them.
-A_LOG_MIN, A_LOG_MAX = -10.0, 5.0
 
 
 def golden_dir() -> Path:

@@ -1,6 +1,6 @@
-"""``python -m mamba_ext bench --device gpu``: WGSL forward+backward of one block.
+"""GPU benchmark (``python -m mamba_ext bench --device gpu``): WGSL forward+backward of one block.
 
-For each size (``--size a|b|c|all``, shapes of ``mamba_ext.cli.bench.SIZES``):
+For each size (``--size a|b|c|all``, shapes of ``mamba_ext.bench.sizes.SIZES``):
 
 * WGSL fwd+bwd median over ``--repeat`` runs: GPU time from timestamp queries
   around the one compute pass holding all dispatches (when the adapter has
@@ -12,25 +12,26 @@ For each size (``--size a|b|c|all``, shapes of ``mamba_ext.cli.bench.SIZES``):
   the nominal ~4 TB/s of an H200;
 * when torch with CUDA imports: PyTorch eager float32 implementations of the
   same block timed with CUDA events in the same process — (1) the Python loop
-  over time of ``mamba_ext/cli/_torch_block.py`` and (2) a chunked one without
-  a Python time loop (log-space cumulative sums of Delta*A inside chunks of 16
-  steps and a Hillis-Steele scan across chunks), both with autograd backward
+  over time (``mamba_ext.testing.torch_block.block_forward``) and (2) a chunked one
+  without a Python time loop (``block_forward_chunked``: log-space cumulative sums of
+  delta*A inside chunks of 16 steps and a Hillis-Steele scan across chunks), both with
+  autograd backward
   — their agreement with the WGSL result and the ratios.
 
 Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank, M = B*L.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
-import sys
 import time
 
 import numpy as np
 
 from .._validate import BlockDims
+from ..constants import DEFAULT_EPS
 from ..gpu.device import gpu
+from .sizes import SIZES
 
 NOMINAL_BW = 4.0e12   # bytes/s, H200 device copy as measured through wgpu (issue 4)
 
@@ -94,59 +95,12 @@ def copy_bandwidth(g, n_floats=1 << 26, repeat=5):
     op = elementwise(g, "selftest", "copy_vec4", n // 4, [n // 4], [a, b])
     gpu_ms, wall_ms = _time_ops(g, [op], (), repeat)
     ms = gpu_ms if gpu_ms is not None else wall_ms
-    a.destroy(); b.destroy()
+    a.destroy()
+    b.destroy()
     return 8.0 * n / (ms * 1e-3)
 
 
 # ------------------------------------------------------------------ torch
-def torch_chunked_block(x, p, eps=1e-6, chunk=16):
-    """Same block as _torch_block.block_forward, scan without a Python time loop.
-
-    Inside a chunk: h_t = exp(S_t) * (h_in + cumsum_s(exp(-S_s) b_s u_s)) with
-    S = cumsum of Delta*A (log-space decay); across chunks a Hillis-Steele scan
-    of (decay, state) pairs. Sound while |S| stays below ~80 within a chunk,
-    which holds for the benchmark's weights (checked against WGSL in the run).
-    """
-    import torch
-    import torch.nn.functional as F
-    B, L, Dm = x.shape
-    D, K = p["wConv"].shape
-    N = p["A_log"].shape[1]
-    R = p["wDtProj"].shape[1]
-    xn = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * p["normWeight"]
-    xc, z = F.linear(xn, p["wInProj"], p["bInProj"]).split([D, D], dim=-1)
-    c = F.conv1d(xc.transpose(1, 2), p["wConv"].flip(-1).unsqueeze(1), p["bConv"],
-                 padding=K - 1, groups=D)[..., :L].transpose(1, 2)
-    u = F.silu(c)
-    dt, Bs, Cs = F.linear(u, p["wXProj"], p["bXProj"]).split([R, N, N], dim=-1)
-    Delta = F.softplus(F.linear(dt, p["wDtProj"], p["bDtProj"]))
-    inside = (p["A_log"] > -10.0) & (p["A_log"] < 5.0)
-    A = -torch.exp(torch.where(inside, p["A_log"], p["A_log"].detach().clamp(-10.0, 5.0)))
-    dA = Delta.unsqueeze(-1) * A                                   # (B, L, D, N)
-    bu = torch.expm1(dA) / A * Bs.unsqueeze(2) * u.unsqueeze(-1)
-    nC = -(-L // chunk)
-    pad = nC * chunk - L
-    if pad:
-        dA = F.pad(dA, (0, 0, 0, 0, 0, pad))
-        bu = F.pad(bu, (0, 0, 0, 0, 0, pad))
-    dA = dA.view(B, nC, chunk, D, N)
-    bu = bu.view(B, nC, chunk, D, N)
-    S = torch.cumsum(dA, dim=2)                                    # log decay inside chunk
-    hloc = torch.exp(S) * torch.cumsum(torch.exp(-S) * bu, dim=2)  # from a zero state
-    a_c, b_c = torch.exp(S[:, :, -1]), hloc[:, :, -1]              # (B, nC, D, N)
-    step = 1
-    while step < nC:                                               # inclusive scan over chunks
-        a_prev = F.pad(a_c[:, :-step], (0, 0, 0, 0, step, 0), value=1.0)
-        b_prev = F.pad(b_c[:, :-step], (0, 0, 0, 0, step, 0))
-        a_c, b_c = a_c * a_prev, a_c * b_prev + b_c
-        step *= 2
-    h_in = F.pad(b_c[:, :-1], (0, 0, 0, 0, 1, 0))                  # state entering chunk c
-    h = hloc + torch.exp(S) * h_in.unsqueeze(2)
-    h = h.view(B, nC * chunk, D, N)[:, :L]
-    y = (h * Cs.unsqueeze(2)).sum(-1) + p["D_vec"] * u
-    return F.linear(y * F.silu(z), p["wOutProj"], p["bOutProj"]) + x
-
-
 def torch_bench(x, params, dout, ref_out, ref_dx, repeat, loops):
     """Rows (name, ms, agreement) of the PyTorch CUDA implementations."""
     try:
@@ -161,13 +115,13 @@ def torch_bench(x, params, dout, ref_out, ref_dx, repeat, loops):
     tx = torch.tensor(x, device=dev, requires_grad=True)
     tp = {k: torch.tensor(v, device=dev, requires_grad=True) for k, v in params.items()}
     td = torch.tensor(dout, device=dev)
-    from mamba_ext.testing import torch_block as _torch_block
-    impls = [("torch chunked (no time loop)", torch_chunked_block)]
+    from ..testing import torch_block
+    impls = [("torch chunked (no time loop)", torch_block.block_forward_chunked)]
     if loops:
-        impls.append(("torch Python time loop", _torch_block.block_forward))
+        impls.append(("torch Python time loop", torch_block.block_forward))
     rows = []
     for name, fn in impls:
-        def run():
+        def run(fn=fn):
             tx.grad = None
             for v in tp.values():
                 v.grad = None
@@ -194,9 +148,8 @@ def torch_bench(x, params, dout, ref_out, ref_dx, repeat, loops):
 
 
 def bench_size(size, repeat, use_torch, loops, profile=False):
-    from mamba_ext.cli.bench import SIZES
-    from ..gpu.block import _Plan
     from ..gpu import linear, scan
+    from ..gpu.block import _Plan
     Dm, D, N, K, R, B, L = SIZES[size]
     g = gpu()
     dims = BlockDims(Dm=Dm, D=D, N=N, K=K, R=R)
@@ -205,7 +158,7 @@ def bench_size(size, repeat, use_torch, loops, profile=False):
     x = rng.standard_normal((B, L, Dm)).astype(np.float32)
     dout = rng.standard_normal((B, L, Dm)).astype(np.float32)
     before = g.bytes_allocated
-    plan = _Plan(dims, B, L, 1e-6, "zoh", scan.SCAN_CHUNK)
+    plan = _Plan(dims, B, L, DEFAULT_EPS, "zoh", scan.SCAN_CHUNK)
     mem = g.bytes_allocated - before
     from .._validate import BLOCK_PARAM_NAMES
     plan.upload_params({k: params[k] for k in BLOCK_PARAM_NAMES})
@@ -236,35 +189,26 @@ def bench_size(size, repeat, use_torch, loops, profile=False):
     return res
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    ap = argparse.ArgumentParser(prog="python -m mamba_ext bench --device gpu",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size", choices=["a", "b", "c", "all"], default="all")
-    ap.add_argument("--repeat", type=int, default=10)
-    ap.add_argument("--device", choices=["cpu", "gpu"], default="gpu")
-    ap.add_argument("--dtype", choices=["float32"], default="float32")
-    ap.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch CUDA baselines")
-    ap.add_argument("--no-loop", action="store_true", help="skip the slow PyTorch time-loop baseline")
-    ap.add_argument("--profile", action="store_true", help="also time every dispatch alone")
-    ap.add_argument("--markdown", action="store_true", help="(accepted; output is Markdown already)")
-    args = ap.parse_args(argv)
-    if args.repeat < 1:
-        ap.error("--repeat must be >= 1")
+def run(size: str = "all", *, repeat: int = 10, use_torch: bool = True, loops: bool = True,
+        profile: bool = False) -> int:
+    """Run the GPU benchmark for ``size`` ("a", "b", "c" or "all") and print its tables;
+    returns 0. ``use_torch``: also time the PyTorch CUDA baselines; ``loops``: include
+    the slow Python-time-loop one; ``profile``: also time every dispatch alone."""
+    if repeat < 1:
+        raise ValueError(f"repeat: expected an integer >= 1, got {repeat!r}")
     g = gpu()
     info = g.info
     print(f"adapter: {info.get('device')} ({info.get('backend_type')}, {info.get('adapter_type')}); "
           f"timestamp-query: {g.timestamps}; max storage binding {g.max_binding} B")
     bw = copy_bandwidth(g)
     print(f"copy kernel bandwidth (read+write): {bw / 1e12:.2f} TB/s")
-    sizes = ["a", "b", "c"] if args.size == "all" else [args.size]
+    sizes = ["a", "b", "c"] if size == "all" else [size]
     print("\n| size | Dm,D,N,K,R,B,L | WGSL fwd+bwd GPU ms | wall ms | GPU mem MiB | scan ms | "
           "scan GB/s | scan / copy bw | scan / 4 TB/s |")
     print("|---|---|---|---|---|---|---|---|---|")
     results = []
     for s in sizes:
-        r = bench_size(s, args.repeat, not args.no_torch, not args.no_loop, args.profile)
+        r = bench_size(s, repeat, use_torch, loops, profile)
         results.append(r)
         sbw = r["scan_bytes"] / (r["scan_ms"] * 1e-3)
         gms = f"{r['gpu_ms']:.3f}" if r["gpu_ms"] is not None else "n/a"
@@ -292,7 +236,3 @@ def main(argv=None):
             best = min(r["torch"], key=lambda t: t[1])
             print(f"  fastest PyTorch ({best[0]}) / WGSL = {best[1] / ours:.2f}x")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

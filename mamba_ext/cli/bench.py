@@ -1,249 +1,63 @@
 """``python -m mamba_ext bench``: forward+backward time and memory of one block.
 
-For each size: the median over ``--repeat`` runs of ``mamba1_forward`` +
-``mamba1_backward`` (after one warm-up run), tokens/s (B*L / median), the
-process's peak RSS (``ru_maxrss``; measured before torch is imported) and the
-cache bytes. Then, in the same process:
-
-* the bound: GEMM FLOPs of forward+backward (6*M*C*OC per linear) at the sgemm
-  rate of a NumPy matmul of the in_proj shape, plus the scan's 2*B*L*D*N
-  exponentials (one per state element in the forward, one when the backward
-  recomputes it) at the exp rate of NumPy float32 exp on as many threads as
-  our kernels use (both rates the best of several runs);
-* when torch imports: the median of a PyTorch eager autograd implementation of
-  the same block (``_torch_block.py``) on the same inputs (the faster of torch's
-  default thread count and 1 thread), its agreement with ours, and the ratio
-  torch/ours.
-
-``--device gpu`` hands the whole command line to ``mamba_ext.bench.gpu.main``.
-
-Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank, M = B*L.
+CPU (default): ``mamba_ext.bench.cpu`` — median time of mamba1_forward + mamba1_backward,
+tokens/s, peak RSS, cache bytes, the GEMM+exp bound and the PyTorch eager baseline.
+``--device gpu``: ``mamba_ext.bench.gpu`` — the WGSL kernels, their bandwidth and the
+PyTorch CUDA baselines. ``--generation``: ``mamba_ext.bench.generation`` — the recurrent
+step() against re-running the forward for every token.
 """
 from __future__ import annotations
 
-import argparse
-import math
-import os
-import resource
-import statistics
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
-
-# name -> (Dm, D, N, K, R, B, L); R = ceil(Dm/16) unless given
-SIZES = {
-    "a": (64, 128, 16, 4, math.ceil(64 / 16), 2, 256),
-    "b": (128, 256, 16, 4, math.ceil(128 / 16), 1, 512),
-    "c": (768, 1536, 16, 4, 48, 1, 1024),
-}
+from ._common import parser
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+def build_parser():
+    p = parser("bench", __doc__)
+    p.add_argument("--size", choices=["a", "b", "c", "all"], default="all",
+                   help="block size (mamba_ext.bench.sizes.SIZES)")
+    p.add_argument("--repeat", type=int, default=None,
+                   help="timed runs per measurement (median); default 5 on the CPU, 10 on the GPU")
+    p.add_argument("--device", choices=["cpu", "gpu"], default="cpu", help="where the block runs")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                   help="dtype of the CPU run (the GPU runs float32)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="n_threads of the CPU kernels (None: all cores)")
+    p.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline(s)")
+    p.add_argument("--no-loop", action="store_true",
+                   help="GPU: skip the slow PyTorch Python-time-loop baseline")
+    p.add_argument("--profile", action="store_true", help="GPU: also time every dispatch alone")
+    p.add_argument("--markdown", action="store_true",
+                   help="CPU: print the table as Markdown (the GPU tables always are)")
+    p.add_argument("--generation", action="store_true",
+                   help="recurrent generation speed (step()) vs re-running the forward, at --tokens tokens")
+    p.add_argument("--tokens", type=int, default=1000, help="tokens for --generation")
+    return p
 
 
-def peak_rss_mib() -> float:
-    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # kilobytes on Linux
-    return kb / 1024 if sys.platform != "darwin" else kb / 2 ** 20
-
-
-def _median_time(fn, repeat, give_up=math.inf, stat=statistics.median):
-    """``stat`` (median) of ``repeat`` timed calls after one warm-up; inf if the warm-up exceeds give_up s."""
-    t0 = time.perf_counter()
-    fn()                                 # warm-up (first-touch, thread pools)
-    if time.perf_counter() - t0 > give_up:
-        return math.inf
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return stat(times)
-
-
-def make_inputs(size, dtype, seed=0):
-    from mamba_ext import init_mamba1_params
-    Dm, D, N, K, R, B, L = SIZES[size]
-    params = init_mamba1_params(Dm, d_state=N, d_conv=K, expand=D // Dm, dt_rank=R, seed=seed, dtype=dtype)
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((B, L, Dm)).astype(dtype)
-    dout = rng.standard_normal((B, L, Dm)).astype(dtype)
-    return x, params, dout
-
-
-def bench_ours(size, dtype, repeat, n_threads):
-    from mamba_ext import mamba1_backward, mamba1_forward
-    x, params, dout = make_inputs(size, dtype)
-    state = {}
-
-    def step():
-        out, cache = mamba1_forward(x, params, n_threads=n_threads)
-        dx, grads = mamba1_backward(dout, params, cache)
-        state.update(out=out, dx=dx, grads=grads, cache_bytes=cache.nbytes)
-
-    t = _median_time(step, repeat)
-    # forward alone, for the split
-    t_fwd = _median_time(lambda: mamba1_forward(x, params, n_threads=n_threads), repeat)
-    return dict(t=t, t_fwd=t_fwd, rss=peak_rss_mib(), cache_mib=state["cache_bytes"] / 2 ** 20,
-                out=state["out"], dx=state["dx"], grads=state["grads"])
-
-
-def gemm_flops(size):
-    """Forward (2*M*C*OC) + backward (dinput and dweight, 4*M*C*OC) of the four linears."""
-    Dm, D, N, K, R, B, L = SIZES[size]
-    M, P = B * L, R + 2 * N
-    return 6 * M * (Dm * 2 * D + D * P + R * D + D * Dm)
-
-
-def measure_bound(size, repeat, cores):
-    """(bound seconds, sgemm FLOP/s, exp/s) measured in this process; exp on ``cores`` threads."""
-    Dm, D, N, K, R, B, L = SIZES[size]
-    rng = np.random.default_rng(1)
-    a = rng.standard_normal((B * L, Dm), dtype=np.float32)
-    w = rng.standard_normal((Dm, 2 * D), dtype=np.float32)
-    out = np.empty((B * L, 2 * D), np.float32)
-    # the machine's rates: best of the runs (a busy moment only makes them look slower)
-    t_mm = _median_time(lambda: np.matmul(a, w, out=out), max(repeat, 10), stat=min)
-    sgemm_rate = 2 * B * L * Dm * 2 * D / t_mm
-
-    # exp on as many cores as our scan uses (it is parallel over (batch, channel))
-    chunk = [-rng.random(1 << 20, dtype=np.float32) for _ in range(cores)]
-    outs = [np.empty_like(c) for c in chunk]
-    with ThreadPoolExecutor(cores) as pool:
-        def all_cores():
-            list(pool.map(lambda i: [np.exp(chunk[i], out=outs[i]) for _ in range(4)], range(cores)))
-        t_exp = _median_time(all_cores, max(repeat, 10), stat=min)
-    exp_rate = cores * 4 * (1 << 20) / t_exp
-
-    n_exp = 2 * B * L * D * N
-    return gemm_flops(size) / sgemm_rate + n_exp / exp_rate, sgemm_rate, exp_rate
-
-
-def bench_torch(size, repeat, ours):
-    import torch
-    from mamba_ext.testing import torch_block as tb
-    x, params, dout = make_inputs(size, np.float32)
-    tx, tp = tb.make_inputs(x, params)
-    tdout = torch.tensor(dout)
-    res = {}
-
-    def step():
-        res["out"], res["dx"], res["grads"] = tb.forward_backward(tx, tp, tdout)
-
-    # torch's intra-op threads can be far slower than one thread on a busy machine:
-    # time its default and 1 thread, and keep the faster (the harder baseline)
-    default = torch.get_num_threads()
-    best = None
-    for n in sorted({default, 1}):
-        torch.set_num_threads(n)
-        t = _median_time(step, repeat, give_up=3 * best[0] if best else math.inf)
-        if best is None or t < best[0]:
-            best = (t, n)
-    torch.set_num_threads(default)
-    t, threads = best
-    # agreement with ours: max|torch - ours| / max|ours| over out, dx and every gradient
-    pairs = [(res["out"], ours["out"]), (res["dx"], ours["dx"])]
-    pairs += [(res["grads"][n], ours["grads"][n]) for n in ours["grads"]]
-    agree = max(float(np.max(np.abs(t_.numpy() - o)) / max(float(np.max(np.abs(o))), 1e-30))
-                for t_, o in pairs)
-    return t, threads, agree
-
-
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    ap = argparse.ArgumentParser(prog="python -m mamba_ext bench", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size", choices=["a", "b", "c", "all"], default="all")
-    ap.add_argument("--repeat", type=int, default=5, help="timed runs per measurement (median)")
-    ap.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
-    ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    ap.add_argument("--threads", type=int, default=None, help="n_threads for our kernels (default: all)")
-    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch baseline")
-    ap.add_argument("--markdown", action="store_true", help="print the table as Markdown")
-    ap.add_argument("--generation", action="store_true",
-                    help="recurrent generation speed (step()) vs re-running the forward, "
-                         "at --tokens tokens")
-    ap.add_argument("--tokens", type=int, default=1000, help="tokens for --generation")
-    # GPU options belong to mamba_ext.bench.gpu: pass the command line on unparsed.
-    args, unknown = ap.parse_known_args(argv)
-    if args.device == "gpu":
-        from mamba_ext.bench import gpu as gpu_bench
-        return gpu_bench.main(argv)
-    if unknown:
-        ap.error(f"unrecognized arguments: {' '.join(unknown)}")
+def main(argv=None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.repeat is not None and args.repeat < 1:
+        ap.error("--repeat must be >= 1")
+    if args.threads is not None and args.threads < 1:
+        ap.error("--threads must be >= 1")
     if args.generation:
-        from mamba_ext.recurrent import bench_generation
+        if args.tokens < 1:
+            ap.error("--tokens must be >= 1")
+        from ..bench.generation import bench_generation
         bench_generation(n_tokens=args.tokens, n_threads=args.threads or 1)
         return 0
-    if args.repeat < 1:
-        ap.error("--repeat must be >= 1")
-    sizes = ["a", "b", "c"] if args.size == "all" else [args.size]
-    dtype = np.dtype(args.dtype)
-
-    def progress(what):
-        print(f"[bench] {what} ...", file=sys.stderr, flush=True)
-
-    # 1. ours for every size first, so that peak RSS does not include torch
-    ours = {}
-    for s in sizes:
-        progress(f"mamba_ext size {s}")
-        ours[s] = bench_ours(s, dtype, args.repeat, args.threads)
-    # 2. the bound
-    progress("sgemm and exp rates")
-    bound = {s: measure_bound(s, args.repeat, args.threads or _cores()) for s in sizes}
-    # 3. torch eager (float32), if installed
-    torch_res, torch_note = {}, ""
-    if not args.no_torch:
-        try:
-            import torch
-            torch_note = f"torch {torch.__version__} eager float32"
-        except ImportError:
-            torch_note = "torch not installed"
-        else:
-            for s in sizes:
-                progress(f"torch size {s}")
-                torch_res[s] = bench_torch(s, args.repeat, ours[s])
-    else:
-        torch_note = "torch skipped (--no-torch)"
-
-    print(f"mamba_ext bench: CPU {args.dtype}, forward+backward of one block, median of {args.repeat} "
-          f"(after 1 warm-up); {_cores()} cores; {torch_note}")
-    cols = ["size", "Dm", "D", "N", "K", "R", "B", "L", "fwd+bwd ms", "fwd ms", "tokens/s",
-            "peak RSS MiB", "cache MiB", "bound ms", "ours/bound", "torch ms", "torch/ours"]
-    rows = []
-    for s in sizes:
-        o = ours[s]
-        Dm, D, N, K, R, B, L = SIZES[s]
-        t_torch = torch_res[s][0] if s in torch_res else None
-        rows.append([s, Dm, D, N, K, R, B, L, f"{o['t'] * 1e3:.1f}", f"{o['t_fwd'] * 1e3:.1f}",
-                     f"{B * L / o['t']:,.0f}", f"{o['rss']:.0f}", f"{o['cache_mib']:.2f}",
-                     f"{bound[s][0] * 1e3:.1f}", f"{o['t'] / bound[s][0]:.2f}",
-                     "-" if t_torch is None else f"{t_torch * 1e3:.1f}",
-                     "-" if t_torch is None else f"{t_torch / o['t']:.1f}x"])
-    if args.markdown:
-        print("| " + " | ".join(cols) + " |")
-        print("|" + "---|" * len(cols))
-        for r in rows:
-            print("| " + " | ".join(str(v) for v in r) + " |")
-    else:
-        w = [max(len(c), *(len(str(r[i])) for r in rows)) for i, c in enumerate(cols)]
-        print("  ".join(c.rjust(w[i]) for i, c in enumerate(cols)))
-        for r in rows:
-            print("  ".join(str(v).rjust(w[i]) for i, v in enumerate(r)))
-    for s in sizes:
-        _, sg, ex = bound[s]
-        line = (f"size {s}: bound = {gemm_flops(s) / 1e9:.2f} GFLOP at {sg / 1e9:.0f} GFLOP/s (numpy sgemm) "
-                f"+ {2 * math.prod(SIZES[s][i] for i in (5, 6, 1, 2)) / 1e6:.1f} M exp at {ex / 1e9:.2f} G/s")
-        if s in torch_res:
-            line += (f"; torch best with {torch_res[s][1]} thread(s), "
-                     f"max|torch - ours|/max|ours| over out, dx, grads {torch_res[s][2]:.1e}")
-        print(line)
-    print("peak RSS: ru_maxrss of this process after our runs (cumulative over the sizes run so far)")
-    return 0
+    if args.device == "gpu":
+        if args.dtype != "float32":
+            ap.error("--device gpu runs float32 only")
+        from ..bench import gpu
+        return gpu.run(args.size, repeat=args.repeat or 10, use_torch=not args.no_torch,
+                       loops=not args.no_loop, profile=args.profile)
+    from ..bench import cpu
+    return cpu.run(args.size, repeat=args.repeat or 5, dtype=args.dtype, n_threads=args.threads,
+                   use_torch=not args.no_torch, markdown=args.markdown)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-# AdamW step and gradient reductions on raw buffers (see _types.pxd for idx_t).
+# AdamW step and gradient reductions on raw buffers (see types.pxd for idx_t).
 #
 # Every buffer is C-contiguous with n elements; w, m, v, g of one call have one
 # dtype. All functions are callable without the GIL and never allocate.

@@ -1,4 +1,4 @@
-"""Compiled AdamW step and reductions on flat float32/float64 arrays (C contract: _adamw.pxd)."""
+"""Compiled AdamW step and reductions on flat float32/float64 arrays (C contract: adamw.pxd)."""
 import numpy as np
 
 def adamw_update_array(w: np.ndarray, m: np.ndarray, v: np.ndarray, g: np.ndarray,

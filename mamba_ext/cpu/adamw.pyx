@@ -1,6 +1,7 @@
-# AdamW step and gradient reductions (contract and exact maths: _adamw.pxd).
+# AdamW step and gradient reductions (contract and exact maths: adamw.pxd).
 #
-# Every buffer is flat: w, m, v, g, x (n,) C-contiguous, one dtype per call.
+# Size letter: n elements. Every buffer is flat: w, m, v, g, x (n,) C-contiguous, one
+# dtype per call.
 # Large buffers are cut into CHUNK-element pieces handed to OpenMP threads;
 # each piece runs a branch-free loop the compiler can vectorise (checked with
 # gcc -fopt-info-vec: the float32 AdamW loop vectorises on baseline x86-64
@@ -14,32 +15,17 @@ cdef enum:
     PAR_MIN = 65536        # below this, threads cost more than they save
 
 
-cdef extern from *:
-    """
-    #include <stdint.h>
-    #include <string.h>
-    /* c ? a : b chosen on the bits. GCC turns a float ternary whose one side
-       is the old value back into a branch (then no vectorisation); masks don't. */
-    static inline float mx_self(int c, float a, float b) {
-        uint32_t x, y, k = -(uint32_t)(c != 0);
-        memcpy(&x, &a, 4); memcpy(&y, &b, 4); x = (x & k) | (y & ~k); memcpy(&a, &x, 4);
-        return a;
-    }
-    static inline double mx_seld(int c, double a, double b) {
-        uint64_t x, y, k = -(uint64_t)(c != 0);
-        memcpy(&x, &a, 8); memcpy(&y, &b, 8); x = (x & k) | (y & ~k); memcpy(&a, &x, 8);
-        return a;
-    }
-    """
-    float mx_self(int c, float a, float b) noexcept nogil
-    double mx_seld(int c, double a, double b) noexcept nogil
+# c ? a : b on the bits, so the loop stays vectorisable (why: csrc/mx_adamw.h)
+cdef extern from "csrc/mx_adamw.h" nogil:
+    float mx_select_f(int c, float a, float b) noexcept
+    double mx_select_d(int c, double a, double b) noexcept
 
 
 cdef inline floating _select(bint c, floating a, floating b) noexcept nogil:
     if floating is float:
-        return mx_self(c, a, b)
+        return mx_select_f(c, a, b)
     else:
-        return mx_seld(c, a, b)
+        return mx_select_d(c, a, b)
 
 
 cdef inline floating _sqrt(floating x) noexcept nogil:
@@ -171,7 +157,7 @@ def adamw_update_array(floating[::1] w, floating[::1] m, floating[::1] v,
                        const floating[::1] g, double lr, double beta1, double beta2,
                        double eps, double weight_decay, double max_delta, long long step,
                        double grad_scale=1.0, int n_threads=0):
-    """In-place AdamW step on flat arrays w, m, v with gradient g (see _adamw.pxd).
+    """In-place AdamW step on flat arrays w, m, v with gradient g (see adamw.pxd).
 
     Returns the number of elements left unchanged by the NaN guard.
     """

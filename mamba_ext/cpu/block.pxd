@@ -1,4 +1,4 @@
-# C-level contract of one Mamba-1 block (see _types.pxd for the size letters).
+# C-level contract of one Mamba-1 block (see types.pxd for the size letters).
 #
 # Parameters are passed as an array of 13 pointers in BLOCK_PARAM_NAMES order
 # (the enum below); each points to a C-contiguous buffer of the golden shape.
@@ -32,8 +32,8 @@ ctypedef struct mamba_dims:
     idx_t N     # dState
     idx_t K     # dConv
     idx_t R     # dtRank
-    double eps          # RMSNorm epsilon (1e-6 in the golden semantics)
-    int discretization  # 0: exact ZOH (default); 1: Euler, b_bar = Delta*B
+    double eps          # RMSNorm epsilon (DEFAULT_EPS = 1e-6 in the golden semantics)
+    int discretization  # 0: exact ZOH (default); 1: Euler, b_bar = delta*Bs
 
 # Number of `floating` elements of the forward cache for these sizes.
 cdef idx_t block_cache_len(const mamba_dims* d) noexcept nogil

@@ -1,10 +1,14 @@
-"""Compiled Mamba-1 block kernels (public API: mamba_ext.block; C contract: _block.pxd).
+"""Compiled Mamba-1 block kernels (public API: mamba_ext.block; C contract: block.pxd).
 
 sizes = (B, L, Dm, D, N, K, R); params / grads: the 13 arrays in BLOCK_PARAM_NAMES order.
 """
 import numpy as np
 
-SCAN_CHUNK_LEN: int
+# The constants of the maths, from their single definition csrc/mx_constants.h.
+A_LOG_MIN: float      # A = -exp(clamp(A_log, A_LOG_MIN, A_LOG_MAX))
+A_LOG_MAX: float
+DEFAULT_EPS: float    # RMSNorm epsilon of the reference semantics
+SCAN_CHUNK: int       # steps per chunk of the CPU scan (hstate is stored per chunk)
 
 def cache_len(sizes: tuple[int, ...]) -> int: ...
 def forward(x: np.ndarray, params: list[np.ndarray], out: np.ndarray, cache: np.ndarray,

@@ -1,31 +1,38 @@
 # cython: language_level=3
-"""One Mamba-1 block, forward and backward on raw pointers (contract: _block.pxd).
+"""One Mamba-1 block, forward and backward on raw pointers (contract: block.pxd).
 
 Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank,
-P = R + 2N, M = B*L rows, T = SCAN_CHUNK, nC = ceil(L / T).
+P = R + 2N, M = B*L rows, T = SCAN_CHUNK, C = ceil(L / T) scan chunks.
 
-Forward (golden README semantics):
-  xn = RMSNorm(x) ; Y = xn @ wInProj^T + b = [xc | z] ; c = conv(xc) ; u = silu(c)
-  Q = u @ wXProj^T + b = [dt | Bs | Cs] ; Delta = softplus(dt @ wDtProj^T + b)
-  y = scan(u, Delta, A, Bs, Cs) + D_vec*u ; out = (y * silu(z)) @ wOutProj^T + b + x
+Design: the block is a composition of the step kernels (rmsnorm, linear = BLAS,
+conv1d, the elementwise steps of csrc/mx_activations.h, scan), each called once over
+all M rows; this file only lays out the cache and the scratch and chains the steps.
+The forward keeps what the backward cannot cheaply recompute (the cache below; never a
+(B, L, D, N) tensor); the backward recomputes the rest from it, step by step in reverse.
+
+Forward (docs/semantics.md):
+  xn = RMSNorm(x) ; xz = xn @ wInProj^T + b = [xc | z] ; conv = conv1d(xc) ; u = silu(conv)
+  xproj = u @ wXProj^T + b = [dt_low | Bs | Cs] ; delta_pre = dt_low @ wDtProj^T + b
+  delta = softplus(delta_pre) ; y = scan(u, delta, A, Bs, Cs) + D_vec*u
+  gated = y * silu(z) ; out = gated @ wOutProj^T + b + x
 
 Cache layout (`floating` elements, in this order; block_cache_len is the total):
   x      (M, Dm)          block input (the backward gets no x)
   rstd   (M,)             RMSNorm 1/sqrt(mean(x^2) + eps)
-  Y      (M, 2D)          in_proj output [xc | z]
-  Q      (M, P)           x_proj output [dt | Bs | Cs]
-  Delta  (M, D)           softplus(delta); softplus' = -expm1(-Delta) is recovered from it
+  xz     (M, 2D)          in_proj output [xc | z]
+  xproj  (M, P)           x_proj output [dt_low | Bs | Cs]
+  delta  (M, D)           softplus(delta_pre); softplus' = -expm1(-delta) is recovered from it
   y      (M, D)           scan output incl. the D_vec skip, before the gate
-  hstate (B, nC, D, N)    scan state entering each chunk of T steps
-  total = M*(Dm + 1 + 4D + P) + B*nC*D*N    (never a (B, L, D, N) tensor)
-Recomputed in the backward: xn (from x, rstd), c and u (conv of xc), the gate,
+  hstate (B, C, D, N)     scan state entering each chunk of T steps
+  total = M*(Dm + 1 + 4D + P) + B*C*D*N
+Recomputed in the backward: xn (from x, rstd), conv and u (conv1d of xc), the gate,
 and the scan states inside each chunk.
 State passing (block_forward_state / block_backward_state): h0 enters the scan (and is
 the cache's hstate of chunk 0); conv_state (B, D, K-1) is xc of the K-1 steps before x,
 added to the first K-1 conv outputs (conv_history_*); conv_tail copies xc of the last
 K-1 steps. The caller keeps conv_state for the backward (the cache layout is unchanged).
 Scratch (forward M*(Dm + D + R), backward M*(7D + P + 2R + 2Dm) values) is kept by
-each calling thread and reused by its next call (mx_workspace below).
+each calling thread and reused by its next call (mx_workspace, csrc/mx_threads.h).
 """
 from libc.string cimport memcpy, memset
 from cython.parallel cimport prange
@@ -33,65 +40,31 @@ cimport numpy as cnp
 import numpy as np
 
 from mamba_ext.cpu.types cimport floating, idx_t
+from mamba_ext.cpu cimport constants
 from mamba_ext.cpu.activations cimport (
-    mx_silu_f, mx_silu_d, mx_softplus_f, mx_softplus_d, mx_gate_fwd_f, mx_gate_fwd_d,
-    mx_gate_bwd_f, mx_gate_bwd_d, mx_silu_bwd_f, mx_silu_bwd_d,
-    mx_softplus_bwd_f, mx_softplus_bwd_d)
+    mx_silu_forward_f, mx_silu_forward_d, mx_softplus_forward_f, mx_softplus_forward_d,
+    mx_gate_forward_f, mx_gate_forward_d, mx_gate_backward_f, mx_gate_backward_d,
+    mx_silu_backward_f, mx_silu_backward_d, mx_softplus_backward_f, mx_softplus_backward_d)
 from mamba_ext.cpu.linear cimport linear_forward, linear_backward
 from mamba_ext.cpu.rmsnorm cimport rmsnorm_forward, rmsnorm_backward
 from mamba_ext.cpu.conv1d cimport conv1d_forward, conv1d_backward
-from mamba_ext.cpu.scan cimport scan_forward_state, scan_backward_state, scan_nchunks, SCAN_CHUNK
+from mamba_ext.cpu.scan cimport scan_forward_state, scan_backward_state, scan_nchunks
 
 cnp.import_array()
 
-cdef extern from *:
-    """
-    #ifdef _OPENMP
-    #include <omp.h>
-    static int mx_block_threads(int n) { return n > 0 ? n : omp_get_max_threads(); }
-    #else
-    static int mx_block_threads(int n) { (void)n; return 1; }
-    #endif
-    """
-    int mx_block_threads(int n) noexcept nogil
+cdef extern from "csrc/mx_threads.h" nogil:
+    int mx_threads(int n) noexcept               # n > 0: n; else OpenMP's default
+    void* mx_workspace(size_t nbytes) noexcept   # this thread's reused scratch, or NULL
 
-cdef extern from *:
-    """
-    #include <pthread.h>
-    #include <stdlib.h>
-    /* Scratch of the block forward/backward, kept per calling thread and grown as
-       needed (freed when the thread exits). A fresh 10-50 MB malloc per call is a
-       fresh mmap, and faulting its pages in cost ~5% of a size-c forward+backward. */
-    typedef struct { void* p; size_t n; } mx_ws_t;
-    static pthread_key_t mx_ws_key;
-    static pthread_once_t mx_ws_once = PTHREAD_ONCE_INIT;
-    static int mx_ws_ok = 0;
-    static void mx_ws_free(void* v) { if (v) { free(((mx_ws_t*)v)->p); free(v); } }
-    static void mx_ws_init(void) { mx_ws_ok = pthread_key_create(&mx_ws_key, mx_ws_free) == 0; }
-    /* nbytes of this thread's scratch (contents undefined), or NULL when out of memory. */
-    static void* mx_workspace(size_t nbytes) {
-        mx_ws_t* w;
-        pthread_once(&mx_ws_once, mx_ws_init);
-        if (!mx_ws_ok) return NULL;
-        w = (mx_ws_t*)pthread_getspecific(mx_ws_key);
-        if (w == NULL) {
-            w = (mx_ws_t*)calloc(1, sizeof(mx_ws_t));
-            if (w == NULL || pthread_setspecific(mx_ws_key, w) != 0) { free(w); return NULL; }
-        }
-        if (w->n < nbytes) {
-            free(w->p);
-            w->p = malloc(nbytes > 0 ? nbytes : 1);
-            w->n = w->p ? nbytes : 0;
-        }
-        return w->p;
-    }
-    """
-    void* mx_workspace(size_t nbytes) noexcept nogil
+# The constants of the maths (single definition: csrc/mx_constants.h).
+A_LOG_MIN = constants.A_LOG_MIN
+A_LOG_MAX = constants.A_LOG_MAX
+DEFAULT_EPS = constants.DEFAULT_EPS
+SCAN_CHUNK = constants.SCAN_CHUNK
 
-SCAN_CHUNK_LEN = SCAN_CHUNK
 
 ctypedef struct cache_layout:
-    idx_t x, rstd, Y, Q, Delta, y, h, total
+    idx_t x, rstd, xz, xproj, delta, y, hstate, total
 
 
 cdef inline cache_layout layout(const mamba_dims* d) noexcept nogil:
@@ -99,12 +72,12 @@ cdef inline cache_layout layout(const mamba_dims* d) noexcept nogil:
     cdef idx_t M = d.B * d.L, P = d.R + 2 * d.N
     c.x = 0
     c.rstd = c.x + M * d.Dm
-    c.Y = c.rstd + M
-    c.Q = c.Y + M * 2 * d.D
-    c.Delta = c.Q + M * P
-    c.y = c.Delta + M * d.D
-    c.h = c.y + M * d.D
-    c.total = c.h + d.B * scan_nchunks(d.L) * d.D * d.N
+    c.xz = c.rstd + M
+    c.xproj = c.xz + M * 2 * d.D
+    c.delta = c.xproj + M * P
+    c.y = c.delta + M * d.D
+    c.hstate = c.y + M * d.D
+    c.total = c.hstate + d.B * scan_nchunks(d.L) * d.D * d.N
     return c
 
 
@@ -113,36 +86,36 @@ cdef idx_t block_cache_len(const mamba_dims* d) noexcept nogil:
 
 
 # Elementwise steps, parallel over rows; each row is one call of a vectorised C
-# kernel of _activations.pxd (AVX-512/AVX2 clones).
+# kernel of csrc/mx_activations.h (runtime-dispatched AVX-512/AVX2 clones where built).
 # op: 0 silu(a) -> out; 1 softplus in place; 2 gate out = y * silu(z);
 #     3 out *= silu'(a); 4 out *= softplus'(from softplus output a)
-# a, out (M, D) rows D apart, except z: rows lda apart (the z half of Y (M, 2D)).
+# a, out (M, D) rows D apart, except z: rows lda apart (the z half of xz (M, 2D)).
 cdef void rows_elementwise(int op, floating* out, const floating* a, idx_t lda,
                            const floating* y, idx_t M, idx_t D, int nt) noexcept nogil:
     cdef idx_t r
     for r in prange(M, schedule='static', num_threads=nt):
         if floating is float:
             if op == 0:
-                mx_silu_f(out + r * D, a + r * lda, D)
+                mx_silu_forward_f(out + r * D, a + r * lda, D)
             elif op == 1:
-                mx_softplus_f(out + r * D, D)
+                mx_softplus_forward_f(out + r * D, D)
             elif op == 2:
-                mx_gate_fwd_f(out + r * D, y + r * D, a + r * lda, D)
+                mx_gate_forward_f(out + r * D, y + r * D, a + r * lda, D)
             elif op == 3:
-                mx_silu_bwd_f(out + r * D, a + r * lda, D)
+                mx_silu_backward_f(out + r * D, a + r * lda, D)
             else:
-                mx_softplus_bwd_f(out + r * D, a + r * lda, D)
+                mx_softplus_backward_f(out + r * D, a + r * lda, D)
         else:
             if op == 0:
-                mx_silu_d(out + r * D, a + r * lda, D)
+                mx_silu_forward_d(out + r * D, a + r * lda, D)
             elif op == 1:
-                mx_softplus_d(out + r * D, D)
+                mx_softplus_forward_d(out + r * D, D)
             elif op == 2:
-                mx_gate_fwd_d(out + r * D, y + r * D, a + r * lda, D)
+                mx_gate_forward_d(out + r * D, y + r * D, a + r * lda, D)
             elif op == 3:
-                mx_silu_bwd_d(out + r * D, a + r * lda, D)
+                mx_silu_backward_d(out + r * D, a + r * lda, D)
             else:
-                mx_softplus_bwd_d(out + r * D, a + r * lda, D)
+                mx_softplus_backward_d(out + r * D, a + r * lda, D)
 
 
 cdef void gate_backward(floating* dy, floating* dz, idx_t ldz, const floating* dg,
@@ -152,9 +125,9 @@ cdef void gate_backward(floating* dy, floating* dz, idx_t ldz, const floating* d
     cdef idx_t r
     for r in prange(M, schedule='static', num_threads=nt):
         if floating is float:
-            mx_gate_bwd_f(dy + r * D, dz + r * ldz, dg + r * D, y + r * D, z + r * ldz, D)
+            mx_gate_backward_f(dy + r * D, dz + r * ldz, dg + r * D, y + r * D, z + r * ldz, D)
         else:
-            mx_gate_bwd_d(dy + r * D, dz + r * ldz, dg + r * D, y + r * D, z + r * ldz, D)
+            mx_gate_backward_d(dy + r * D, dz + r * ldz, dg + r * D, y + r * D, z + r * ldz, D)
 
 
 cdef void copy_cols(floating* dst, const floating* src, idx_t M, idx_t ncol,
@@ -196,12 +169,12 @@ cdef void conv_history_backward(floating* dcs, floating* dw, const floating* dc,
                         dw[j * K + k] += dc[(b * L + t) * D + j] * cs[i]
 
 
-cdef void conv_tail_io(floating* tail, floating* Y, floating* cs, idx_t B, idx_t L,
+cdef void conv_tail_io(floating* tail, floating* xz, floating* cs, idx_t B, idx_t L,
                        idx_t D, idx_t K, bint backward) noexcept nogil:
     # tail (B, D, K-1): xc of steps L-K+1 .. L-1, oldest first; steps < 0 come from cs
-    # (B, D, K-1) (NULL: zeros); xc = the first D columns of Y (M, 2D).
-    # forward: tail = those values (read-only Y, cs); backward (tail = dtail, Y = dY,
-    # cs = dconv_state, may be NULL): dY, dconv_state += dtail.
+    # (B, D, K-1) (NULL: zeros); xc = the first D columns of xz (M, 2D).
+    # forward: tail = those values (read-only xz, cs); backward (tail = dtail, xz = dxz,
+    # cs = dconv_state, may be NULL): dxz, dconv_state += dtail.
     cdef idx_t b, j, i, s
     for b in range(B):
         for j in range(D):
@@ -209,11 +182,11 @@ cdef void conv_tail_io(floating* tail, floating* Y, floating* cs, idx_t B, idx_t
                 s = L - (K - 1) + i
                 if backward:
                     if s >= 0:
-                        Y[(b * L + s) * 2 * D + j] += tail[(b * D + j) * (K - 1) + i]
+                        xz[(b * L + s) * 2 * D + j] += tail[(b * D + j) * (K - 1) + i]
                     elif cs != NULL:
                         cs[(b * D + j) * (K - 1) + L + i] += tail[(b * D + j) * (K - 1) + i]
                 elif s >= 0:
-                    tail[(b * D + j) * (K - 1) + i] = Y[(b * L + s) * 2 * D + j]
+                    tail[(b * D + j) * (K - 1) + i] = xz[(b * L + s) * 2 * D + j]
                 else:
                     tail[(b * D + j) * (K - 1) + i] = cs[(b * D + j) * (K - 1) + L + i] if cs != NULL else 0
 
@@ -232,41 +205,42 @@ cdef int block_forward_state(floating* out, floating* cache,
                              const mamba_dims* d, int n_threads) noexcept nogil:
     cdef idx_t B = d.B, L = d.L, Dm = d.Dm, D = d.D, N = d.N, K = d.K, R = d.R
     cdef idx_t M = B * L, P = R + 2 * N, i
-    cdef int nt = mx_block_threads(n_threads), rc
+    cdef int nt = mx_threads(n_threads), rc
     cdef cache_layout cl = layout(d)
-    cdef floating* Y = cache + cl.Y
-    cdef floating* Q = cache + cl.Q
-    cdef floating* Delta = cache + cl.Delta
+    cdef floating* xz = cache + cl.xz
+    cdef floating* xproj = cache + cl.xproj
+    cdef floating* delta = cache + cl.delta
     cdef floating* xn
     cdef floating* u
-    cdef floating* dt
+    cdef floating* dt_low
     if M == 0:
         return 0
-    # scratch: xn (M, Dm), u (M, D) (later the gated y), dt (M, R)
+    # scratch: xn (M, Dm), u (M, D) (later the gated y), dt_low (M, R)
     xn = <floating*>mx_workspace(M * (Dm + D + R) * sizeof(floating))
     if xn == NULL:
         return -1
     u = xn + M * Dm
-    dt = u + M * D
+    dt_low = u + M * D
 
     memcpy(cache + cl.x, x, M * Dm * sizeof(floating))
     rmsnorm_forward(xn, cache + cl.rstd, x, params[P_normWeight], M, Dm, d.eps)
-    linear_forward(Y, xn, params[P_wInProj], params[P_bInProj], M, Dm, 2 * D)
-    conv1d_forward(u, Y, 2 * D, params[P_wConv], params[P_bConv], B, L, D, K)
+    linear_forward(xz, xn, params[P_wInProj], params[P_bInProj], M, Dm, 2 * D)
+    conv1d_forward(u, xz, 2 * D, params[P_wConv], params[P_bConv], B, L, D, K)
     if conv_state != NULL:
         conv_history_forward(u, params[P_wConv], conv_state, B, L, D, K)
     if conv_tail != NULL:
-        conv_tail_io(conv_tail, Y, <floating*>conv_state, B, L, D, K, False)
-    rows_elementwise(0, u, u, D, <floating*>NULL, M, D, nt)          # u = silu(c) in place
-    linear_forward(Q, u, params[P_wXProj], params[P_bXProj], M, D, P)
-    copy_cols(dt, Q, M, R, P)
-    linear_forward(Delta, dt, params[P_wDtProj], params[P_bDtProj], M, R, D)
-    rows_elementwise(1, Delta, Delta, D, <floating*>NULL, M, D, nt)  # softplus in place
-    rc = scan_forward_state(cache + cl.y, cache + cl.h, h_last, u, Delta, Q + R, Q + R + N, P,
-                            params[P_A_log], params[P_D_vec], h0, B, L, D, N,
-                            d.discretization, n_threads)
+        conv_tail_io(conv_tail, xz, <floating*>conv_state, B, L, D, K, False)
+    rows_elementwise(0, u, u, D, <floating*>NULL, M, D, nt)          # u = silu(conv) in place
+    linear_forward(xproj, u, params[P_wXProj], params[P_bXProj], M, D, P)
+    copy_cols(dt_low, xproj, M, R, P)
+    linear_forward(delta, dt_low, params[P_wDtProj], params[P_bDtProj], M, R, D)
+    rows_elementwise(1, delta, delta, D, <floating*>NULL, M, D, nt)  # delta_pre -> delta
+    # Bs, Cs: columns R .. R+N-1 and R+N .. R+2N-1 of xproj (rows P apart)
+    rc = scan_forward_state(cache + cl.y, cache + cl.hstate, h_last, u, delta,
+                            xproj + R, xproj + R + N, P, params[P_A_log], params[P_D_vec], h0,
+                            B, L, D, N, d.discretization, n_threads)
     if rc == 0:
-        rows_elementwise(2, u, Y + D, 2 * D, cache + cl.y, M, D, nt)  # u = y * silu(z)
+        rows_elementwise(2, u, xz + D, 2 * D, cache + cl.y, M, D, nt)  # gated = y * silu(z), into u
         linear_forward(out, u, params[P_wOutProj], params[P_bOutProj], M, D, Dm)
         for i in range(M * Dm):
             out[i] += x[i]
@@ -290,13 +264,13 @@ cdef int block_backward_state(floating* dx, floating** grads,
                               const mamba_dims* d, int n_threads) noexcept nogil:
     cdef idx_t B = d.B, L = d.L, Dm = d.Dm, D = d.D, N = d.N, K = d.K, R = d.R
     cdef idx_t M = B * L, P = R + 2 * N, r, i, j
-    cdef int nt = mx_block_threads(n_threads), rc
+    cdef int nt = mx_threads(n_threads), rc
     cdef cache_layout cl = layout(d)
     cdef const floating* x = cache + cl.x
     cdef const floating* rstd = cache + cl.rstd
-    cdef const floating* Y = cache + cl.Y
-    cdef const floating* Q = cache + cl.Q
-    cdef const floating* Delta = cache + cl.Delta
+    cdef const floating* xz = cache + cl.xz
+    cdef const floating* xproj = cache + cl.xproj
+    cdef const floating* delta = cache + cl.delta
     cdef const floating* yb = cache + cl.y
     cdef const floating* normW = params[P_normWeight]
     cdef floating* buf
@@ -304,17 +278,18 @@ cdef int block_backward_state(floating* dx, floating** grads,
     cdef floating* s2
     cdef floating* s3
     cdef floating* du
-    cdef floating* dDelta
-    cdef floating* dY
-    cdef floating* dQ
-    cdef floating* dt
-    cdef floating* ddt
+    cdef floating* ddelta
+    cdef floating* dxz
+    cdef floating* dxproj
+    cdef floating* dt_low
+    cdef floating* ddt_low
     cdef floating* xn
     cdef floating* dxn
     if M == 0:
         return 0
-    # scratch: s1, s2, s3, du, dDelta (M, D); dY (M, 2D); dQ (M, P);
-    # dt, ddt (M, R); xn, dxn (M, Dm). Accumulated into (zeroed below): s2 .. ddt, dxn.
+    # scratch: s1 (gated, then dy), s2 (dgated, then conv), s3 (u), du, ddelta (M, D);
+    # dxz (M, 2D); dxproj (M, P); dt_low, ddt_low (M, R); xn, dxn (M, Dm).
+    # Accumulated into (zeroed below): s2 .. ddt_low, dxn.
     buf = <floating*>mx_workspace(M * (7 * D + P + 2 * R + 2 * Dm) * sizeof(floating))
     if buf == NULL:
         return -1
@@ -324,56 +299,56 @@ cdef int block_backward_state(floating* dx, floating** grads,
     s2 = s1 + M * D
     s3 = s2 + M * D
     du = s3 + M * D
-    dDelta = du + M * D
-    dY = dDelta + M * D
-    dQ = dY + M * 2 * D
-    dt = dQ + M * P
-    ddt = dt + M * R
-    xn = ddt + M * R
+    ddelta = du + M * D
+    dxz = ddelta + M * D
+    dxproj = dxz + M * 2 * D
+    dt_low = dxproj + M * P
+    ddt_low = dt_low + M * R
+    xn = ddt_low + M * R
     dxn = xn + M * Dm
 
     # residual and out_proj: s1 = gated (M, D), s2 = dgated
     for i in range(M * Dm):
         dx[i] += dout[i]
-    rows_elementwise(2, s1, Y + D, 2 * D, yb, M, D, nt)
+    rows_elementwise(2, s1, xz + D, 2 * D, yb, M, D, nt)
     linear_backward(s2, grads[P_wOutProj], grads[P_bOutProj], dout, s1,
                     params[P_wOutProj], M, D, Dm)
-    # gate: s1 = dy = dgated * silu(z); dz = dgated * y * silu'(z) into dY[:, D:2D]
-    gate_backward(s1, dY + D, 2 * D, s2, yb, Y + D, M, D, nt)
-    # recompute c (s2) and u (s3)
-    conv1d_forward(s2, Y, 2 * D, params[P_wConv], params[P_bConv], B, L, D, K)
+    # gate: s1 = dy = dgated * silu(z); dz = dgated * y * silu'(z) into dxz[:, D:2D]
+    gate_backward(s1, dxz + D, 2 * D, s2, yb, xz + D, M, D, nt)
+    # recompute conv (s2) and u (s3)
+    conv1d_forward(s2, xz, 2 * D, params[P_wConv], params[P_bConv], B, L, D, K)
     if conv_state != NULL:
         conv_history_forward(s2, params[P_wConv], conv_state, B, L, D, K)
     rows_elementwise(0, s3, s2, D, <floating*>NULL, M, D, nt)
-    rc = scan_backward_state(du, dDelta, dQ + R, dQ + R + N, grads[P_A_log], grads[P_D_vec],
-                             dh0, s1, dh_last, cache + cl.h, s3, Delta, Q + R, Q + R + N, P,
-                             params[P_A_log], params[P_D_vec], B, L, D, N,
-                             d.discretization, n_threads)
+    rc = scan_backward_state(du, ddelta, dxproj + R, dxproj + R + N, grads[P_A_log],
+                             grads[P_D_vec], dh0, s1, dh_last, cache + cl.hstate, s3, delta,
+                             xproj + R, xproj + R + N, P, params[P_A_log], params[P_D_vec],
+                             B, L, D, N, d.discretization, n_threads)
     if rc != 0:
         return rc
-    # softplus: ddelta = dDelta * sigmoid(delta)
-    rows_elementwise(4, dDelta, Delta, D, <floating*>NULL, M, D, nt)
-    # dt_proj on the dt columns of Q
-    copy_cols(dt, Q, M, R, P)
-    linear_backward(ddt, grads[P_wDtProj], grads[P_bDtProj], dDelta, dt,
+    # softplus: ddelta_pre = ddelta * sigmoid(delta_pre), in place
+    rows_elementwise(4, ddelta, delta, D, <floating*>NULL, M, D, nt)
+    # dt_proj on the dt_low columns of xproj
+    copy_cols(dt_low, xproj, M, R, P)
+    linear_backward(ddt_low, grads[P_wDtProj], grads[P_bDtProj], ddelta, dt_low,
                     params[P_wDtProj], M, R, D)
     for r in range(M):
         for j in range(R):
-            dQ[r * P + j] += ddt[r * R + j]
-    # x_proj, then silu: dc = du * silu'(c)
-    linear_backward(du, grads[P_wXProj], grads[P_bXProj], dQ, s3, params[P_wXProj], M, D, P)
+            dxproj[r * P + j] += ddt_low[r * R + j]
+    # x_proj, then silu: dconv = du * silu'(conv), in place
+    linear_backward(du, grads[P_wXProj], grads[P_bXProj], dxproj, s3, params[P_wXProj], M, D, P)
     rows_elementwise(3, du, s2, D, <floating*>NULL, M, D, nt)
-    conv1d_backward(dY, 2 * D, grads[P_wConv], grads[P_bConv], du, Y, 2 * D,
+    conv1d_backward(dxz, 2 * D, grads[P_wConv], grads[P_bConv], du, xz, 2 * D,
                     params[P_wConv], B, L, D, K)
     conv_history_backward(dconv_state, grads[P_wConv], du, params[P_wConv], conv_state,
                           B, L, D, K)
     if dconv_tail != NULL:
-        conv_tail_io(<floating*>dconv_tail, dY, dconv_state, B, L, D, K, True)
+        conv_tail_io(<floating*>dconv_tail, dxz, dconv_state, B, L, D, K, True)
     # in_proj on xn = x * rstd * normWeight (recomputed), then RMSNorm
     for r in range(M):
         for j in range(Dm):
             xn[r * Dm + j] = x[r * Dm + j] * rstd[r] * normW[j]
-    linear_backward(dxn, grads[P_wInProj], grads[P_bInProj], dY, xn, params[P_wInProj],
+    linear_backward(dxn, grads[P_wInProj], grads[P_bInProj], dxz, xn, params[P_wInProj],
                     M, Dm, 2 * D)
     rmsnorm_backward(dx, grads[P_normWeight], dxn, x, normW, rstd, M, Dm)
     return 0
@@ -411,7 +386,7 @@ def forward(cnp.ndarray x, list params, cnp.ndarray out, cnp.ndarray cache,
             h0=None, conv_state=None, h_last=None, conv_tail=None):
     """out, cache written from x and the 13 params (BLOCK_PARAM_NAMES order).
     Optional (None: zeros / not wanted), C-contiguous of x's dtype: h0, h_last (B, D, N),
-    conv_state, conv_tail (B, D, K-1) (see block_forward_state in _block.pxd)."""
+    conv_state, conv_tail (B, D, K-1) (see block_forward_state in block.pxd)."""
     cdef mamba_dims d = make_dims(sizes, eps, discretization)
     cdef const void* p[MAMBA_NPARAMS]
     cdef int i, rc

@@ -7,8 +7,8 @@ wheel; ``mamba_ext.get_include()``); this module fills one static instance and
 exports a pointer to it as the capsule ``mamba_ext.cpu.capi._C_API``, the way
 numpy exports its C API. C code gets it with ``import_mamba_ext()``.
 
-Every entry is a thin wrapper over the Cython kernels (_block.pxd, _model.pxd,
-_adamw.pxd, _scan.pxd): it checks the pointers and sizes it is given (so a NULL or a
+Every entry is a thin wrapper over the Cython kernels (block.pxd, model.pxd,
+adamw.pxd, scan.pxd): it checks the pointers and sizes it is given (so a NULL or a
 zero size returns MAMBA_EXT_ERR_ARG instead of crashing), copies the header's
 size structs into the kernels' own structs (so the kernels' structs may grow
 without changing the C ABI), and maps the status codes.
@@ -229,7 +229,7 @@ cdef Py_ssize_t _scan_hstates_len(Py_ssize_t B, Py_ssize_t L, Py_ssize_t D,
                                   Py_ssize_t N) noexcept nogil:
     if B < 1 or L < 1 or D < 1 or N < 1:
         return 0
-    return B * scan_nchunks(L) * D * N          # hstates (B, nC, D, N)
+    return B * scan_nchunks(L) * D * N          # hstate (B, C, D, N)
 
 
 cdef inline bint _scan_args_ok(Py_ssize_t ld_bc, Py_ssize_t B, Py_ssize_t L, Py_ssize_t D,
@@ -239,38 +239,38 @@ cdef inline bint _scan_args_ok(Py_ssize_t ld_bc, Py_ssize_t B, Py_ssize_t L, Py_
             and (discretization == 0 or discretization == 1))
 
 
-cdef int _scan_forward(floating* y, floating* hstates, const floating* u,
-                       const floating* Delta, const floating* Bs, const floating* Cs,
+cdef int _scan_forward(floating* y, floating* hstate, const floating* u,
+                       const floating* delta, const floating* Bs, const floating* Cs,
                        Py_ssize_t ld_bc, const floating* A_log, const floating* D_vec,
                        Py_ssize_t B, Py_ssize_t L, Py_ssize_t D, Py_ssize_t N,
                        int discretization, int n_threads) noexcept nogil:
-    # y (B, L, D), hstates (B, nC, D, N) written; u, Delta (B, L, D);
+    # y (B, L, D), hstate (B, C, D, N) written; u, delta (B, L, D);
     # Bs, Cs (B*L rows, ld_bc apart); A_log (D, N); D_vec (D,)
     if (not _scan_args_ok(ld_bc, B, L, D, N, discretization, n_threads)
-            or y == NULL or hstates == NULL or u == NULL or Delta == NULL or Bs == NULL
+            or y == NULL or hstate == NULL or u == NULL or delta == NULL or Bs == NULL
             or Cs == NULL or A_log == NULL or D_vec == NULL):
         return MAMBA_EXT_ERR_ARG
-    if scan_forward(y, hstates, u, Delta, Bs, Cs, ld_bc, A_log, D_vec, B, L, D, N,
+    if scan_forward(y, hstate, u, delta, Bs, Cs, ld_bc, A_log, D_vec, B, L, D, N,
                     discretization, n_threads) != 0:
         return MAMBA_EXT_ERR_NOMEM
     return MAMBA_EXT_OK
 
 
-cdef int _scan_backward(floating* du, floating* dDelta, floating* dBs, floating* dCs,
+cdef int _scan_backward(floating* du, floating* ddelta, floating* dBs, floating* dCs,
                         floating* dA_log, floating* dD_vec, const floating* dy,
-                        const floating* hstates, const floating* u, const floating* Delta,
+                        const floating* hstate, const floating* u, const floating* delta,
                         const floating* Bs, const floating* Cs, Py_ssize_t ld_bc,
                         const floating* A_log, const floating* D_vec,
                         Py_ssize_t B, Py_ssize_t L, Py_ssize_t D, Py_ssize_t N,
                         int discretization, int n_threads) noexcept nogil:
-    # gradients += (shapes of the forward's inputs); dy (B, L, D), hstates read
+    # gradients += (shapes of the forward's inputs); dy (B, L, D), hstate read
     if (not _scan_args_ok(ld_bc, B, L, D, N, discretization, n_threads)
-            or du == NULL or dDelta == NULL or dBs == NULL or dCs == NULL
-            or dA_log == NULL or dD_vec == NULL or dy == NULL or hstates == NULL
-            or u == NULL or Delta == NULL or Bs == NULL or Cs == NULL or A_log == NULL
+            or du == NULL or ddelta == NULL or dBs == NULL or dCs == NULL
+            or dA_log == NULL or dD_vec == NULL or dy == NULL or hstate == NULL
+            or u == NULL or delta == NULL or Bs == NULL or Cs == NULL or A_log == NULL
             or D_vec == NULL):
         return MAMBA_EXT_ERR_ARG
-    if scan_backward(du, dDelta, dBs, dCs, dA_log, dD_vec, dy, hstates, u, Delta, Bs, Cs,
+    if scan_backward(du, ddelta, dBs, dCs, dA_log, dD_vec, dy, hstate, u, delta, Bs, Cs,
                      ld_bc, A_log, D_vec, B, L, D, N, discretization, n_threads) != 0:
         return MAMBA_EXT_ERR_NOMEM
     return MAMBA_EXT_OK

@@ -1,1 +1,1 @@
-"""Compiled kernels with a C-level (cimport) API only: see _conv1d.pxd."""
+"""Compiled kernels with a C-level (cimport) API only: see conv1d.pxd."""

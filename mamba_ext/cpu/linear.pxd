@@ -1,14 +1,15 @@
 # Dense layers over BLAS (scipy.linalg.cython_blas), callable without the GIL.
+# Size letters: M rows, IC input columns, OC output columns.
 from mamba_ext.cpu.types cimport floating, idx_t
 
-# out (M, OC) = inp (M, C) @ weight (OC, C)^T + bias (OC,)   [bias may be NULL]
-cdef void linear_forward(floating* out, const floating* inp, const floating* weight,
-                         const floating* bias, idx_t M, idx_t C, idx_t OC) noexcept nogil
+# out (M, OC) = x (M, IC) @ weight (OC, IC)^T + bias (OC,)   [bias may be NULL]
+cdef void linear_forward(floating* out, const floating* x, const floating* weight,
+                         const floating* bias, idx_t M, idx_t IC, idx_t OC) noexcept nogil
 
-# dinp (M, C) += dout (M, OC) @ weight (OC, C)
-# dweight (OC, C) += dout^T @ inp (M, C)
+# dx (M, IC) += dout (M, OC) @ weight (OC, IC)
+# dweight (OC, IC) += dout^T @ x (M, IC)
 # dbias (OC,) += column sums of dout
-# Any of dinp / dweight / dbias may be NULL to skip that product.
-cdef void linear_backward(floating* dinp, floating* dweight, floating* dbias,
-                          const floating* dout, const floating* inp, const floating* weight,
-                          idx_t M, idx_t C, idx_t OC) noexcept nogil
+# Any of dx / dweight / dbias may be NULL to skip that product.
+cdef void linear_backward(floating* dx, floating* dweight, floating* dbias,
+                          const floating* dout, const floating* x, const floating* weight,
+                          idx_t M, idx_t IC, idx_t OC) noexcept nogil

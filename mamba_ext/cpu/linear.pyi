@@ -1,1 +1,1 @@
-"""Compiled kernels with a C-level (cimport) API only: see _linear.pxd."""
+"""Compiled kernels with a C-level (cimport) API only: see linear.pxd."""

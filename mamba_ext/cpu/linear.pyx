@@ -1,15 +1,15 @@
 # cython: language_level=3
 """Dense layers over BLAS (scipy.linalg.cython_blas), callable without the GIL.
 
-Size letters: M rows (= B*L), C input columns, OC output columns.
+Size letters: M rows (= B*L), IC input columns, OC output columns.
 
 BLAS is column-major: a row-major (rows, cols) buffer is the column-major
 (cols, rows) matrix with leading dimension cols. So the row-major product
-out (M, OC) = inp (M, C) @ W (OC, C)^T is, column-major,
-out^T (OC, M) = W^T (OC, C) . inp^T (C, M) = gemm('T', 'N', OC, M, C, W, C, inp, C, out, OC).
+out (M, OC) = x (M, IC) @ W (OC, IC)^T is, column-major,
+out^T (OC, M) = W^T (OC, IC) . x^T (IC, M) = gemm('T', 'N', OC, M, IC, W, IC, x, IC, out, OC).
 
 BLAS takes 32-bit ``int`` sizes: the products are split into row blocks so
-that no size passed to BLAS exceeds INT_MAX (callers validate that C and OC
+that no size passed to BLAS exceeds INT_MAX (callers validate that IC and OC
 fit; see ``_validate.check_count``).
 """
 from scipy.linalg.cython_blas cimport sgemm, dgemm
@@ -40,17 +40,17 @@ cdef inline idx_t row_block(idx_t width) noexcept nogil:
     return max(<idx_t>1, min(<idx_t>INT_MAX, <idx_t>INT_MAX // w))
 
 
-cdef void linear_forward(floating* out, const floating* inp, const floating* weight,
-                         const floating* bias, idx_t M, idx_t C, idx_t OC) noexcept nogil:
-    # out (M, OC) = inp (M, C) @ weight (OC, C)^T + bias (OC,)
-    cdef idx_t r, o, r0, mb, step = row_block(max(C, OC))
+cdef void linear_forward(floating* out, const floating* x, const floating* weight,
+                         const floating* bias, idx_t M, idx_t IC, idx_t OC) noexcept nogil:
+    # out (M, OC) = x (M, IC) @ weight (OC, IC)^T + bias (OC,)
+    cdef idx_t r, o, r0, mb, step = row_block(max(IC, OC))
     cdef floating beta = 0, one = 1
     if bias != NULL:
         for r in range(M):
             for o in range(OC):
                 out[r * OC + o] = bias[o]
         beta = 1
-    if C == 0:
+    if IC == 0:
         if bias == NULL:
             for r in range(M * OC):
                 out[r] = 0
@@ -58,28 +58,28 @@ cdef void linear_forward(floating* out, const floating* inp, const floating* wei
     r0 = 0
     while r0 < M:
         mb = min(step, M - r0)
-        gemm(c'T', c'N', OC, mb, C, one, weight, C, inp + r0 * C, C,
+        gemm(c'T', c'N', OC, mb, IC, one, weight, IC, x + r0 * IC, IC,
              beta, out + r0 * OC, OC)
         r0 += mb
 
 
-cdef void linear_backward(floating* dinp, floating* dweight, floating* dbias,
-                          const floating* dout, const floating* inp, const floating* weight,
-                          idx_t M, idx_t C, idx_t OC) noexcept nogil:
-    cdef idx_t r, o, r0, mb, step = row_block(max(C, OC))
+cdef void linear_backward(floating* dx, floating* dweight, floating* dbias,
+                          const floating* dout, const floating* x, const floating* weight,
+                          idx_t M, idx_t IC, idx_t OC) noexcept nogil:
+    cdef idx_t r, o, r0, mb, step = row_block(max(IC, OC))
     cdef floating one = 1
-    if C > 0:
+    if IC > 0:
         r0 = 0
         while r0 < M:
             mb = min(step, M - r0)
-            if dinp != NULL:
-                # dinp^T (C, mb) += W^T(col-major (C, OC)) . dout^T (OC, mb)
-                gemm(c'N', c'N', C, mb, OC, one, weight, C, dout + r0 * OC, OC,
-                     one, dinp + r0 * C, C)
+            if dx != NULL:
+                # dx^T (IC, mb) += W^T(col-major (IC, OC)) . dout^T (OC, mb)
+                gemm(c'N', c'N', IC, mb, OC, one, weight, IC, dout + r0 * OC, OC,
+                     one, dx + r0 * IC, IC)
             if dweight != NULL:
-                # dW^T (C, OC) += inp^T (C, mb) . dout (mb, OC)
-                gemm(c'N', c'T', C, OC, mb, one, inp + r0 * C, C, dout + r0 * OC, OC,
-                     one, dweight, C)
+                # dW^T (IC, OC) += x^T (IC, mb) . dout (mb, OC)
+                gemm(c'N', c'T', IC, OC, mb, one, x + r0 * IC, IC, dout + r0 * OC, OC,
+                     one, dweight, IC)
             r0 += mb
     if dbias != NULL:
         for r in range(M):

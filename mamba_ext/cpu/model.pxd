@@ -1,14 +1,14 @@
-# C-level contract of the whole Mamba-1 language model (see _types.pxd for the
+# C-level contract of the whole Mamba-1 language model (see types.pxd for the
 # size letters; V = vocab size, n_layers blocks sharing one set of dims).
 #
 #   h0[r] = embedding[tokens[r]]                 # (M, Dm)
-#   h_{i+1} = Block_i(h_i)                       # _block.pxd, i = 0 .. n_layers-1
+#   h_{i+1} = Block_i(h_i)                       # block.pxd, i = 0 .. n_layers-1
 #   xn = RMSNorm(h_last; final_norm, eps)        # (M, Dm)
 #   logits = xn @ embedding^T + lm_head_bias     # (M, V), head tied to the table
 #   loss = mean_r (logsumexp(logits[r]) - logits[r, targets[r]])
 #
 # Layer parameters are ONE flat array of n_layers * MAMBA_NPARAMS pointers:
-# layer i, parameter j (BLOCK_PARAM_NAMES order, _block.pxd enum) is
+# layer i, parameter j (BLOCK_PARAM_NAMES order, block.pxd enum) is
 # layer_params[i * MAMBA_NPARAMS + j]; the gradients use the same layout.
 # Token ids are int64, C-contiguous (B, L); every float buffer is C-contiguous.
 # All functions run without the GIL and never crash on bad token ids: they
@@ -27,6 +27,22 @@ ctypedef struct model_dims:
     idx_t V             # vocab size (rows of the embedding table)
     idx_t n_layers      # number of blocks (>= 0)
     mamba_dims block    # B, L, Dm, D, N, K, R, eps (every RMSNorm), discretization
+
+# h (M, Dm) = embedding (V, Dm) [tokens (M,)]; ids must be in [0, V) (not checked here).
+cdef void embedding_forward(floating* h, const int64_t* tokens, const floating* embedding,
+                            idx_t M, idx_t Dm) noexcept nogil
+
+# dembedding (V, Dm) [tokens[r]] += dh (M, Dm) [r] (in row order: deterministic).
+cdef void embedding_backward(floating* dembedding, const floating* dh, const int64_t* tokens,
+                             idx_t M, idx_t Dm) noexcept nogil
+
+# Cross-entropy of M rows of logits (M, V) against targets (M,) in one pass: row_loss (M,)
+# written (double, logsumexp - picked); logits overwritten in place by
+# (softmax - onehot(target)) * seed_scale (seed_scale = loss_scale / M for the mean loss).
+# exp in the buffer's precision, sums in double; rows in parallel (n_threads, <= 0 default).
+cdef void cross_entropy_forward_backward(double* row_loss, floating* logits,
+                                         const int64_t* targets, idx_t M, idx_t V,
+                                         double seed_scale, int n_threads) noexcept nogil
 
 # Bytes of the internal workspace model_loss_and_grads allocates (malloc) for
 # these sizes and element size; checkpointing != 0 keeps one block cache

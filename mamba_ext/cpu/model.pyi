@@ -1,4 +1,4 @@
-"""Compiled Mamba-1 language model (public API: mamba_ext.model; C contract: _model.pxd).
+"""Compiled Mamba-1 language model (public API: mamba_ext.model; C contract: model.pxd).
 
 sizes = (V, n_layers, B, L, Dm, D, N, K, R); layers / g_layers: per layer, 13 arrays.
 """

@@ -4,6 +4,10 @@
 Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv,
 R dtRank, P = R + 2N, M = B*L rows, V vocab size.
 
+Steps of the model beyond the blocks (declared in model.pxd): embedding_forward /
+embedding_backward (the table lookup and its scatter-add) and
+cross_entropy_forward_backward (mean loss and dLoss/dlogits in one pass, in place).
+
 Workspace (one malloc of `floating`, one of double), in this order:
   hs      ((n_layers+1), M, Dm)  every layer's input, then the last output
   caches  (n_caches, cache_len)  n_caches = n_layers, or 1 when checkpointing
@@ -28,6 +32,7 @@ cimport numpy as cnp
 import numpy as np
 
 from mamba_ext.cpu.types cimport floating, idx_t
+from mamba_ext.cpu.constants cimport DEFAULT_EPS
 from mamba_ext.cpu.block cimport (mamba_dims, MAMBA_NPARAMS, block_cache_len,
                                block_forward, block_backward)
 from mamba_ext.cpu.linear cimport linear_forward, linear_backward
@@ -60,12 +65,21 @@ cdef int _check_ids(const int64_t* ids, idx_t M, idx_t V) noexcept nogil:
     return MODEL_OK
 
 
-cdef void _embed(floating* h, const int64_t* tokens, const floating* embedding,
-                 idx_t M, idx_t Dm) noexcept nogil:
-    # h (M, Dm) = embedding[tokens]
+cdef void embedding_forward(floating* h, const int64_t* tokens, const floating* embedding,
+                            idx_t M, idx_t Dm) noexcept nogil:
+    # h (M, Dm) = embedding (V, Dm) [tokens (M,)]
     cdef idx_t r
     for r in range(M):
         memcpy(h + r * Dm, embedding + tokens[r] * Dm, Dm * sizeof(floating))
+
+
+cdef void embedding_backward(floating* dembedding, const floating* dh, const int64_t* tokens,
+                             idx_t M, idx_t Dm) noexcept nogil:
+    # dembedding (V, Dm) [tokens[r]] += dh (M, Dm) [r]; sequential: rows may repeat a token
+    cdef idx_t r, c
+    for r in range(M):
+        for c in range(Dm):
+            dembedding[tokens[r] * Dm + c] += dh[r * Dm + c]
 
 
 cdef int _forward_trunk(floating* hs, floating* caches, idx_t cache_stride,
@@ -79,7 +93,7 @@ cdef int _forward_trunk(floating* hs, floating* caches, idx_t cache_stride,
     cdef idx_t M = d.block.B * d.block.L
     cdef idx_t Dm = d.block.Dm
     cdef idx_t i
-    _embed(hs, tokens, embedding, M, Dm)
+    embedding_forward(hs, tokens, embedding, M, Dm)
     for i in range(d.n_layers):
         if block_forward(hs + (i + 1) * M * Dm, caches + i * cache_stride, hs + i * M * Dm,
                          layer_params + i * MAMBA_NPARAMS, &d.block, n_threads) != 0:
@@ -116,14 +130,16 @@ cdef int model_forward(floating* logits, const int64_t* tokens,
     return status
 
 
-cdef void _cross_entropy(double* row_loss, floating* logits, const int64_t* targets,
-                         idx_t M, idx_t V, double seed_scale, int n_threads) noexcept nogil:
-    # logits (M, V) in, dLoss/dlogits * loss_scale out (in place); row_loss (M,)
+cdef void cross_entropy_forward_backward(double* row_loss, floating* logits,
+                                         const int64_t* targets, idx_t M, idx_t V,
+                                         double seed_scale, int n_threads) noexcept nogil:
+    # logits (M, V) in, dLoss/dlogits * loss_scale out (in place); row_loss (M,) written;
+    # targets (M,)
     # seed_scale = loss_scale / M. exp in the kernel's precision, sums in double.
     cdef idx_t r, v
     cdef floating* row
     cdef floating mx, e, picked
-    cdef double s, inv
+    cdef double s, scale
     for r in prange(M, schedule='static', num_threads=n_threads, nogil=True):
         row = logits + r * V
         picked = row[targets[r]]
@@ -140,9 +156,9 @@ cdef void _cross_entropy(double* row_loss, floating* logits, const int64_t* targ
             row[v] = e
             s = s + e
         row_loss[r] = mx + log(s) - picked
-        inv = seed_scale / s
+        scale = seed_scale / s
         for v in range(V):          # (softmax - onehot) * loss_scale / M
-            row[v] = <floating>(row[v] * inv)
+            row[v] = <floating>(row[v] * scale)
         row[targets[r]] -= <floating>seed_scale
 
 
@@ -160,7 +176,7 @@ cdef int model_loss_and_grads(double* loss,
     cdef idx_t nl = d.n_layers
     cdef idx_t cl = block_cache_len(&d.block) if nl > 0 else 0
     cdef idx_t n_caches = _n_caches(d, checkpointing)
-    cdef idx_t i, r, c
+    cdef idx_t i, r
     cdef double total
     cdef int status = MODEL_OK
     if M == 0:
@@ -189,7 +205,8 @@ cdef int model_loss_and_grads(double* loss,
     status = _forward_trunk(hs, caches, cache_stride, xn, rstd, logits, tokens, embedding,
                             final_norm, lm_head_bias, layer_params, d, n_threads)
     if status == MODEL_OK:
-        _cross_entropy(row_loss, logits, targets, M, V, loss_scale / <double>M, n_threads)
+        cross_entropy_forward_backward(row_loss, logits, targets, M, V,
+                                       loss_scale / <double>M, n_threads)
         total = 0.0
         for r in range(M):          # fixed order: deterministic loss
             total += row_loss[r]
@@ -221,10 +238,8 @@ cdef int model_loss_and_grads(double* loss,
             i -= 1
 
         if status == MODEL_OK:
-            # lookup: g_embedding[tokens[r]] += dLoss/dh0[r] (sequential: rows may repeat)
-            for r in range(M):
-                for c in range(Dm):
-                    g_embedding[tokens[r] * Dm + c] += da[r * Dm + c]
+            # lookup: g_embedding[tokens[r]] += dLoss/dh0[r]
+            embedding_backward(g_embedding, da, tokens, M, Dm)
     free(ws)
     free(row_loss)
     return status
@@ -275,7 +290,7 @@ def _raise_status(int status):
 
 def workspace_bytes(sizes, bint checkpointing, size_t itemsize):
     """Bytes of the loss-and-grads workspace for sizes (V, n_layers, B, L, Dm, D, N, K, R)."""
-    cdef model_dims d = _dims(sizes, 1e-6)
+    cdef model_dims d = _dims(sizes, DEFAULT_EPS)
     return model_workspace_bytes(&d, checkpointing, itemsize)
 
 

@@ -1,11 +1,11 @@
-# RMSNorm: out = inp * rstd * weight, rstd = 1/sqrt(mean(inp^2) + eps), per row.
+# RMSNorm: out = x * rstd * weight, rstd = 1/sqrt(mean(x^2) + eps), per row.
 from mamba_ext.cpu.types cimport floating, idx_t
 
-# out (M, C) and rstd (M,) written; inp (M, C), weight (C,) read.
-cdef void rmsnorm_forward(floating* out, floating* rstd, const floating* inp,
-                          const floating* weight, idx_t M, idx_t C, double eps) noexcept nogil
+# out (M, Dm) and rstd (M,) written; x (M, Dm), weight (Dm,) read.
+cdef void rmsnorm_forward(floating* out, floating* rstd, const floating* x,
+                          const floating* weight, idx_t M, idx_t Dm, double eps) noexcept nogil
 
-# dinp (M, C) += ; dweight (C,) += ; dout (M, C), inp, weight, rstd (M,) read.
-cdef void rmsnorm_backward(floating* dinp, floating* dweight, const floating* dout,
-                           const floating* inp, const floating* weight, const floating* rstd,
-                           idx_t M, idx_t C) noexcept nogil
+# dx (M, Dm) += ; dweight (Dm,) += ; dout (M, Dm), x, weight, rstd (M,) read.
+cdef void rmsnorm_backward(floating* dx, floating* dweight, const floating* dout,
+                           const floating* x, const floating* weight, const floating* rstd,
+                           idx_t M, idx_t Dm) noexcept nogil

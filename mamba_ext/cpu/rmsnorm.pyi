@@ -1,1 +1,1 @@
-"""Compiled kernels with a C-level (cimport) API only: see _rmsnorm.pxd."""
+"""Compiled kernels with a C-level (cimport) API only: see rmsnorm.pxd."""

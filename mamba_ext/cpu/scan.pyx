@@ -1,232 +1,91 @@
 # cython: language_level=3
 """Selective scan (S6): exact ZOH (or Euler) forward and chunked backward.
 
-Size letters: B batch, L seqLen, D dInner, N dState, T = SCAN_CHUNK, nC = ceil(L/T).
+Size letters: B batch, L seqLen, D dInner, N dState, M = B*L rows, T = SCAN_CHUNK steps
+per chunk, C = ceil(L / T) chunks, G = MX_SCAN_G = 64 lanes (channels) per job,
+GB = MX_SCAN_GB = 16. Hot loops: csrc/mx_scan.h; constants: csrc/mx_constants.h.
 
-Work is split into B*ceil(D/G) independent jobs (one sequence b, one group of
-G = MX_G = 64 consecutive channels), run with prange. Each channel of a group is
-one vector lane: per step and state n the hot loop runs over the G lanes, with
-Bs[t,n] and Cs[t,n] broadcast, so no step needs a horizontal sum (a first version
-vectorised over n instead and spent most of its time in those sums). G = 64 (four
-AVX-512 vectors) took ~25% less scan time than 16 at size c (fewer passes over Bs,
-Cs and the per-thread dBs/dCs buffer). A full group reads Delta, u, dy and writes
-y, du, dDelta in place (rows D apart); only a partial last group (D not a multiple
-of G) goes through (T, G) lane copies with zero padding lanes. The forward keeps
-one state in place (L1-resident); the backward's recomputation keeps the chunk's
-T+1 states and expm1 values. The hot loops are C below, marked `omp simd`,
-compiled for AVX-512 / AVX2 / baseline with runtime dispatch (GCC target_clones);
-in float32 they call the branch-free mx_expm1f of _activations.pxd.
+Design:
+Work is split into B*ceil(D/G) independent jobs (one sequence b, one group of G
+consecutive channels), run with prange. Each channel of a group is one vector lane: per
+step and state n the hot loop runs over the G lanes, with Bs[t,n] and Cs[t,n]
+broadcast, so no step needs a horizontal sum (a first version vectorised over n instead
+and spent most of its time in those sums). G = 64 (four AVX-512 vectors) took ~25% less
+scan time than 16 at size c (fewer passes over Bs, Cs and the per-thread dBs/dCs
+buffer). A full group reads delta, u, dy and writes y, du, ddelta in place (rows D
+apart); only a partial last group (D not a multiple of G) goes through (T, G) lane
+copies with zero padding lanes. The forward keeps one state in place (L1-resident) and
+stores only the state entering each chunk, hstate (B, C, D, N); the backward's
+recomputation keeps the chunk's T+1 states and expm1 values. The hot loops are C
+(csrc/mx_scan.h), marked `omp simd`, compiled for AVX-512 / AVX2 / baseline with
+runtime dispatch where the compiler supports it (MX_DISPATCH in csrc/mx_compat.h); in
+float32 they call the branch-free mx_expm1f of csrc/mx_math.h.
 One exponential per (t, d, n) serves both factors: a_bar = 1 + em and
-b_bar = em / A * Bs with em = expm1(Delta*A) (exact ZOH without cancellation).
+b_bar = em / A * Bs with em = expm1(delta*A) (exact ZOH without cancellation).
 
 Backward (vector-Jacobian product), for each job walking t downwards, with
 dh = dy[t] * Cs[t] + a_bar[t+1] * dh[t+1] (the carry):
   dCs[t,n] += dy[t] h[t,n];   dBs[t,n] += dh u[t] f;   du[t] += sum_n dh f Bs + dy D_vec
-  dDelta[t] += sum_n dh h[t-1] a_bar A + dh u Bs a_bar   (ZOH, f = em/A, df/dDelta = a_bar)
-  dA_log[n] += A * dLoss/dA = dh h[t-1] a_bar Delta A + dh u Bs (Delta a_bar - f)
-(in Euler f = Delta, so the Bs term of dDelta is dh u Bs and it adds nothing to dA_log).
-A_log outside the open interval (-10, 5) gets exactly zero gradient (clamp).
+  ddelta[t] += sum_n dh h[t-1] a_bar A + dh u Bs a_bar   (ZOH, f = em/A, df/ddelta = a_bar)
+  dA_log[n] += A * dLoss/dA = dh h[t-1] a_bar delta A + dh u Bs (delta a_bar - f)
+(in Euler f = delta, so the Bs term of ddelta is dh u Bs and it adds nothing to dA_log).
+A_log outside the open interval (A_LOG_MIN, A_LOG_MAX) gets exactly zero gradient (clamp).
 
 The states inside a chunk are recomputed from the stored chunk-entry state by
 the same code as the forward, so they are bitwise the forward's states.
 Per-job gradients of shared tensors (dBs/dCs rows of sequence b, dA_log and
-D_vec rows of the group) go to per-job slots (dBs/dCs per lane mod GB = 16 in a
+D_vec rows of the group) go to per-job slots (dBs/dCs per lane mod GB in a
 per-thread (L, 2N, GB) buffer, folded to the job's (L, 2N) slot at its end) and are
 summed after the parallel loop in a fixed order, so the gradients are bitwise
 reproducible and independent of the thread count (no critical sections).
 
 Optional initial / final states (scan_forward_state, scan_backward_state): h0 is
-the state entering chunk 0 (so hstates chunk 0 = h0); the backward's carry starts
+the state entering chunk 0 (so hstate chunk 0 = h0); the backward's carry starts
 at dh_last instead of 0, and after step 0 it is a_bar[0] * dh[0] = dLoss/dh0.
 """
-from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
 from libc.math cimport exp
 from cython.parallel cimport prange, parallel
 from mamba_ext.cpu.types cimport floating, idx_t
-from mamba_ext.cpu.activations cimport mx_expm1f, mx_expf, mx_log1pf_unit, softplus, sigmoid
+from mamba_ext.cpu.constants cimport A_LOG_MIN, A_LOG_MAX, SCAN_CHUNK
 
-cdef extern from *:
-    """
-    #include <math.h>
-    #include <stdint.h>
-    #include <string.h>
-    #ifdef _OPENMP
-    #include <omp.h>
-    #endif
-    /* MX_PRAGMA and MX_CLONES come from _activations.pxd */
-    typedef Py_ssize_t mx_idx;
+cdef extern from "csrc/mx_threads.h" nogil:
+    int mx_threads(int n) noexcept       # n > 0: n; else OpenMP's default (1 without OpenMP)
+    void* mx_aligned_alloc(size_t nbytes) noexcept    # 64-byte aligned, or NULL
+    void mx_aligned_free(void* p) noexcept
 
-    static inline int mx_threads(int n) {
-    #ifdef _OPENMP
-        return n > 0 ? n : omp_get_max_threads();
-    #else
-        return 1;
-    #endif
-    }
-
-    /* Lanes: every kernel works on G = MX_G consecutive channels at once, one
-       vector lane per channel, so no step needs a horizontal sum. Buffers marked
-       (.., G) hold one value per lane, lane index innermost. */
-    #define MX_G 64
-    /* dBs/dCs terms are kept per lane of one 16-lane slice: the G lanes are folded
-       to MX_GB (vertical adds) before they are stored, so the per-thread (L, 2N, GB)
-       buffer stays G/GB times smaller. */
-    #define MX_GB 16
-
-    /* One chunk of the forward recurrence for one (b, channel group) job.
-       dl, uu (n_steps rows ld apart, G lanes each): Delta and u, read in place (ld = D)
-       for a full group, from (n_steps, G) lane copies (ld = G) for a partial one;
-       Bs, Cs: rows ld_bc apart (shared by all lanes); AT, invAT (N, G): A and 1/A;
-       h (n_steps+1, N, G): row 0 the entering state, row s+1 the state after step s;
-       em1 (n_steps, N, G) = expm1(Delta*A); y (n_steps rows ld apart, G) =
-       sum_n Cs*h + Dv*u with Dv (G,) the lanes' D_vec; y may be NULL.
-       hstep = N*G keeps every state (the backward's recomputation); hstep = 0 (the
-       forward) updates one state h (N, G) in place and overwrites one em1 (N, G) slot,
-       so the chunk's working set stays in L1. */
-    #define MX_SCAN_KERNELS(T, SFX, EXPM1)                                              \\
-    static MX_CLONES void mx_scan_chunk_fwd_##SFX(mx_idx n_steps, mx_idx N, int zoh,   \\
-            const T* restrict dl, const T* restrict uu, mx_idx ld,                      \\
-            const T* restrict Bs, const T* restrict Cs, mx_idx ld_bc,                   \\
-            const T* restrict AT, const T* restrict invAT, mx_idx hstep,                \\
-            T* restrict h, T* restrict em1, T* restrict y, const T* restrict Dv)        \\
-    {                                                                                   \\
-        for (mx_idx s = 0; s < n_steps; s++) {                                          \\
-            const T* restrict ds = dl + s * ld;                                         \\
-            const T* restrict us = uu + s * ld;                                         \\
-            T acc[MX_G];                                                                \\
-            for (int g = 0; g < MX_G; g++) acc[g] = 0;                                  \\
-            for (mx_idx n = 0; n < N; n++) {                                            \\
-                const T b = Bs[s * ld_bc + n], c = Cs[s * ld_bc + n];                   \\
-                const T* restrict a = AT + n * MX_G;                                    \\
-                const T* restrict ia = invAT + n * MX_G;                                \\
-                const T* hp = h + s * hstep + n * MX_G;     /* hp == hc if hstep == 0 */ \\
-                T* hc = h + (s + 1) * hstep + n * MX_G;                                 \\
-                T* restrict e = em1 + s * hstep + n * MX_G;                             \\
-                MX_PRAGMA(omp simd)                                                     \\
-                for (int g = 0; g < MX_G; g++) {                                        \\
-                    T em = EXPM1(ds[g] * a[g]), iag = ia[g];  /* plain loads, no masks */ \\
-                    T bb = (zoh ? em * iag : ds[g]) * b;                                \\
-                    T hn = (1 + em) * hp[g] + bb * us[g];                               \\
-                    e[g] = em;                                                          \\
-                    hc[g] = hn;                                                         \\
-                    acc[g] += c * hn;                                                   \\
-                }                                                                       \\
-            }                                                                           \\
-            if (y) for (int g = 0; g < MX_G; g++) y[s * ld + g] = acc[g] + Dv[g] * us[g]; \\
-        }                                                                               \\
-    }                                                                                   \\
-    /* Backward through one chunk, steps n_steps-1 .. 0, given h and em1 of the chunk  \\
-       forward. dl, uu, dy and du, dDelta: rows ld apart, as dl in the forward;         \\
-       carry (N, G) = a_bar[t+1] * dh[t+1], in/out;                                     \\
-       dBC (n_steps, 2N, GB) += [dBs | dCs] terms per lane mod GB (summed at the flush);\\
-       dAacc (N, G) += A * dLoss/dA; dDacc (G,) += dy*u (dLoss/dD_vec);                 \\
-       du += scan part + dy*Dv; dDelta += scan part. */                                 \\
-    static MX_CLONES void mx_scan_chunk_bwd_##SFX(mx_idx n_steps, mx_idx N, int zoh,   \\
-            const T* restrict dl, const T* restrict uu, const T* restrict dy, mx_idx ld,\\
-            const T* restrict Bs, const T* restrict Cs, mx_idx ld_bc,                   \\
-            const T* restrict AT, const T* restrict invAT, const T* restrict Dv,        \\
-            const T* restrict h, const T* restrict em1,                                 \\
-            T* restrict carry, T* restrict dBC, T* restrict dAacc, T* restrict dDacc,   \\
-            T* restrict du, T* restrict dDelta)                                         \\
-    {                                                                                   \\
-        for (mx_idx s = n_steps - 1; s >= 0; s--) {                                     \\
-            const T* restrict ds = dl + s * ld;                                         \\
-            const T* restrict us = uu + s * ld;                                         \\
-            const T* restrict gs = dy + s * ld;                                         \\
-            T dus[MX_G], dds[MX_G];                                                     \\
-            for (int g = 0; g < MX_G; g++) { dus[g] = 0; dds[g] = 0; }                  \\
-            for (mx_idx n = 0; n < N; n++) {                                            \\
-                const T b = Bs[s * ld_bc + n], c = Cs[s * ld_bc + n];                   \\
-                const T* restrict a = AT + n * MX_G;                                    \\
-                const T* restrict ia = invAT + n * MX_G;                                \\
-                const T* restrict hp = h + (s * N + n) * MX_G;                          \\
-                const T* restrict hc = h + ((s + 1) * N + n) * MX_G;                    \\
-                const T* restrict e = em1 + (s * N + n) * MX_G;                         \\
-                T* restrict cr = carry + n * MX_G;                                      \\
-                T* restrict dB = dBC + (s * 2 * N + n) * MX_GB;                         \\
-                T* restrict dC = dBC + (s * 2 * N + N + n) * MX_GB;                     \\
-                T tB[MX_G], tC[MX_G];                                                   \\
-                T* restrict dA = dAacc + n * MX_G;                                      \\
-                MX_PRAGMA(omp simd)                                                     \\
-                for (int g = 0; g < MX_G; g++) {                                        \\
-                    T em = e[g], ab = 1 + em, iag = ia[g], dsg = ds[g];                 \\
-                    T f = zoh ? em * iag : dsg;                                         \\
-                    T dh = gs[g] * c + cr[g];                                           \\
-                    T dab = dh * hp[g];                                                 \\
-                    T dhu = dh * us[g];                                                 \\
-                    T bterm = dhu * b;                                                  \\
-                    tB[g] = dhu * f;                                                    \\
-                    tC[g] = gs[g] * hc[g];                                              \\
-                    dus[g] += dh * f * b;                                               \\
-                    dds[g] += dab * ab * a[g] + (zoh ? bterm * ab : bterm);             \\
-                    dA[g] += dab * ab * ds[g] * a[g]                                    \\
-                             + (zoh ? bterm * (ds[g] * ab - f) : 0);                    \\
-                    cr[g] = ab * dh;                                                    \\
-                }                                                                       \\
-                for (int j = MX_GB; j < MX_G; j += MX_GB)                               \\
-                    for (int g = 0; g < MX_GB; g++) {                                   \\
-                        tB[g] += tB[j + g];                                             \\
-                        tC[g] += tC[j + g];                                             \\
-                    }                                                                   \\
-                MX_PRAGMA(omp simd)                                                     \\
-                for (int g = 0; g < MX_GB; g++) { dB[g] += tB[g]; dC[g] += tC[g]; }     \\
-            }                                                                           \\
-            for (int g = 0; g < MX_G; g++) {                                            \\
-                du[s * ld + g] += dus[g] + gs[g] * Dv[g];                               \\
-                dDelta[s * ld + g] += dds[g];                                           \\
-                dDacc[g] += gs[g] * us[g];                                              \\
-            }                                                                           \\
-        }                                                                               \\
-    }
-
-    MX_SCAN_KERNELS(float, f, mx_expm1f)
-    MX_SCAN_KERNELS(double, d, expm1)
-    """
-    int mx_threads(int n) noexcept nogil
-    enum: MX_G, MX_GB
-    void mx_scan_chunk_fwd_f(idx_t, idx_t, int, const float*, const float*, idx_t,
-                             const float*, const float*, idx_t, const float*, const float*,
-                             idx_t, float*, float*, float*, const float*) noexcept nogil
-    void mx_scan_chunk_fwd_d(idx_t, idx_t, int, const double*, const double*, idx_t,
-                             const double*, const double*, idx_t, const double*, const double*,
-                             idx_t, double*, double*, double*, const double*) noexcept nogil
-    void mx_scan_chunk_bwd_f(idx_t, idx_t, int, const float*, const float*, const float*, idx_t,
-                             const float*, const float*, idx_t, const float*, const float*,
-                             const float*, const float*, const float*, float*, float*, float*,
-                             float*, float*, float*) noexcept nogil
-    void mx_scan_chunk_bwd_d(idx_t, idx_t, int, const double*, const double*, const double*,
-                             idx_t, const double*, const double*, idx_t, const double*,
-                             const double*, const double*, const double*, const double*,
-                             double*, double*, double*, double*, double*, double*) noexcept nogil
-
-
-def float32_function(str which, float[::1] x not None, float[::1] out not None):
-    """out = which(x) computed by the float32 kernels' own functions (for tests):
-    which in "exp", "expm1", "log1p_unit" (x in [0, 1]), "softplus", "sigmoid"."""
-    cdef idx_t i, n = min(x.shape[0], out.shape[0])
-    cdef int k = ("exp", "expm1", "log1p_unit", "softplus", "sigmoid").index(which)
-    for i in range(n):
-        if k == 0:
-            out[i] = mx_expf(x[i])
-        elif k == 1:
-            out[i] = mx_expm1f(x[i])
-        elif k == 2:
-            out[i] = mx_log1pf_unit(x[i])
-        elif k == 3:
-            out[i] = softplus(x[i])
-        else:
-            out[i] = sigmoid(x[i])
-
-
-cdef extern from "stdlib.h":
-    void* aligned_alloc(size_t alignment, size_t size) nogil
+# The hot loops (argument meanings and shapes: csrc/mx_scan.h).
+cdef extern from "csrc/mx_scan.h" nogil:
+    enum: MX_SCAN_G, MX_SCAN_GB
+    void mx_scan_forward_chunk_f(idx_t n_steps, idx_t N, int zoh,
+                                 const float* delta, const float* u, idx_t ld,
+                                 const float* Bs, const float* Cs, idx_t ld_bc,
+                                 const float* A, const float* A_inv, idx_t hstep,
+                                 float* h, float* em1, float* y, const float* D_lane) noexcept
+    void mx_scan_forward_chunk_d(idx_t n_steps, idx_t N, int zoh,
+                                 const double* delta, const double* u, idx_t ld,
+                                 const double* Bs, const double* Cs, idx_t ld_bc,
+                                 const double* A, const double* A_inv, idx_t hstep,
+                                 double* h, double* em1, double* y, const double* D_lane) noexcept
+    void mx_scan_backward_chunk_f(idx_t n_steps, idx_t N, int zoh,
+                                  const float* delta, const float* u, const float* dy, idx_t ld,
+                                  const float* Bs, const float* Cs, idx_t ld_bc,
+                                  const float* A, const float* A_inv, const float* D_lane,
+                                  const float* h, const float* em1,
+                                  float* carry, float* dBC, float* dA_acc, float* dD_acc,
+                                  float* du, float* ddelta) noexcept
+    void mx_scan_backward_chunk_d(idx_t n_steps, idx_t N, int zoh,
+                                  const double* delta, const double* u, const double* dy,
+                                  idx_t ld, const double* Bs, const double* Cs, idx_t ld_bc,
+                                  const double* A, const double* A_inv, const double* D_lane,
+                                  const double* h, const double* em1,
+                                  double* carry, double* dBC, double* dA_acc, double* dD_acc,
+                                  double* du, double* ddelta) noexcept
 
 
 cdef inline void* scratch(idx_t n, size_t itemsize) noexcept nogil:
-    # n values of itemsize bytes, 64-byte aligned (one AVX-512 vector per lane group)
-    cdef size_t nbytes = ((n * itemsize + 63) // 64) * 64
-    return aligned_alloc(64, nbytes if nbytes > 0 else 64)
+    # n values of itemsize bytes, 64-byte aligned (free with mx_aligned_free)
+    return mx_aligned_alloc(n * itemsize)
 
 
 cdef idx_t scan_nchunks(idx_t L) noexcept nogil:
@@ -236,22 +95,22 @@ cdef idx_t scan_nchunks(idx_t L) noexcept nogil:
 cdef inline void load_AT(floating* AT, floating* invAT, floating* Dv, const floating* A_log,
                          const floating* D_vec, idx_t N, int nl) noexcept nogil:
     # AT, invAT (N, G) = A, 1/A of the nl channels whose A_log rows (N,) start at A_log;
-    # A = -exp(clamp(A_log, -10, 5)); padding lanes get A = -1 (their inputs are 0).
+    # A = -exp(clamp(A_log, A_LOG_MIN, A_LOG_MAX)); padding lanes get A = -1 (their inputs are 0).
     # Dv (G,) = their D_vec entries (padding lanes 0).
     cdef idx_t n
     cdef int g
     cdef double a
-    for g in range(MX_G):
+    for g in range(MX_SCAN_G):
         Dv[g] = D_vec[g] if g < nl else 0
     for n in range(N):
-        for g in range(MX_G):
+        for g in range(MX_SCAN_G):
             if g < nl:
                 a = A_log[g * N + n]
-                a = -10.0 if a < -10.0 else (5.0 if a > 5.0 else a)
-                AT[n * MX_G + g] = <floating>(-exp(a))
+                a = A_LOG_MIN if a < A_LOG_MIN else (A_LOG_MAX if a > A_LOG_MAX else a)
+                AT[n * MX_SCAN_G + g] = <floating>(-exp(a))
             else:
-                AT[n * MX_G + g] = -1
-            invAT[n * MX_G + g] = 1 / AT[n * MX_G + g]
+                AT[n * MX_SCAN_G + g] = -1
+            invAT[n * MX_SCAN_G + g] = 1 / AT[n * MX_SCAN_G + g]
 
 
 cdef inline void stage(floating* dst, const floating* src, idx_t rows, idx_t ld,
@@ -260,21 +119,21 @@ cdef inline void stage(floating* dst, const floating* src, idx_t rows, idx_t ld,
     cdef idx_t s
     cdef int g
     for s in range(rows):
-        for g in range(MX_G):
-            dst[s * MX_G + g] = src[s * ld + g] if g < nl else 0
+        for g in range(MX_SCAN_G):
+            dst[s * MX_SCAN_G + g] = src[s * ld + g] if g < nl else 0
 
 
 cdef inline void state_io(floating* h, floating* hs, idx_t N, int nl, bint store) noexcept nogil:
-    # h (N, G) lanes <-> hs (nl, N) rows of the stored (B, nC, D, N) states
+    # h (N, G) lanes <-> hs (nl, N) rows of the stored (B, C, D, N) states
     cdef idx_t n
     cdef int g
     for n in range(N):
-        for g in range(MX_G):
+        for g in range(MX_SCAN_G):
             if store:
                 if g < nl:
-                    hs[g * N + n] = h[n * MX_G + g]
+                    hs[g * N + n] = h[n * MX_SCAN_G + g]
             else:
-                h[n * MX_G + g] = hs[g * N + n] if g < nl else 0
+                h[n * MX_SCAN_G + g] = hs[g * N + n] if g < nl else 0
 
 
 cdef inline void chunk_fwd(idx_t tn, idx_t N, int zoh, const floating* dl,
@@ -282,10 +141,13 @@ cdef inline void chunk_fwd(idx_t tn, idx_t N, int zoh, const floating* dl,
                            idx_t ld_bc, const floating* AT, const floating* invAT,
                            idx_t hstep, floating* h, floating* em1, floating* y,
                            const floating* Dv) noexcept nogil:
+    # mx_scan_forward_chunk of the buffers' precision: dl, uu (tn rows ld apart, G) delta
+    # and u; Bs, Cs (tn rows ld_bc apart, N); AT, invAT (N, G); h (tn+1, N, G) or (N, G)
+    # (hstep 0); em1 likewise; y (tn rows ld apart, G) or NULL; Dv (G,)
     if floating is float:
-        mx_scan_chunk_fwd_f(tn, N, zoh, dl, uu, ld, Bs, Cs, ld_bc, AT, invAT, hstep, h, em1, y, Dv)
+        mx_scan_forward_chunk_f(tn, N, zoh, dl, uu, ld, Bs, Cs, ld_bc, AT, invAT, hstep, h, em1, y, Dv)
     else:
-        mx_scan_chunk_fwd_d(tn, N, zoh, dl, uu, ld, Bs, Cs, ld_bc, AT, invAT, hstep, h, em1, y, Dv)
+        mx_scan_forward_chunk_d(tn, N, zoh, dl, uu, ld, Bs, Cs, ld_bc, AT, invAT, hstep, h, em1, y, Dv)
 
 
 cdef inline void state_add(floating* hs, const floating* h, idx_t N, int nl) noexcept nogil:
@@ -294,27 +156,28 @@ cdef inline void state_add(floating* hs, const floating* h, idx_t N, int nl) noe
     cdef int g
     for g in range(nl):
         for n in range(N):
-            hs[g * N + n] += h[n * MX_G + g]
+            hs[g * N + n] += h[n * MX_SCAN_G + g]
 
 
-cdef int scan_forward(floating* y, floating* hstates,
-                      const floating* u, const floating* Delta,
+# Shapes of every argument of the four entry points: scan.pxd.
+cdef int scan_forward(floating* y, floating* hstate,
+                      const floating* u, const floating* delta,
                       const floating* Bs, const floating* Cs, idx_t ld_bc,
                       const floating* A_log, const floating* D_vec,
                       idx_t B, idx_t L, idx_t D, idx_t N,
                       int discretization, int n_threads) noexcept nogil:
-    return scan_forward_state(y, hstates, <floating*>NULL, u, Delta, Bs, Cs, ld_bc, A_log,
+    return scan_forward_state(y, hstate, <floating*>NULL, u, delta, Bs, Cs, ld_bc, A_log,
                               D_vec, <floating*>NULL, B, L, D, N, discretization, n_threads)
 
 
-cdef int scan_forward_state(floating* y, floating* hstates, floating* h_last,
-                            const floating* u, const floating* Delta,
+cdef int scan_forward_state(floating* y, floating* hstate, floating* h_last,
+                            const floating* u, const floating* delta,
                             const floating* Bs, const floating* Cs, idx_t ld_bc,
                             const floating* A_log, const floating* D_vec, const floating* h0,
                             idx_t B, idx_t L, idx_t D, idx_t N,
                             int discretization, int n_threads) noexcept nogil:
     # Jobs: (sequence b, group of G channels d0 .. d0+nl-1), b-major.
-    cdef idx_t T = SCAN_CHUNK, G = MX_G, nC = scan_nchunks(L), ng = (D + MX_G - 1) // MX_G
+    cdef idx_t T = SCAN_CHUNK, G = MX_SCAN_G, C = scan_nchunks(L), ng = (D + MX_SCAN_G - 1) // MX_SCAN_G
     cdef idx_t job, b, d0, c, t0, tn, r0, s
     cdef int nl, g, zoh = discretization == 0, failed = 0
     cdef int* failp = &failed
@@ -355,17 +218,17 @@ cdef int scan_forward_state(floating* y, floating* hstates, floating* h_last,
                     state_io(h, <floating*>h0 + (b * D + d0) * N, N, nl, False)
                 else:
                     memset(h, 0, N * G * sizeof(floating))
-                for c in range(nC):
+                for c in range(C):
                     t0 = c * T
                     tn = min(T, L - t0)
                     r0 = b * L + t0
-                    state_io(h, hstates + ((b * nC + c) * D + d0) * N, N, nl, True)
+                    state_io(h, hstate + ((b * C + c) * D + d0) * N, N, nl, True)
                     if nl == G:   # full group: read and write the (M, D) rows in place
-                        chunk_fwd(tn, N, zoh, Delta + r0 * D + d0, u + r0 * D + d0, D,
+                        chunk_fwd(tn, N, zoh, delta + r0 * D + d0, u + r0 * D + d0, D,
                                   Bs + r0 * ld_bc, Cs + r0 * ld_bc, ld_bc, AT, invAT, 0, h, em1,
                                   y + r0 * D + d0, Dv)
                     else:
-                        stage(dl, Delta + r0 * D + d0, tn, D, nl)
+                        stage(dl, delta + r0 * D + d0, tn, D, nl)
                         stage(uu, u + r0 * D + d0, tn, D, nl)
                         chunk_fwd(tn, N, zoh, dl, uu, G, Bs + r0 * ld_bc, Cs + r0 * ld_bc,
                                   ld_bc, AT, invAT, 0, h, em1, yy, Dv)
@@ -374,28 +237,28 @@ cdef int scan_forward_state(floating* y, floating* hstates, floating* h_last,
                                 y[(r0 + s) * D + d0 + g] = yy[s * G + g]
                 if h_last != NULL:
                     state_io(h, h_last + (b * D + d0) * N, N, nl, True)
-        free(buf)
+        mx_aligned_free(buf)
     return -1 if failed else 0
 
 
-cdef int scan_backward(floating* du, floating* dDelta, floating* dBs, floating* dCs,
+cdef int scan_backward(floating* du, floating* ddelta, floating* dBs, floating* dCs,
                        floating* dA_log, floating* dD_vec,
-                       const floating* dy, const floating* hstates,
-                       const floating* u, const floating* Delta,
+                       const floating* dy, const floating* hstate,
+                       const floating* u, const floating* delta,
                        const floating* Bs, const floating* Cs, idx_t ld_bc,
                        const floating* A_log, const floating* D_vec,
                        idx_t B, idx_t L, idx_t D, idx_t N,
                        int discretization, int n_threads) noexcept nogil:
-    return scan_backward_state(du, dDelta, dBs, dCs, dA_log, dD_vec, <floating*>NULL, dy,
-                               <floating*>NULL, hstates, u, Delta, Bs, Cs, ld_bc, A_log, D_vec,
+    return scan_backward_state(du, ddelta, dBs, dCs, dA_log, dD_vec, <floating*>NULL, dy,
+                               <floating*>NULL, hstate, u, delta, Bs, Cs, ld_bc, A_log, D_vec,
                                B, L, D, N, discretization, n_threads)
 
 
-cdef int scan_backward_state(floating* du, floating* dDelta, floating* dBs, floating* dCs,
+cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floating* dCs,
                              floating* dA_log, floating* dD_vec, floating* dh0,
                              const floating* dy, const floating* dh_last,
-                             const floating* hstates,
-                             const floating* u, const floating* Delta,
+                             const floating* hstate,
+                             const floating* u, const floating* delta,
                              const floating* Bs, const floating* Cs, idx_t ld_bc,
                              const floating* A_log, const floating* D_vec,
                              idx_t B, idx_t L, idx_t D, idx_t N,
@@ -404,7 +267,7 @@ cdef int scan_backward_state(floating* du, floating* dDelta, floating* dBs, floa
     # its sequence, dA_log/D_vec rows of its channels) to its own slot of partBC / partAD,
     # and these are summed afterwards in a fixed order (over channel groups, resp. over
     # sequences). So the result is bitwise the same for any thread count and timing.
-    cdef idx_t T = SCAN_CHUNK, G = MX_G, nC = scan_nchunks(L), ng = (D + MX_G - 1) // MX_G
+    cdef idx_t T = SCAN_CHUNK, G = MX_SCAN_G, C = scan_nchunks(L), ng = (D + MX_SCAN_G - 1) // MX_SCAN_G
     cdef idx_t job, b, d0, c, t0, tn, r0, s, j, k, r, n
     cdef int nl, g, zoh = discretization == 0, failed = 0
     cdef int* failp = &failed
@@ -450,7 +313,7 @@ cdef int scan_backward_state(floating* du, floating* dDelta, floating* dBs, floa
         # (T, G) (lane copies for a partial group); h (T+1, N, G); em1 (T, N, G);
         # dBC (L, 2N, GB): the job's dBs | dCs terms per lane mod GB.
         buf = <floating*>scratch((4 * N + 2 + 5 * T + (2 * T + 1) * N) * G
-                                 + 2 * L * N * MX_GB, sizeof(floating))
+                                 + 2 * L * N * MX_SCAN_GB, sizeof(floating))
         if buf == NULL:
             failp[0] = 1
         AT = buf
@@ -472,25 +335,25 @@ cdef int scan_backward_state(floating* du, floating* dDelta, floating* dBs, floa
                 b = job // ng
                 d0 = (job % ng) * G
                 nl = <int>min(G, D - d0)
-                memset(dBC, 0, 2 * L * N * MX_GB * sizeof(floating))
+                memset(dBC, 0, 2 * L * N * MX_SCAN_GB * sizeof(floating))
                 load_AT(AT, invAT, Dv, A_log + d0 * N, D_vec + d0, N, nl)
                 memset(carry, 0, (2 * N + 1) * G * sizeof(floating))  # carry, dAacc, dDacc
                 if dh_last != NULL:   # the adjoint entering from after step L-1
                     state_io(carry, <floating*>dh_last + (b * D + d0) * N, N, nl, False)
-                for c in range(nC - 1, -1, -1):
+                for c in range(C - 1, -1, -1):
                     t0 = c * T
                     tn = min(T, L - t0)
                     r0 = b * L + t0
-                    state_io(h, <floating*>hstates + ((b * nC + c) * D + d0) * N, N, nl, False)
+                    state_io(h, <floating*>hstate + ((b * C + c) * D + d0) * N, N, nl, False)
                     if nl == G:   # full group: read and accumulate the (M, D) rows in place
-                        pdl = Delta + r0 * D + d0
+                        pdl = delta + r0 * D + d0
                         puu = u + r0 * D + d0
                         pdy = dy + r0 * D + d0
                         pdu = du + r0 * D + d0
-                        pdD = dDelta + r0 * D + d0
+                        pdD = ddelta + r0 * D + d0
                         ld = D
                     else:
-                        stage(dl, Delta + r0 * D + d0, tn, D, nl)
+                        stage(dl, delta + r0 * D + d0, tn, D, nl)
                         stage(uu, u + r0 * D + d0, tn, D, nl)
                         stage(dyy, dy + r0 * D + d0, tn, D, nl)
                         memset(dul, 0, 2 * T * G * sizeof(floating))    # dul, dDl
@@ -498,29 +361,29 @@ cdef int scan_backward_state(floating* du, floating* dDelta, floating* dBs, floa
                     chunk_fwd(tn, N, zoh, pdl, puu, ld, Bs + r0 * ld_bc, Cs + r0 * ld_bc,
                               ld_bc, AT, invAT, N * G, h, em1, <floating*>NULL, Dv)
                     if floating is float:
-                        mx_scan_chunk_bwd_f(tn, N, zoh, pdl, puu, pdy, ld, Bs + r0 * ld_bc,
+                        mx_scan_backward_chunk_f(tn, N, zoh, pdl, puu, pdy, ld, Bs + r0 * ld_bc,
                                             Cs + r0 * ld_bc, ld_bc, AT, invAT, Dv, h, em1,
-                                            carry, dBC + t0 * 2 * N * MX_GB, dAacc, dDacc, pdu, pdD)
+                                            carry, dBC + t0 * 2 * N * MX_SCAN_GB, dAacc, dDacc, pdu, pdD)
                     else:
-                        mx_scan_chunk_bwd_d(tn, N, zoh, pdl, puu, pdy, ld, Bs + r0 * ld_bc,
+                        mx_scan_backward_chunk_d(tn, N, zoh, pdl, puu, pdy, ld, Bs + r0 * ld_bc,
                                             Cs + r0 * ld_bc, ld_bc, AT, invAT, Dv, h, em1,
-                                            carry, dBC + t0 * 2 * N * MX_GB, dAacc, dDacc, pdu, pdD)
+                                            carry, dBC + t0 * 2 * N * MX_SCAN_GB, dAacc, dDacc, pdu, pdD)
                     if nl < G:
                         for s in range(tn):
                             for g in range(nl):
                                 du[(r0 + s) * D + d0 + g] += dul[s * G + g]
-                                dDelta[(r0 + s) * D + d0 + g] += dDl[s * G + g]
+                                ddelta[(r0 + s) * D + d0 + g] += dDl[s * G + g]
                 if dh0 != NULL:       # carry = a_bar[0] * dh[0] = dLoss/dh0
                     state_add(dh0 + (b * D + d0) * N, carry, N, nl)
                 # the job's slots: dBC summed over its GB lanes; dAacc, dDacc copied
                 pbc = partBC + job * L * 2 * N
                 for k in range(L * 2 * N):
                     sum = 0
-                    for g in range(MX_GB):
-                        sum = sum + dBC[k * MX_GB + g]
+                    for g in range(MX_SCAN_GB):
+                        sum = sum + dBC[k * MX_SCAN_GB + g]
                     pbc[k] = sum
                 memcpy(partAD + job * (N + 1) * G, dAacc, (N + 1) * G * sizeof(floating))
-        free(buf)
+        mx_aligned_free(buf)
     if not failed:
         # dBs/dCs row r of sequence b: sum over the channel groups j = 0 .. ng-1
         for r in prange(B * L, schedule='static', num_threads=nt, nogil=True):
@@ -546,7 +409,7 @@ cdef int scan_backward_state(floating* du, floating* dDelta, floating* dBs, floa
                         dD_vec[d0 + g] += sum
                     else:
                         al = A_log[(d0 + g) * N + n]
-                        if al > -10 and al < 5:
+                        if al > A_LOG_MIN and al < A_LOG_MAX:
                             dA_log[(d0 + g) * N + n] += sum
-    free(part)
+    mx_aligned_free(part)
     return -1 if failed else 0

@@ -17,6 +17,7 @@ Size letters: M = B*L rows.
 from __future__ import annotations
 
 import math
+import os
 import re
 import struct
 import threading
@@ -94,7 +95,11 @@ class Gpu:
             raise RuntimeError("mamba_ext.gpu needs the wgpu package: pip install wgpu "
                                "(or pip install mamba_ext[gpu])") from e
         self.wgpu = wgpu
-        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        index = os.environ.get("MAMBA_EXT_GPU_INDEX", "").strip()
+        if index:   # one adapter per process, e.g. per MPI rank (mamba_ext.training.distributed)
+            adapter = _adapter_by_index(wgpu, index)
+        else:
+            adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
         if adapter is None:
             raise RuntimeError(NO_ADAPTER_HELP)
         self.adapter = adapter
@@ -307,6 +312,35 @@ def arena_layout(names_shapes):
         offs[name] = total
         total += math.prod(shape)
     return offs, total
+
+
+def _adapters(wgpu):
+    """The adapters that count for MAMBA_EXT_GPU_INDEX, in wgpu's order: those of
+    the native backends (Vulkan, Metal, D3D12) that are not software renderers,
+    falling back to the software ones, then to all."""
+    found = list(wgpu.gpu.enumerate_adapters_sync())
+    native = [a for a in found if str(a.info.get("backend_type", "")) not in ("OpenGL", "GL")] or found
+    # real GPUs first: a software adapter (llvmpipe) counts only when there is no other
+    real = [a for a in native if str(a.info.get("adapter_type", "")).lower() != "cpu"]
+    return real or native
+
+
+def adapter_count() -> int:
+    """Number of adapters MAMBA_EXT_GPU_INDEX chooses from (0 without wgpu)."""
+    try:
+        import wgpu
+    except ImportError:
+        return 0
+    return len(_adapters(wgpu))
+
+
+def _adapter_by_index(wgpu, index: str):
+    adapters = _adapters(wgpu)
+    if not index.isdigit() or int(index) >= len(adapters):
+        raise RuntimeError(f"MAMBA_EXT_GPU_INDEX={index!r}: expected an adapter index in "
+                           f"[0, {len(adapters)}); adapters found: "
+                           f"{[a.info.get('device') for a in adapters]}")
+    return adapters[int(index)]
 
 
 _GPU = None

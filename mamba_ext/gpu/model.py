@@ -16,7 +16,7 @@ from .._validate import BLOCK_PARAM_NAMES, check_discretization, check_eps, chec
 from ..constants import DEFAULT_EPS
 from . import scan as _scan
 from .block import BlockLayer, BlockScratch, require_float32
-from .device import arena_layout, column_sum, elementwise, gpu
+from .device import arena_layout, elementwise, gpu
 from .linear import gemm, linear_backward
 from .rmsnorm import rmsnorm_backward, rmsnorm_forward
 

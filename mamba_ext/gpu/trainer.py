@@ -73,8 +73,14 @@ class ResidentTrainer:
         return [self.n, self.n_decay, 1.0 - b1, b2, 1.0 - b2, self.lr * self.weight_decay,
                 self.lr / bc1, math.sqrt(bc2), self.eps, self.max_delta, self.clip]
 
-    def step(self, tokens, targets) -> float:
-        """One training step; returns the mean cross-entropy before the update."""
+    def step(self, tokens, targets, reduce=None) -> float:
+        """One training step; returns the mean cross-entropy before the update.
+
+        ``reduce``: distributed hook (``mamba_ext.training.distributed``): the
+        gradient arena is read back after the backward, passed as one flat
+        float32 array to ``reduce(flat, loss, False) -> (flat, loss, _)``
+        (all-reduced in place), written back, and grad norm + AdamW run in a
+        second submit."""
         tok, tgt = check_batch(tokens, targets, self.arrays["embedding"].shape[0])
         plan = self._plans.get(tok.shape)
         if plan is None:
@@ -85,8 +91,14 @@ class ResidentTrainer:
         ops = plan.train_ops()
         plan.upload_batch(tok, tgt)
         g.write_params(self._adamw.step_op, self._adam_params(self.t + 1))
-        g.submit(ops + self._adamw.ops, plan.clears)
-        loss = plan.loss()
+        if reduce is None:
+            g.submit(ops + self._adamw.ops, plan.clears)
+            loss = plan.loss()
+        else:
+            g.submit(ops, plan.clears)
+            flat, loss, _ = reduce(g.read(self.gr, self.n), plan.loss(), False)
+            g.write(self.gr, flat)
+            g.submit(self._adamw.ops)
         st = g.read(self._adamw.stat, 2)
         self.last_grad_norm = float(np.sqrt(np.float64(st[0])))
         if st[1] > 0:

@@ -8,26 +8,44 @@ relative to the data section) and ``__metadata__`` to a str -> str dict.
 
 Writes are atomic: a temporary file in the target folder is written, flushed
 and fsync'ed, then ``os.replace``d over the target (and the folder fsync'ed),
-so a crash leaves either the old file or the new one, never a mix.
-We store ``sha256`` of the data section in ``__metadata__["mamba_ext.sha256"]``;
-:func:`load` verifies the header, every dtype/shape/offset, the file size and
-that checksum, and refuses a truncated or corrupted file with ``ValueError``.
+so a crash leaves either the old file or the new one, never a mix. The file gets
+the permissions a plain ``open(path, "w")`` would give it (0666 minus the umask).
+
+Integrity: ``__metadata__["mamba_ext.file_sha256"]`` holds the sha256 of the WHOLE
+file (length prefix, header, metadata and tensor data) computed with the digest's 64
+hex digits set to ``0``; so every byte is authenticated, the header included.
+:func:`load` checks the structure (every field of every entry, the file size), then
+the digest, and refuses a truncated or corrupted file with one ``ValueError`` that
+names the file and the field.
 
 Training checkpoints (:func:`save_checkpoint` / :func:`load_checkpoint`) use
-tensor names ``param.<name>`` and ``optim.<key>`` and JSON in the metadata for
-the step, the config and the optimizer/scaler scalars.
+tensor names ``param.<name>``, ``optim.<key>`` and ``array.<name>`` and JSON in the
+metadata for the step, the config and the optimizer/scaler scalars; every tensor
+name and metadata key is checked (unknown ones are refused).
 """
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
+import re
 import tempfile
+from collections.abc import Callable, Mapping
+from typing import IO, Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-CHECKSUM_KEY = "mamba_ext.sha256"
+StrPath = str | os.PathLike[str]     # a file path, as open() takes it
+
+CHECKSUM_KEY = "mamba_ext.file_sha256"
+# Files of mamba_ext <= 0.1 carried a sha256 of the tensor data only, under this key.
+LEGACY_CHECKSUM_KEY = "mamba_ext.sha256"
+_DIGEST_HEX = 64
+_PLACEHOLDER = "0" * _DIGEST_HEX
 _MAX_HEADER = 100 * 1024 * 1024
+_MAX_RANK = 64
 
 # safetensors dtype code <-> numpy dtype (little-endian)
 _DTYPES = {
@@ -37,6 +55,7 @@ _DTYPES = {
     "BOOL": np.dtype("?"),
 }
 _CODES = {dt: code for code, dt in _DTYPES.items()}
+FLOAT_CODES = ("F16", "F32", "F64")
 
 
 def _code(name: str, a: np.ndarray) -> str:
@@ -45,6 +64,23 @@ def _code(name: str, a: np.ndarray) -> str:
         raise TypeError(f"{name}: dtype {a.dtype} cannot be stored in safetensors "
                         f"(supported: {sorted(_CODES.values())})")
     return code
+
+
+def strict_json(text: str, what: str) -> Any:
+    """``json.loads`` that refuses duplicate keys and the non-standard NaN/Infinity
+    constants (a flipped byte must not turn into a silently different value)."""
+    def pairs(items):
+        d = {}
+        for k, v in items:
+            if k in d:
+                raise ValueError(f"{what}: duplicate key {k!r}")
+            d[k] = v
+        return d
+
+    def constant(c):
+        raise ValueError(f"{what}: non-finite number {c} is not valid JSON")
+
+    return json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
 
 
 def _fsync_dir(folder: str) -> None:
@@ -60,13 +96,16 @@ def _fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
-def save(path, tensors: dict, metadata: dict | None = None) -> None:
-    """Write ``tensors`` (name -> array) and ``metadata`` (str -> str) atomically."""
+def save(path: StrPath, tensors: Mapping[str, ArrayLike], metadata: Mapping[str, str] | None = None) -> None:
+    """Write ``tensors`` (name -> array) and ``metadata`` (str -> str) atomically,
+    with the whole-file digest (see the module docstring)."""
     path = os.fspath(path)
     meta = {} if metadata is None else dict(metadata)
     for k, v in meta.items():
         if not isinstance(k, str) or not isinstance(v, str):
             raise TypeError(f"metadata: keys and values must be str, got {k!r}: {type(v).__name__}")
+    if CHECKSUM_KEY in meta or LEGACY_CHECKSUM_KEY in meta:
+        raise ValueError(f"metadata: {CHECKSUM_KEY!r} and {LEGACY_CHECKSUM_KEY!r} are written by save itself")
     arrays, header, offset = [], {}, 0
     for name in tensors:
         if not isinstance(name, str) or name == "__metadata__":
@@ -78,16 +117,21 @@ def save(path, tensors: dict, metadata: dict | None = None) -> None:
                         "data_offsets": [offset, offset + a.nbytes]}
         offset += a.nbytes
         arrays.append(a)
-    h = hashlib.sha256()
-    for a in arrays:
-        h.update(a.reshape(-1).view(np.uint8))
-    meta[CHECKSUM_KEY] = h.hexdigest()
+    meta[CHECKSUM_KEY] = _PLACEHOLDER
     header["__metadata__"] = meta
     hb = json.dumps(header, separators=(",", ":")).encode("utf-8")
     hb += b" " * (-len(hb) % 8)
+    field = _digest_field(_PLACEHOLDER)
+    assert hb.count(field) == 1        # our key, written once by json.dumps
+    prefix = len(hb).to_bytes(8, "little")
+    h = hashlib.sha256(prefix)
+    h.update(hb)
+    for a in arrays:
+        h.update(a.reshape(-1).view(np.uint8))
+    hb = hb.replace(field, _digest_field(h.hexdigest()))
 
     def write(f):
-        f.write(len(hb).to_bytes(8, "little"))
+        f.write(prefix)
         f.write(hb)
         for a in arrays:
             f.write(a.reshape(-1).view(np.uint8))
@@ -95,15 +139,39 @@ def save(path, tensors: dict, metadata: dict | None = None) -> None:
     atomic_write(path, write)
 
 
-def atomic_write(path, write) -> None:
+def _digest_field(hexdigest: str) -> bytes:
+    return f'"{CHECKSUM_KEY}":"{hexdigest}"'.encode("ascii")
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where the system says it
+    (Linux: /proc/self/status); elsewhere set and restored at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: StrPath, write: Callable[[IO[bytes]], Any]) -> None:
     """Create/replace ``path`` atomically: ``write(f)`` fills a temporary file in
-    the same folder, which is fsync'ed and then ``os.replace``d over ``path``."""
+    the same folder, which is fsync'ed and then ``os.replace``d over ``path``.
+    The file gets mode 0666 minus the umask (what ``open(path, "w")`` gives), not the
+    0600 of a temporary file. The temporary file is named ``.<name>.<random>.tmp``;
+    :func:`remove_stale_temporaries` removes those a killed process left behind."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
                                dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
+            if hasattr(os, "fchmod"):
+                os.fchmod(f.fileno(), 0o666 & ~_umask())
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -117,13 +185,41 @@ def atomic_write(path, write) -> None:
     _fsync_dir(folder)
 
 
-def load(path, require_checksum: bool = True):
-    """Read a safetensors file; returns ``(tensors, metadata)``.
+def remove_stale_temporaries(folder: StrPath, name: str) -> list[str]:
+    """Remove the ``.<name>.*.tmp`` files that :func:`atomic_write` of ``folder/name``
+    leaves when its process is killed mid-write; returns the paths removed. Call it only
+    where no other process is writing ``name`` in ``folder`` (e.g. at the start of a run
+    that owns the folder)."""
+    folder = os.fspath(folder)
+    pattern = re.compile(re.escape("." + name + ".") + r"[A-Za-z0-9_]+\.tmp\Z")
+    removed = []
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return removed
+    for entry in entries:
+        full = os.path.join(folder, entry)
+        if pattern.match(entry) and os.path.isfile(full) and not os.path.islink(full):
+            try:
+                os.unlink(full)
+                removed.append(full)
+            except OSError:
+                pass
+    return removed
 
-    Every check failure raises ``ValueError`` naming the file and the problem.
-    ``require_checksum=False`` accepts files written by other tools (no
-    ``mamba_ext.sha256`` in the metadata); a checksum that is present is
-    always verified.
+
+def _int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(type(v) is int for v in value)
+
+
+def load(path: StrPath, require_checksum: bool = True) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Read a safetensors file; returns ``(tensors, metadata)`` (the digest key removed).
+
+    Every check failure raises ``ValueError`` naming the file, the tensor and the field.
+    ``require_checksum=False`` accepts files written by other tools (no digest in the
+    metadata), whose bytes nothing authenticates; a digest that is present is always
+    verified. Files of mamba_ext <= 0.1 (tensor data checksum only) are refused unless
+    ``require_checksum=False`` (then their data checksum is verified).
     """
     path = os.fspath(path)
 
@@ -137,56 +233,79 @@ def load(path, require_checksum: bool = True):
     n = int.from_bytes(raw[:8], "little")
     if n < 2 or n > _MAX_HEADER or 8 + n > len(raw):
         raise bad(f"header length {n} does not fit the file size {len(raw)} (truncated or corrupted)")
+    header_bytes = raw[8:8 + n]
     try:
-        header = json.loads(raw[8:8 + n].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        header = strict_json(header_bytes.decode("utf-8"), "header")
+    except (UnicodeDecodeError, ValueError) as e:     # JSONDecodeError is a ValueError
         raise bad(f"header is not valid JSON ({e})") from None
     if not isinstance(header, dict):
         raise bad("header is not a JSON object")
-    meta = header.pop("__metadata__", {}) or {}
-    if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                             for k, v in meta.items()):
-        raise bad("__metadata__ must map str to str")
+    meta = header.pop("__metadata__", {})
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise bad("field '__metadata__' must map str to str")
     data = memoryview(raw)[8 + n:]
 
     entries = []
     for name, e in header.items():
+        where = f"tensor {name!r}"
         if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
-            raise bad(f"tensor {name!r}: entry must have exactly dtype, shape, data_offsets")
-        dt = _DTYPES.get(e["dtype"])
-        if dt is None:
-            raise bad(f"tensor {name!r}: unsupported dtype {e['dtype']!r}")
-        shape, offs = e["shape"], e["data_offsets"]
-        if (not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape)):
-            raise bad(f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
-        if (not isinstance(offs, list) or len(offs) != 2
-                or not all(isinstance(o, int) and o >= 0 for o in offs) or offs[0] > offs[1]):
-            raise bad(f"tensor {name!r}: data_offsets {offs!r} invalid")
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+            raise bad(f"{where}: entry must have exactly the fields dtype, shape, data_offsets")
+        code, shape, offs = e["dtype"], e["shape"], e["data_offsets"]
+        if not isinstance(code, str) or code not in _DTYPES:
+            raise bad(f"{where}: field 'dtype': {code!r} is not one of {sorted(_DTYPES)}")
+        dt = _DTYPES[code]
+        if not _int_list(shape) or len(shape) > _MAX_RANK or any(s < 0 for s in shape):
+            raise bad(f"{where}: field 'shape': {shape!r} is not a list of at most {_MAX_RANK} "
+                      f"non-negative integers")
+        if not _int_list(offs) or len(offs) != 2 or not 0 <= offs[0] <= offs[1] <= len(data):
+            raise bad(f"{where}: field 'data_offsets': {offs!r} is not [begin, end] with "
+                      f"0 <= begin <= end <= {len(data)}, the data section's size (truncated or corrupted)")
+        count = 1
+        for s in shape:            # Python integers: a shape of [2**70] cannot wrap around
+            count *= s
+        nbytes = count * dt.itemsize
         if offs[1] - offs[0] != nbytes:
-            raise bad(f"tensor {name!r}: data_offsets {offs} hold {offs[1] - offs[0]} bytes, "
-                      f"but dtype {e['dtype']} shape {shape} needs {nbytes}")
+            raise bad(f"{where}: field 'data_offsets': {offs} hold {offs[1] - offs[0]} bytes, "
+                      f"but dtype {code} and shape {shape} need {nbytes}")
         entries.append((offs[0], offs[1], name, dt, tuple(shape)))
     entries.sort()
     pos = 0
     for begin, end, name, _, _ in entries:
         if begin != pos:
-            raise bad(f"tensor {name!r}: data starts at {begin}, expected {pos} "
+            raise bad(f"tensor {name!r}: field 'data_offsets': data starts at {begin}, expected {pos} "
                       f"(overlapping tensors or a hole in the data)")
         pos = end
     if pos != len(data):
         raise bad(f"data section is {len(data)} bytes but the header describes {pos} "
                   f"(truncated or trailing garbage)")
 
-    digest = meta.get(CHECKSUM_KEY)
-    if digest is None:
-        if require_checksum:
-            raise bad(f"no {CHECKSUM_KEY} checksum in __metadata__ (not written by mamba_ext)")
-    else:
+    digest = meta.pop(CHECKSUM_KEY, None)
+    legacy = meta.pop(LEGACY_CHECKSUM_KEY, None)
+    if digest is not None:
+        if not (len(digest) == _DIGEST_HEX and re.fullmatch(r"[0-9a-f]+", digest)):
+            raise bad(f"field '__metadata__.{CHECKSUM_KEY}': {digest!r} is not a sha256 hex digest")
+        field = _digest_field(digest)
+        if header_bytes.count(field) != 1:
+            raise bad(f"field '__metadata__.{CHECKSUM_KEY}' is not written as mamba_ext writes it")
+        h = hashlib.sha256(raw[:8])
+        h.update(header_bytes.replace(field, _digest_field(_PLACEHOLDER)))
+        h.update(data)
+        if not hmac.compare_digest(h.hexdigest(), digest):
+            raise bad("sha256 checksum mismatch: the file is corrupted (its digest covers every "
+                      "byte: header, metadata and tensor data)")
+    elif require_checksum:
+        if legacy is not None:
+            raise bad(f"written by mamba_ext <= 0.1, whose checksum ({LEGACY_CHECKSUM_KEY}) covers "
+                      f"the tensor data only, not the header; load it with require_checksum=False "
+                      f"and save it again")
+        raise bad(f"no {CHECKSUM_KEY} digest in __metadata__ (not written by mamba_ext)")
+    elif legacy is not None:
         h = hashlib.sha256()
-        for begin, end, *_ in entries:     # checksum covers the data in offset order
+        for begin, end, *_ in entries:     # the legacy checksum covers the data in offset order
             h.update(data[begin:end])
-        if h.hexdigest() != digest:
+        if not hmac.compare_digest(h.hexdigest(), str(legacy)):
             raise bad("sha256 checksum mismatch: the tensor data is corrupted")
 
     where = {name: (begin, end, dt, shape) for begin, end, name, dt, shape in entries}
@@ -222,9 +341,10 @@ def _unflatten(flat: dict) -> dict:
     return out
 
 
-def save_checkpoint(path, params: dict, *, step: int, config: dict,
-                    optimizer_state: dict | None = None, extra: dict | None = None,
-                    arrays: dict | None = None) -> None:
+def save_checkpoint(path: StrPath, params: Mapping[str, ArrayLike], *, step: int,
+                    config: Mapping[str, Any], optimizer_state: Mapping[str, Any] | None = None,
+                    extra: Mapping[str, Any] | None = None,
+                    arrays: Mapping[str, ArrayLike] | None = None) -> None:
     """A training checkpoint: ``params`` (name -> array), the optimizer's
     ``state_dict()`` (possibly nested dicts; arrays stored as tensors
     ``optim.<a/b>``, everything else as JSON), ``step``, ``config`` and
@@ -236,7 +356,7 @@ def save_checkpoint(path, params: dict, *, step: int, config: dict,
     tensors.update({f"optim.{k}": v for k, v in opt_t.items()})
     tensors.update({f"array.{k}": v for k, v in (arrays or {}).items()})
     meta = {
-        "format": "mamba_ext.training.loop/1",
+        "format": _FORMAT,
         "step": str(int(step)),
         "config": json.dumps(config, sort_keys=True),
         "optimizer": json.dumps(opt_s, sort_keys=True, default=_json_default),
@@ -253,29 +373,57 @@ def _json_default(o):
     raise TypeError(f"checkpoint: cannot store {type(o).__name__} in the metadata")
 
 
-def load_checkpoint(path) -> dict:
+_META_KEYS = {"format", "step", "config", "optimizer", "extra"}
+_FORMAT = "mamba_ext.training.loop/1"
+
+
+def load_checkpoint(path: StrPath) -> dict[str, Any]:
     """Inverse of :func:`save_checkpoint`: a dict with ``params``, ``step``,
     ``config``, ``optimizer_state``, ``extra``, ``arrays``. (Tuples stored in the
-    optimizer state come back as lists.)"""
+    optimizer state come back as lists.)
+
+    Strict: the digest must be there and match, the metadata must hold exactly the keys
+    save_checkpoint writes (``step`` in canonical ASCII decimal, JSON without duplicate
+    keys or NaN), and every tensor name must be ``param.<name>``, ``optim.<key>`` or
+    ``array.<name>``. Checking the contents against a model is the caller's
+    (``mamba_ext.training.loop.load_training_checkpoint``).
+    """
+    fname = os.fspath(path)
     tensors, meta = load(path, require_checksum=True)
-    if meta.get("format") != "mamba_ext.training.loop/1":
-        raise ValueError(f"{os.fspath(path)}: not a mamba_ext training checkpoint "
-                         f"(format {meta.get('format')!r})")
-    try:
-        step = int(meta["step"])
-        config = json.loads(meta["config"])
-        opt_flat = json.loads(meta["optimizer"])
-        extra = json.loads(meta["extra"])
-    except (KeyError, ValueError) as e:
-        raise ValueError(f"{os.fspath(path)}: checkpoint metadata incomplete or invalid ({e})") from None
-    out = {"params": {}, "arrays": {}, "step": step, "config": config, "extra": extra}
+    if meta.get("format") != _FORMAT:
+        raise ValueError(f"{fname}: not a mamba_ext training checkpoint "
+                         f"(field '__metadata__.format' is {meta.get('format')!r})")
+    if set(meta) != _META_KEYS:
+        raise ValueError(f"{fname}: field '__metadata__': keys {sorted(meta)}, expected {sorted(_META_KEYS)}")
+    if not re.fullmatch(r"0|[1-9][0-9]{0,17}", meta["step"], re.ASCII):
+        raise ValueError(f"{fname}: field '__metadata__.step': {meta['step']!r} is not a step number")
+    step = int(meta["step"])
+    parsed = {}
+    for key in ("config", "optimizer", "extra"):
+        try:
+            parsed[key] = strict_json(meta[key], f"__metadata__.{key}")
+        except ValueError as e:
+            raise ValueError(f"{fname}: field '__metadata__.{key}' is not valid JSON ({e})") from None
+        if not isinstance(parsed[key], dict):
+            raise ValueError(f"{fname}: field '__metadata__.{key}' is not a JSON object")
+    opt_flat = parsed["optimizer"]
+    out = {"params": {}, "arrays": {}, "step": step, "config": parsed["config"],
+           "extra": parsed["extra"]}
     for name, a in tensors.items():
-        kind, _, key = name.partition(".")
+        kind, dot, key = name.partition(".")
+        if not dot or not key:
+            kind = ""
         if kind == "param":
             out["params"][key] = a
         elif kind == "optim":
+            if key in opt_flat:
+                raise ValueError(f"{fname}: tensor {name!r}: also stored as a scalar in "
+                                 f"'__metadata__.optimizer'")
             opt_flat[key] = a
         elif kind == "array":
             out["arrays"][key] = a
+        else:
+            raise ValueError(f"{fname}: tensor {name!r}: unknown name (expected param.<name>, "
+                             f"optim.<key> or array.<name>)")
     out["optimizer_state"] = _unflatten(opt_flat)
     return out

@@ -23,7 +23,8 @@ Why the conv taps flip: transformers runs ``nn.Conv1d(padding=K-1)`` (cross-corr
 whose tap ``K-1`` multiplies the current step; our tap 0 does (docs/semantics.md).
 
 Two semantic differences are carried in the returned config rather than in weights:
-the RMSNorm epsilon (``layer_norm_epsilon``, 1e-5 there; 1e-6 is our default) and the
+the RMSNorm epsilon (``layer_norm_epsilon``, 1e-5 there; our default is
+``mamba_ext.constants.DEFAULT_EPS``, 1e-6) and the
 discretisation: transformers and the CUDA kernels use Euler ``b_bar = Delta*B``, so a
 converted model matches them only when run with ``discretization="euler"``. Pass the
 returned ``config["eps"]`` and ``config["discretization"]`` to ``model_forward`` /
@@ -31,7 +32,8 @@ returned ``config["eps"]`` and ``config["discretization"]`` to ``model_forward``
 
 Anything we cannot represent exactly is refused with a ValueError that says why:
 another activation, an untied or biased head, a non-zero x_proj bias, A_log outside the
-clamp range [-10, 5] our forward applies, non-finite weights, unknown tensors.
+clamp range [A_LOG_MIN, A_LOG_MAX] = [-10, 5] our forward applies (``mamba_ext.constants``),
+non-finite weights, unknown tensors.
 """
 from __future__ import annotations
 
@@ -39,14 +41,16 @@ import json
 import math
 import os
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
-from . import checkpoint
-from .._validate import as_float_array
+from .._validate import as_float_array, check_eps, check_size
+from ..constants import A_LOG_MAX, A_LOG_MIN
 from ..model import check_model_params
-
-A_LOG_MIN, A_LOG_MAX = -10.0, 5.0   # our forward clamps A_log to this range (golden README step 7)
+from . import checkpoint
+from .checkpoint import StrPath
 
 _MIXER = {  # our block name -> HF mixer tensor name (the ones without a layout change)
     "wInProj": "in_proj.weight", "bInProj": "in_proj.bias", "bConv": "conv1d.bias",
@@ -69,25 +73,34 @@ def _hf_dims(hf_config: Mapping) -> dict:
     if not cfg.get("tie_word_embeddings", True):
         raise ValueError("config.json: tie_word_embeddings is false; mamba_ext ties the output head to "
                          "the embedding (an untied head is accepted only if lm_head.weight equals it)")
+    def size(key, default=None, lo=1):
+        if key not in cfg and default is None:
+            raise ValueError(f"config.json: missing required field {key!r}")
+        v = cfg.get(key, default)
+        if type(v) is not int:      # JSON integers only: no "64", 64.5 or true
+            raise ValueError(f"config.json: field {key!r}: expected an integer, got {v!r}")
+        try:
+            return check_size(key, v, lo=lo)
+        except ValueError as e:
+            raise ValueError(f"config.json: field {e}") from None
+
+    Dm = size("hidden_size")
+    V = size("vocab_size")
+    n_layers = size("num_hidden_layers", lo=0)
+    N = size("state_size", 16)
+    K = size("conv_kernel", 4)
+    D = check_size("config.json: expand * hidden_size", size("expand", 2) * Dm)  # as transformers
+    R = math.ceil(Dm / 16) if cfg.get("time_step_rank", "auto") == "auto" else size("time_step_rank")
     try:
-        Dm = int(cfg["hidden_size"])
-        V = int(cfg["vocab_size"])
-        n_layers = int(cfg["num_hidden_layers"])
-        N = int(cfg.get("state_size", 16))
-        K = int(cfg.get("conv_kernel", 4))
-        D = int(cfg.get("expand", 2) * Dm)   # transformers derives intermediate_size this way
-        R = cfg.get("time_step_rank", "auto")
-        R = math.ceil(Dm / 16) if R == "auto" else int(R)
-        eps = float(cfg.get("layer_norm_epsilon", 1e-5))
-    except KeyError as e:
-        raise ValueError(f"config.json: missing required field {e.args[0]!r}") from None
-    if not (eps > 0.0 and math.isfinite(eps)):
-        raise ValueError(f"config.json: layer_norm_epsilon must be a finite number > 0, got {eps}")
+        eps = check_eps(cfg.get("layer_norm_epsilon", 1e-5))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"config.json: field 'layer_norm_epsilon': {e}") from None
     return {"vocab_size": V, "d_model": Dm, "n_layers": n_layers, "d_state": N, "d_conv": K,
             "d_inner": D, "dt_rank": R, "eps": eps, "discretization": "euler"}
 
 
-def params_from_hf(tensors: Mapping, hf_config: Mapping, dtype=np.float32):
+def params_from_hf(tensors: Mapping[str, ArrayLike], hf_config: Mapping[str, Any],
+                   dtype: DTypeLike = np.float32) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """HF state dict (name -> array, torch tensors need ``.numpy()`` first) -> ``(params, config)``.
 
     ``params`` is our model dict (``embedding``, ``final_norm``, ``lm_head_bias``,
@@ -105,7 +118,11 @@ def params_from_hf(tensors: Mapping, hf_config: Mapping, dtype=np.float32):
                 raise ValueError(f"checkpoint: missing tensor {key!r} (expected shape {shape})")
             return np.zeros(shape, dtype)
         used.add(key)
-        arr = as_float_array(key, np.asarray(t[key], dtype=np.float64)).astype(dtype)
+        src = np.asarray(t[key])
+        if src.dtype.kind != "f":     # never reinterpret integers (or bools) as weights
+            raise ValueError(f"checkpoint: {key}: dtype {src.dtype} is not a float dtype; "
+                             f"a Mamba weight is float16, float32 or float64")
+        arr = as_float_array(key, src.astype(np.float64)).astype(dtype)
         if arr.shape != tuple(shape):
             raise ValueError(f"checkpoint: {key}: expected shape {tuple(shape)} (from config.json: "
                              f"{_describe(cfg)}), got {arr.shape}")
@@ -145,7 +162,8 @@ def params_from_hf(tensors: Mapping, hf_config: Mapping, dtype=np.float32):
     unknown = sorted(set(t) - used)
     if unknown:
         raise ValueError(f"checkpoint: unexpected tensor(s) {unknown[:8]}"
-                         f"{' ...' if len(unknown) > 8 else ''}; not a Mamba-1 layout mamba_ext can represent")
+                         f"{' ...' if len(unknown) > 8 else ''}; "
+                         f"not a Mamba-1 layout mamba_ext can represent")
     return params, cfg
 
 
@@ -154,12 +172,13 @@ def _describe(cfg):
                                                "d_conv", "dt_rank", "n_layers"))
 
 
-def params_to_hf(params: Mapping, config: Mapping, approximate_discretization: bool = False):
+def params_to_hf(params: Mapping[str, ArrayLike], config: Mapping[str, Any],
+                 approximate_discretization: bool = False) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Our params + config -> ``(tensors, hf_config)`` for ``MambaForCausalLM``.
 
     ``config`` needs ``eps`` and ``discretization``. A model run with ``"zoh"`` computes a
     (slightly) different function than transformers' Euler scan: refused unless
-    ``approximate_discretization=True``. A_log is written clipped to [-10, 5], which is
+    ``approximate_discretization=True``. A_log is written clipped to [A_LOG_MIN, A_LOG_MAX], which is
     what our forward uses. Refused: no layers, a non-zero ``lm_head_bias`` or ``bXProj``,
     ``d_inner`` not a multiple of ``d_model`` (transformers only has an integer ``expand``).
     """
@@ -176,7 +195,7 @@ def params_to_hf(params: Mapping, config: Mapping, approximate_discretization: b
                          "with discretization='euler', or pass approximate_discretization=True")
     if "eps" not in config:
         raise ValueError("config: missing 'eps' (the RMSNorm epsilon the model is run with)")
-    eps = float(config["eps"])
+    eps = check_eps(config["eps"])
     if np.any(arrays["lm_head_bias"] != 0):
         raise ValueError("lm_head_bias: non-zero; the Hugging Face Mamba head has no bias, so this "
                          "model cannot be represented there")
@@ -213,7 +232,7 @@ def params_to_hf(params: Mapping, config: Mapping, approximate_discretization: b
 
 # ---- files (mamba_ext.io.checkpoint reads and writes safetensors, verified, atomically) ----
 
-def load_hf(path, dtype=np.float32):
+def load_hf(path: StrPath, dtype: DTypeLike = np.float32) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Load a ``save_pretrained`` folder -> ``(params, config)`` (see :func:`params_from_hf`).
 
     Reads ``model.safetensors`` or the shards of ``model.safetensors.index.json``
@@ -222,29 +241,51 @@ def load_hf(path, dtype=np.float32):
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise FileNotFoundError(f"{path}: no config.json; expected a Hugging Face save_pretrained folder")
-    with open(cfg_path, encoding="utf-8") as f:
-        hf_config = json.load(f)
+    hf_config = _read_json(cfg_path)
     single = os.path.join(path, "model.safetensors")
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(single):
         files = [single]
     elif os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
-        files = [os.path.join(path, s) for s in shards]
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map or not all(
+                isinstance(s, str) and s == os.path.basename(s) and s not in ("", ".", "..")
+                for s in weight_map.values()):
+            raise ValueError(f"{index}: field 'weight_map': expected a non-empty mapping of tensor "
+                             f"names to shard file names in the same folder")
+        files = [os.path.join(path, s) for s in sorted(set(weight_map.values()))]
     else:
         other = [n for n in os.listdir(path) if n.endswith((".bin", ".pt", ".pth"))]
         raise FileNotFoundError(f"{path}: no model.safetensors (or index); "
                                 + (f"found {other}: re-save with safe_serialization=True" if other else
                                    "expected the safetensors layout of save_pretrained"))
-    tensors = {}
+    tensors: dict[str, np.ndarray] = {}
     for fname in files:
         part, _ = checkpoint.load(fname, require_checksum=False)
-        tensors.update(part)
+        for key, a in part.items():
+            if a.dtype.kind != "f":
+                raise ValueError(f"{fname}: tensor {key!r}: field 'dtype': {a.dtype} is not a float "
+                                 f"dtype (F16, F32 or F64); mamba_ext never converts integers to weights")
+            if key in tensors:
+                raise ValueError(f"{fname}: tensor {key!r} is also in another shard")
+            tensors[key] = a
     return params_from_hf(tensors, hf_config, dtype=dtype)
 
 
-def save_hf(path, params, config, approximate_discretization=False):
+def _read_json(fname: str) -> dict[str, Any]:
+    """A JSON object from a file: one ValueError naming the file when it is not one."""
+    try:
+        with open(fname, "rb") as f:
+            value = checkpoint.strict_json(f.read().decode("utf-8"), fname)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{fname}: not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{fname}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def save_hf(path: StrPath, params: Mapping[str, ArrayLike], config: Mapping[str, Any],
+            approximate_discretization: bool = False) -> dict[str, Any]:
     """Write ``config.json`` + ``model.safetensors`` (float32) that
     ``MambaForCausalLM.from_pretrained`` loads; returns the HF config dict.
 

@@ -1,9 +1,13 @@
 """Independent float64 NumPy reference of the Mamba-1 block and the small model.
 
 Written from the semantics in docs/semantics.md ("Exact semantics"), step
-by step, with a plain sequential scan; it shares no code with mamba_ext. Slow
-and simple on purpose: it is what the tests compare the compiled core against
+by step, with a plain sequential scan; it shares no code with the compiled core.
+Slow and simple on purpose: it is what the tests compare the compiled core against
 (besides the golden files, which this module is itself checked against).
+
+The step functions keep the dtype of their inputs (``block_forward`` and
+``model_forward`` convert everything to float64 first), so the one-token recurrent
+inference of :mod:`mamba_ext.recurrent` runs these very steps in the params' dtype.
 
 Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv,
 R dtRank, P = R + 2N, V vocab.
@@ -12,16 +16,20 @@ from __future__ import annotations
 
 import numpy as np
 
-A_LOG_MIN, A_LOG_MAX = -10.0, 5.0
+from ..constants import A_LOG_MAX, A_LOG_MIN, DEFAULT_EPS
+
+__all__ = ["A_LOG_MIN", "A_LOG_MAX", "rmsnorm_forward", "rmsnorm", "sigmoid", "silu", "softplus",
+           "linear_forward", "conv1d_forward", "a_of", "scan_step", "scan_forward", "gate_forward",
+           "block_forward", "cross_entropy_forward", "block_params_of_layer", "model_forward"]
 
 
-def rmsnorm_forward(x, weight, eps=1e-6):
+def rmsnorm_forward(x, weight, eps=DEFAULT_EPS):
     """x (..., Dm) -> (x * rstd * weight, rstd (..., 1)); eps inside the root (step 1)."""
     rstd = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
     return x * rstd * weight, rstd
 
 
-def rmsnorm(x, weight, eps=1e-6):
+def rmsnorm(x, weight, eps=DEFAULT_EPS):
     """The normalised rows of :func:`rmsnorm_forward` alone."""
     return rmsnorm_forward(x, weight, eps)[0]
 
@@ -51,7 +59,7 @@ def conv1d_forward(xc, weight, bias, conv_state=None):
     """
     B, L, D = xc.shape
     K = weight.shape[1]
-    hist = np.zeros((B, K - 1, D)) if conv_state is None else np.asarray(conv_state, np.float64)
+    hist = np.zeros((B, K - 1, D), xc.dtype) if conv_state is None else np.asarray(conv_state, xc.dtype)
     full = np.concatenate([hist, xc], axis=1)            # (B, K-1+L, D)
     conv = np.broadcast_to(bias, xc.shape).copy()
     for k in range(K):
@@ -64,27 +72,36 @@ def a_of(A_log):
     return -np.exp(np.clip(A_log, A_LOG_MIN, A_LOG_MAX))
 
 
+def scan_step(h, u, delta, A, Bs, Cs, discretization="zoh"):
+    """One time step of the recurrence (steps 8-10, without the D_vec skip).
+
+    h (B, D, N) the state before the step; u, delta (B, D); A (D, N); Bs, Cs (B, N).
+    Returns (y (B, D), h_new (B, D, N)); ``h`` is not modified.
+    """
+    dA = delta[:, :, None] * A                            # (B, D, N)
+    a_bar = np.exp(dA)
+    if discretization == "zoh":                           # 8. exact ZOH; expm1 keeps
+        b_bar = np.expm1(dA) / A * Bs[:, None, :]         #    (a_bar - 1)/A accurate
+    elif discretization == "euler":
+        b_bar = delta[:, :, None] * Bs[:, None, :]
+    else:
+        raise ValueError(f"discretization: {discretization!r}")
+    h = a_bar * h + b_bar * u[:, :, None]                 # 9. recurrence
+    return np.sum(Cs[:, None, :] * h, axis=-1), h         # 10. readout
+
+
 def scan_forward(u, delta, A, Bs, Cs, D_vec, discretization="zoh", h0=None):
-    """Selective scan (steps 8-10), sequential in time.
+    """Selective scan (steps 8-10), sequential in time: :func:`scan_step` for t = 0..L-1.
 
     u, delta (B, L, D); A (D, N); Bs, Cs (B, L, N); D_vec (D,); h0 (B, D, N) or None.
     Returns (y (B, L, D), h_last (B, D, N)).
     """
     B, L, D = u.shape
     N = A.shape[1]
-    h = np.zeros((B, D, N)) if h0 is None else np.array(h0, dtype=np.float64)
-    y = np.empty((B, L, D))
+    h = np.zeros((B, D, N), u.dtype) if h0 is None else np.array(h0, dtype=u.dtype)
+    y = np.empty((B, L, D), u.dtype)
     for t in range(L):
-        dA = delta[:, t, :, None] * A                     # (B, D, N)
-        a_bar = np.exp(dA)
-        if discretization == "zoh":                       # 8. exact ZOH
-            b_bar = np.expm1(dA) / A * Bs[:, t, None, :]
-        elif discretization == "euler":
-            b_bar = delta[:, t, :, None] * Bs[:, t, None, :]
-        else:
-            raise ValueError(f"discretization: {discretization!r}")
-        h = a_bar * h + b_bar * u[:, t, :, None]
-        y[:, t, :] = np.sum(Cs[:, t, None, :] * h, axis=-1)  # 10. readout
+        y[:, t, :], h = scan_step(h, u[:, t], delta[:, t], A, Bs[:, t], Cs[:, t], discretization)
     return y + D_vec * u, h                               #     + skip
 
 
@@ -93,7 +110,7 @@ def gate_forward(y, z):
     return y * silu(z)
 
 
-def block_forward(x, params, eps=1e-6, discretization="zoh", h0=None, conv_state=None,
+def block_forward(x, params, eps=DEFAULT_EPS, discretization="zoh", h0=None, conv_state=None,
                   return_state=False):
     """One Mamba-1 block; returns out (B, L, Dm) float64.
 
@@ -143,7 +160,7 @@ def block_params_of_layer(weights, i):
     return {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
 
 
-def model_forward(tokens, targets, weights, eps=1e-6, discretization="zoh"):
+def model_forward(tokens, targets, weights, eps=DEFAULT_EPS, discretization="zoh"):
     """Small Mamba-1 LM; returns (logits (B, L, V), mean cross-entropy) in float64.
 
     ``weights`` keyed like the golden model files without the ``w_`` prefix:

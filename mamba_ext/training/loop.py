@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import os
 import sys
 import time
@@ -22,12 +23,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._validate import MAX_DIM, MAX_ELEMENTS, check_eps, check_n_threads, check_size
+from ..constants import DEFAULT_EPS
 from ..io import checkpoint as ckpt_io
-from .data import VOCAB_SIZE, ByteBatches, load_corpus, DEFAULT_MAX_BYTES
-from ..model import init_model_params, model_forward, model_loss_and_grads
+from ..model import MAX_LAYERS, init_model_params, model_forward, model_loss_and_grads
+from .data import DEFAULT_MAX_BYTES, VOCAB_SIZE, ByteBatches, load_corpus
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
 PLOT_NAME = "loss.png"
+SUMMARY_NAME = "summary.json"
 
 
 @dataclass
@@ -40,7 +44,7 @@ class TrainConfig:
     d_state: int = 16
     d_conv: int = 4
     expand: int = 2
-    eps: float = 1e-6
+    eps: float = DEFAULT_EPS         # RMSNorm epsilon
     seq_len: int = 128
     batch: int = 16
     steps: int = 1500
@@ -59,15 +63,69 @@ class TrainConfig:
     threads: int | None = None       # CPU threads of the kernels (None: OpenMP default)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
+    def from_dict(cls, d: dict) -> TrainConfig:
+        """The config stored in a checkpoint: every field present, no unknown one, and
+        every value valid (:meth:`validated`)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"config: expected a JSON object, got {type(d).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"config: unknown key(s) {unknown}")
+        missing = sorted(names - set(d))
+        if unknown or missing:
+            raise ValueError(f"config: unknown key(s) {unknown}, missing key(s) {missing}")
         d = dict(d)
-        if "betas" in d:
+        if isinstance(d["betas"], list):
             d["betas"] = tuple(d["betas"])
-        return cls(**d)
+        return cls(**d).validated()
+
+    def validated(self) -> TrainConfig:
+        """This config with every field checked: TypeError/ValueError naming the field."""
+        def integer(name, lo, hi=MAX_DIM):
+            setattr(self, name, check_size(f"config.{name}", getattr(self, name), lo=lo, hi=hi))
+
+        def real(name, lo, hi=math.inf):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise TypeError(f"config.{name}: expected a number, got {type(v).__name__} {v!r}")
+            if not (math.isfinite(v) and lo <= v <= hi):
+                raise ValueError(f"config.{name}: expected a finite number in [{lo}, {hi}], got {v}")
+            setattr(self, name, float(v))
+
+        if self.data is not None and not isinstance(self.data, str):
+            raise TypeError(f"config.data: expected None or a path, got {self.data!r}")
+        integer("max_bytes", 1, MAX_ELEMENTS)
+        for name in ("d_model", "d_state", "d_conv", "expand", "seq_len", "batch"):
+            integer(name, 1)
+        integer("n_layers", 0, MAX_LAYERS)
+        integer("steps", 0, MAX_ELEMENTS)
+        integer("warmup", 0, MAX_ELEMENTS)
+        integer("checkpoint_every", 0, MAX_ELEMENTS)
+        integer("seed", 0, 2 ** 63 - 1)
+        try:
+            self.eps = check_eps(self.eps)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"config.{e}") from None
+        real("lr", 0.0)
+        real("min_lr_frac", 0.0, 1.0)
+        real("weight_decay", 0.0)
+        real("max_delta", 0.0)
+        real("grad_clip", 0.0)
+        if (not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2
+                or not all(isinstance(b, numbers.Real) and not isinstance(b, bool)
+                           and 0.0 <= b < 1.0 for b in self.betas)):
+            raise ValueError(f"config.betas: expected two numbers in [0, 1), got {self.betas!r}")
+        self.betas = tuple(float(b) for b in self.betas)
+        for name in ("amp", "checkpointing"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"config.{name}: expected true or false, got {getattr(self, name)!r}")
+        if self.device not in ("cpu", "gpu"):
+            raise ValueError(f"config.device: expected 'cpu' or 'gpu', got {self.device!r}")
+        if self.threads is not None:
+            try:
+                self.threads = check_n_threads(self.threads)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"config.threads: {e}") from None
+        return self
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -86,7 +144,7 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
 
 
 def amp_step(tokens, targets, params, opt, scaler, *, grad_clip=1.0, checkpointing=False,
-             eps=1e-6, n_threads=None):
+             eps=DEFAULT_EPS, n_threads=None, reduce=None):
     """One mixed-precision training step; returns ``(loss, applied)``.
 
     Forward/backward on ``fp16_view(params)`` (fp16-rounded copies of the fp32
@@ -95,6 +153,8 @@ def amp_step(tokens, targets, params, opt, scaler, *, grad_clip=1.0, checkpointi
     checked, and on overflow the step is skipped: weights and optimizer moments
     stay untouched and the scale backs off. Otherwise they are unscaled in
     float32, clipped, and AdamW updates the fp32 master weights.
+    ``reduce``: distributed hook ``(grads, loss, overflow) -> (grads, loss,
+    overflow)`` (``Distributed.reduce``: mean over ranks, overflow of any rank).
     """
     from ..amp import fp16_view, round_fp16
     from ..optim import clip_grad_norm
@@ -103,6 +163,8 @@ def amp_step(tokens, targets, params, opt, scaler, *, grad_clip=1.0, checkpointi
                                        loss_scale=scaler.scale, n_threads=n_threads)
     grads = {k: np.asarray(round_fp16(g), dtype=params[k].dtype) for k, g in grads.items()}
     overflow = bool(scaler.check(grads))
+    if reduce is not None:
+        grads, loss, overflow = reduce(grads, loss, overflow)
     if not overflow:
         scaler.unscale(grads)
         if grad_clip:
@@ -150,7 +212,7 @@ def _set_lr(opt, lr: float) -> None:
     opt.lr = lr
 
 
-def evaluate(params, batches, eps=1e-6, n_threads=None) -> float | None:
+def evaluate(params, batches, eps=DEFAULT_EPS, n_threads=None) -> float | None:
     """Mean loss over the fixed held-out batches (None if there are none)."""
     vals = batches.val_batches()
     if not vals:
@@ -164,92 +226,225 @@ def evaluate(params, batches, eps=1e-6, n_threads=None) -> float | None:
     return total / len(vals)
 
 
-def save_state(path, cfg, step, params, opt, scaler, losses) -> None:
+def save_state(path, cfg, step, params, opt, scaler, losses, dist=None) -> None:
     """``opt``: an AdamW or the GPU ResidentTrainer; both give the same
-    ``state_dict()`` format, so CPU and GPU checkpoints hold the same keys."""
+    ``state_dict()`` format, so CPU and GPU checkpoints hold the same keys.
+    ``dist``: distributed run; only its root writes, adding the data position
+    of every rank."""
+    if dist is not None and not dist.is_root:
+        return
     extra = {"scaler": scaler.state_dict() if scaler is not None else None}
+    if dist is not None:
+        extra["distributed"] = dist.data_state(step)
     opt_state = opt.state_dict() if opt is not None else None
     ckpt_io.save_checkpoint(path, params, step=step, config=cfg.to_dict(),
                             optimizer_state=opt_state,
                             extra=extra, arrays={"losses": np.asarray(losses, np.float64)})
 
 
-def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, bar) -> int:
-    """Steps ``start .. end-1``; appends to ``losses``; returns the number of
-    AMP steps skipped on overflow."""
+def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, bar,
+          dist=None) -> int:
+    """Steps ``start .. end-1``; appends to ``losses``; returns the number of steps
+    skipped (AMP overflow, or the optimizer's NaN guard: a non-finite gradient)."""
     from ..optim import clip_grad_norm
-    tokens_per_step = cfg.batch * cfg.seq_len
+    tokens_per_step = cfg.batch * cfg.seq_len * (1 if dist is None else dist.size)
     skipped = 0
+    reduce = None if dist is None else dist.reduce
     for step in range(start, end):
         tok, tgt = batches.get(step)
         lr = lr_at(cfg, step)
+        if dist is not None:
+            dist.step = step
         if trainer is not None:
             trainer.lr = lr
-            loss = float(trainer.step(tok, tgt))
+            before = trainer.skipped
+            loss = float(trainer.step(tok, tgt) if reduce is None
+                         else trainer.step(tok, tgt, reduce=reduce))
+            skipped += trainer.skipped != before
         elif scaler is not None:
             _set_lr(opt, lr)
+            before = opt.skipped
             loss, applied = amp_step(tok, tgt, params, opt, scaler, grad_clip=cfg.grad_clip,
                                      checkpointing=cfg.checkpointing, eps=cfg.eps,
-                                     n_threads=cfg.threads)
-            skipped += not applied
+                                     n_threads=cfg.threads, reduce=reduce)
+            skipped += (not applied) or opt.skipped != before
         else:
             _set_lr(opt, lr)
             loss, grads = model_loss_and_grads(tok, tgt, params, checkpointing=cfg.checkpointing,
                                                eps=cfg.eps, n_threads=cfg.threads)
+            if reduce is not None:
+                grads, loss, _ = reduce(grads, loss, False)
             if cfg.grad_clip:
                 clip_grad_norm(grads, cfg.grad_clip)
-            opt.step(grads)
+            skipped += not opt.step(grads)
         losses.append(loss)
         bar.update(step, float(np.mean(losses[-20:])), (step + 1 - start) * tokens_per_step,
                    force=step + 1 == end)
+        if dist is not None:
+            dist.check_weights(step + 1, trainer.params if trainer is not None else lambda: params)
         if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < end:
             if trainer is not None:
-                save_state(path, cfg, step + 1, trainer.params(), trainer, None, losses)
+                if dist is None or dist.is_root:
+                    save_state(path, cfg, step + 1, trainer.params(), trainer, None, losses, dist)
             else:
-                save_state(path, cfg, step + 1, params, opt, scaler, losses)
+                save_state(path, cfg, step + 1, params, opt, scaler, losses, dist)
     return skipped
 
 
+class TrainingFailed(RuntimeError):
+    """The run finished but did not train: every step was skipped, or the final loss is
+    not finite. ``summary`` holds what :func:`train` would have returned (its files,
+    checkpoint and summary.json included, are written)."""
+
+    def __init__(self, message: str, summary: dict):
+        super().__init__(message)
+        self.summary = summary
+
+
+def expected_param_shapes(cfg: TrainConfig) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every parameter of the model ``cfg`` describes (the layout of
+    ``init_model_params``: dt_rank = ceil(d_model / 16), vocab 256)."""
+    from .._validate import BLOCK_PARAM_NAMES, BlockDims, block_param_shapes
+    dims = BlockDims(Dm=cfg.d_model, D=cfg.expand * cfg.d_model, N=cfg.d_state, K=cfg.d_conv,
+                     R=-(-cfg.d_model // 16))
+    shapes = {"embedding": (VOCAB_SIZE, cfg.d_model), "final_norm": (cfg.d_model,),
+              "lm_head_bias": (VOCAB_SIZE,)}
+    block = block_param_shapes(dims)
+    for i in range(cfg.n_layers):
+        shapes.update({f"layer{i}.{n}": block[n] for n in BLOCK_PARAM_NAMES})
+    return shapes
+
+
+def load_training_checkpoint(path) -> dict:
+    """A training checkpoint, checked against the model its config describes before
+    anything uses it (``train --resume`` and ``sample`` both read through here).
+
+    Returns ``config`` (a validated :class:`TrainConfig`), ``params`` (float32, the
+    exact names and shapes of that model, all finite), ``step``, ``losses`` (one float
+    per step done), ``optimizer_state`` and ``scaler_state`` (None or a dict; checked
+    when loaded into the optimizer / scaler). Every problem is one ValueError naming
+    the file and the field; integer tensors are never converted to weights.
+    """
+    fname = os.fspath(path)
+    ck = ckpt_io.load_checkpoint(fname)
+    try:
+        cfg = TrainConfig.from_dict(ck["config"])
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{fname}: field '__metadata__.config': {e}") from None
+    step = ck["step"]
+    if step > cfg.steps:
+        raise ValueError(f"{fname}: field '__metadata__.step': {step} is past the run's "
+                         f"{cfg.steps} steps")
+    want = expected_param_shapes(cfg)
+    got = ck["params"]
+    if set(got) != set(want):
+        missing, unknown = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+        raise ValueError(f"{fname}: tensors 'param.*': missing {missing[:5]}, unknown {unknown[:5]} "
+                         f"for the model of its config")
+    params = {}
+    for name, shape in want.items():
+        a = got[name]
+        if a.dtype != np.float32:
+            raise ValueError(f"{fname}: tensor 'param.{name}': field 'dtype': {a.dtype}, expected "
+                             f"float32 (F32)")
+        if a.shape != shape:
+            raise ValueError(f"{fname}: tensor 'param.{name}': field 'shape': {list(a.shape)}, "
+                             f"expected {list(shape)} for the model of its config")
+        if not np.isfinite(a).all():
+            raise ValueError(f"{fname}: tensor 'param.{name}': holds NaN or Inf")
+        params[name] = np.ascontiguousarray(a)
+    arrays = ck["arrays"]
+    unknown = sorted("array." + k for k in set(arrays) - {"losses"})
+    if unknown:
+        raise ValueError(f"{fname}: unknown tensor(s) {unknown}")
+    losses = arrays.get("losses", np.zeros(0))
+    if losses.dtype != np.float64 or losses.ndim != 1 or losses.size != step:
+        raise ValueError(f"{fname}: tensor 'array.losses': expected {step} float64 values (one per "
+                         f"step), got {losses.dtype} of shape {list(losses.shape)}")
+    extra = ck["extra"]
+    known_extra = {"scaler", "distributed"}     # distributed: data positions of the ranks
+    if set(extra) - known_extra:
+        raise ValueError(f"{fname}: field '__metadata__.extra': unknown key(s) "
+                         f"{sorted(set(extra) - known_extra)}")
+    scaler_state = extra.get("scaler")
+    if scaler_state is not None and not isinstance(scaler_state, dict):
+        raise ValueError(f"{fname}: field '__metadata__.extra.scaler': expected an object or null")
+    return {"config": cfg, "params": params, "step": step, "losses": [float(v) for v in losses],
+            "optimizer_state": ck["optimizer_state"], "scaler_state": scaler_state,
+            "extra": extra}
+
+
+def _restore(fname, what, load, state) -> None:
+    """Load optimizer/scaler state from a checkpoint: its errors name the file."""
+    try:
+        load(state)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{fname}: {what}: {e}") from None
+
+
+def _finite_or_none(v):
+    return v if v is not None and math.isfinite(v) else None
+
+
 def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=None,
-          stop_after=None) -> dict:
+          stop_after=None, dist=None) -> dict:
     """Run (or continue, with ``resume`` = a checkpoint path) a training run.
 
     ``stop_after``: stop after that many total steps as an interrupted run
     would (checkpoint written; the learning-rate schedule still targets
     ``cfg.steps``), e.g. to continue later with ``resume``. On Ctrl-C the last
-    periodic checkpoint is kept.
+    periodic checkpoint is kept. Temporary files a killed run left in ``out_dir``
+    (``.checkpoint.safetensors.*.tmp`` and the like) are removed at the start.
+
+    ``dist``: a ``mamba_ext.training.distributed.Distributed`` for data-parallel
+    training (``cfg.batch`` is then the per-rank batch; only its root writes
+    files; docs/distributed.md).
 
     Returns a summary dict: ``losses`` (every step's training loss, from step 0),
     ``final_loss`` (mean of the last 50 steps), ``val_loss``, ``tokens_per_s``,
-    ``wall_s``, ``checkpoint`` and ``plot`` paths, ``params``.
+    ``wall_s``, ``skipped_steps`` (of this call), ``checkpoint`` and ``plot`` paths,
+    ``params``; summary.json in ``out_dir`` holds the scalars (valid JSON: null for a
+    missing or non-finite loss). Raises :class:`TrainingFailed` after writing every file
+    when the steps run were all skipped or the final loss is not finite.
     """
     log = log or (lambda s: print(s, file=sys.stderr))
-    os.makedirs(out_dir, exist_ok=True)
+    if dist is None or dist.is_root:
+        os.makedirs(out_dir, exist_ok=True)
+        for name in (CHECKPOINT_NAME, PLOT_NAME, SUMMARY_NAME):
+            for stale in ckpt_io.remove_stale_temporaries(out_dir, name):
+                log(f"removed {stale}, left by an interrupted write")
     start, losses, state = 0, [], None
     if resume is not None:
-        state = ckpt_io.load_checkpoint(resume)
         steps, threads = cfg.steps, cfg.threads   # the only settings a resume may change
-        cfg = TrainConfig.from_dict(state["config"])
+        state = load_training_checkpoint(resume)
+        cfg = state["config"]
         cfg.steps, cfg.threads = steps, threads
         start = state["step"]
-        losses = [float(v) for v in state["arrays"].get("losses", np.zeros(0))][:start]
+        losses = state["losses"]
         log(f"resuming from {resume} at step {start}")
-    if cfg.device not in ("cpu", "gpu"):
-        raise ValueError(f"device: expected 'cpu' or 'gpu', got {cfg.device!r}")
+    cfg = cfg.validated()
+    stop = None if stop_after is None else check_size("stop_after", stop_after, lo=0, hi=MAX_ELEMENTS)
 
     corpus = load_corpus(cfg.data, cfg.max_bytes)
-    batches = ByteBatches(corpus, cfg.seq_len, cfg.batch, cfg.seed)
+    if dist is None:
+        batches = ByteBatches(corpus, cfg.seq_len, cfg.batch, cfg.seed)
+    else:
+        batches = dist.shard(corpus, cfg.seq_len, cfg.batch, cfg.seed, start,
+                             state["extra"].get("distributed") if state is not None else None)
     if state is not None:
-        params = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in state["params"].items()}
+        params = state["params"]
     else:
         params = init_model_params(VOCAB_SIZE, cfg.d_model, cfg.n_layers, d_state=cfg.d_state,
                                    d_conv=cfg.d_conv, expand=cfg.expand, seed=cfg.seed)
+    if dist is not None:
+        dist.start(cfg.to_dict(), params)
     n_params = sum(a.size for a in params.values())
     log(f"model: {cfg.n_layers} layers, d_model {cfg.d_model}, d_state {cfg.d_state}, "
         f"{n_params:,} parameters; corpus {corpus.size:,} bytes "
         f"({'Python stdlib sources' if cfg.data is None else cfg.data}); "
         f"batch {cfg.batch} x seq_len {cfg.seq_len}, {cfg.steps} steps on {cfg.device}"
-        f"{', amp' if cfg.amp else ''}{', checkpointing' if cfg.checkpointing else ''}")
+        f"{', amp' if cfg.amp else ''}{', checkpointing' if cfg.checkpointing else ''}"
+        + ("" if dist is None else f"; {dist.size} ranks, global batch {dist.size * cfg.batch}"))
 
     opt = scaler = trainer = None
     if cfg.device == "gpu":
@@ -264,24 +459,26 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
                                   weight_decay=cfg.weight_decay, max_delta=cfg.max_delta,
                                   clip=cfg.grad_clip, model_eps=cfg.eps)
         if state is not None and state["optimizer_state"]:
-            trainer.load_state_dict(state["optimizer_state"])
+            _restore(resume, "optimizer state", trainer.load_state_dict, state["optimizer_state"])
     else:
         opt = _make_optimizer(cfg, params)
         if state is not None and state["optimizer_state"]:
-            opt.load_state_dict(state["optimizer_state"])
+            _restore(resume, "optimizer state", opt.load_state_dict, state["optimizer_state"])
         if cfg.amp:
             from ..amp import DynamicLossScaler
             scaler = DynamicLossScaler()
-            if state is not None and state["extra"].get("scaler"):
-                scaler.load_state_dict(state["extra"]["scaler"])
+            if state is not None and state["scaler_state"]:
+                _restore(resume, "field '__metadata__.extra.scaler'", scaler.load_state_dict,
+                         state["scaler_state"])
 
     path = os.path.join(out_dir, CHECKPOINT_NAME)
     bar = _Progress(progress, cfg.steps, start)
     t0 = time.perf_counter()
     skipped = 0
-    end = max(start, cfg.steps if stop_after is None else min(cfg.steps, int(stop_after)))
+    end = max(start, cfg.steps if stop is None else min(cfg.steps, stop))
     try:
-        skipped = _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, bar)
+        skipped = _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, bar,
+                        dist)
     except KeyboardInterrupt:
         # the step in flight may have half-updated the weights: keep the last
         # complete checkpoint rather than saving this state
@@ -293,22 +490,45 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
     if trainer is not None:
         params, opt = trainer.params(), trainer
     done = end - start
-    save_state(path, cfg, end, params, opt, scaler, losses)
+    if dist is not None:
+        dist.check_weights(end, lambda: params, force=True)
+        if not dist.is_root:     # only the root writes files
+            return {"losses": losses, "final_loss": float(np.mean(losses[-50:])) if losses else
+                    float("nan"), "wall_s": wall, "steps": cfg.steps, "skipped_steps": skipped,
+                    "checkpoint": path, "params": params}
+    save_state(path, cfg, end, params, opt, scaler, losses, dist)
     from .plot import write_loss_curve
     plot_path = os.path.join(out_dir, PLOT_NAME)
-    write_loss_curve(plot_path, losses, reference=math.log(VOCAB_SIZE))
-    val = evaluate(params, batches, cfg.eps, cfg.threads)
-    tps = done * cfg.batch * cfg.seq_len / wall if wall > 0 else 0.0
-    final = float(np.mean(losses[-50:])) if losses else float("nan")
+    write_loss_curve(plot_path, losses, reference=math.log(VOCAB_SIZE),
+                     reference_label=f"ln({VOCAB_SIZE}) = uniform guess")
+    with np.errstate(all="ignore"):
+        val = evaluate(params, batches, cfg.eps, cfg.threads)
+        final = float(np.mean(losses[-50:])) if losses else float("nan")
+    ranks = 1 if dist is None else dist.size
+    tps = done * ranks * cfg.batch * cfg.seq_len / wall if wall > 0 else 0.0
+    failure = None
+    if done and skipped == done:
+        failure = (f"every one of the {done} steps was skipped (non-finite gradients or fp16 "
+                   f"overflow); nothing was learned: lower --lr")
+    elif done and not math.isfinite(final):
+        failure = (f"the loss is not finite ({final}) after {end} steps ({skipped} of {done} steps "
+                   f"skipped): the run diverged; lower --lr")
     summary = {"losses": losses, "final_loss": final, "val_loss": val, "tokens_per_s": tps,
-               "wall_s": wall, "steps": cfg.steps, "skipped_steps": skipped,
+               "wall_s": wall, "steps": cfg.steps, "steps_run": done, "skipped_steps": skipped,
+               "status": "failed" if failure else "ok", "error": failure,
                "checkpoint": path, "plot": plot_path, "params": params}
-    text = json.dumps({k: v for k, v in summary.items() if k not in ("losses", "params")}, indent=1)
-    ckpt_io.atomic_write(os.path.join(out_dir, "summary.json"), lambda f: f.write(text.encode()))
+    scalars = {k: v for k, v in summary.items() if k not in ("losses", "params")}
+    scalars["final_loss"] = _finite_or_none(final)
+    scalars["val_loss"] = _finite_or_none(val)
+    text = json.dumps(scalars, indent=1, allow_nan=False)
+    ckpt_io.atomic_write(os.path.join(out_dir, SUMMARY_NAME), lambda f: f.write(text.encode()))
     log(f"done: {done} steps in {wall:.1f} s, {tps:,.0f} tokens/s; "
         f"loss {losses[0] if losses else float('nan'):.3f} -> {final:.3f} (mean of last 50 steps; "
         f"ln(256) = {math.log(VOCAB_SIZE):.3f})"
         + (f", held-out loss {val:.3f}" if val is not None else "")
-        + (f", {skipped} steps skipped on fp16 overflow" if cfg.amp else ""))
+        + (f", {skipped} steps skipped" if skipped or cfg.amp else ""))
     log(f"checkpoint: {path}\nloss curve: {plot_path}")
+    if failure:
+        raise TrainingFailed(f"training failed: {failure} (summary: {os.path.join(out_dir, SUMMARY_NAME)})",
+                             summary)
     return summary

@@ -1,21 +1,17 @@
 """Mixed precision pieces (mamba_ext.amp): fp16 rounding, dynamic loss scaling.
 
 The scaler is compared with an independent transcription of
-torch.amp.GradScaler's update rule and, when torch is importable, with
-GradScaler itself (inside the same tests: nothing is skipped without torch).
+torch.amp.GradScaler's update rule, and with GradScaler itself in tests of their
+own (skipped without torch locally, FAIL under CI=true: conftest.optional).
 """
 import math
 
 import numpy as np
 import pytest
+from conftest import optional
 
 from mamba_ext import AdamW
 from mamba_ext.amp import DynamicLossScaler, fp16_view, round_fp16
-
-try:
-    import torch
-except ImportError:          # optional: the transcription always runs
-    torch = None
 
 
 # ---- round_fp16 ---------------------------------------------------------------
@@ -138,6 +134,7 @@ def ref_gradscaler(overflows, init_scale, growth_factor, backoff_factor, growth_
 
 
 def torch_gradscaler(overflows, init_scale, growth_factor, backoff_factor, growth_interval):
+    torch = optional("torch", "pip install torch to compare with torch.amp.GradScaler")
     s = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_factor=growth_factor,
                              backoff_factor=backoff_factor, growth_interval=growth_interval)
     p = torch.nn.Parameter(torch.zeros(2))
@@ -168,21 +165,33 @@ SEQS = {
 }
 
 
+def _unbounded_scaler(growth, backoff, interval):
+    # bounds wide enough never to be hit: GradScaler has none
+    return DynamicLossScaler(init_scale=1024.0, growth_factor=growth, backoff_factor=backoff,
+                             growth_interval=interval, min_scale=2.0 ** -60, max_scale=2.0 ** 100)
+
+
 @pytest.mark.parametrize("seq", sorted(SEQS))
 @pytest.mark.parametrize("factors", [(2.0, 0.5, 3), (3.0, 0.3, 2)])
-def test_scaler_trajectory_equals_gradscaler(seq, factors):
+def test_scaler_trajectory_equals_gradscaler_transcription(seq, factors):
     overflows = [bool(x) for x in SEQS[seq]]
     growth, backoff, interval = factors
-    # bounds wide enough never to be hit: GradScaler has none
-    scaler = DynamicLossScaler(init_scale=1024.0, growth_factor=growth, backoff_factor=backoff,
-                               growth_interval=interval, min_scale=2.0 ** -60, max_scale=2.0 ** 100)
+    scaler = _unbounded_scaler(growth, backoff, interval)
     applied, traj = run_scaler(scaler, overflows)
     ref = ref_gradscaler(overflows, 1024.0, growth, backoff, interval)
     assert traj == ref
     assert applied == [not o for o in overflows]
     assert scaler.overflows == scaler.skipped == sum(overflows)
-    if torch is not None:
-        assert traj == torch_gradscaler(overflows, 1024.0, growth, backoff, interval)
+
+
+@pytest.mark.parametrize("seq", sorted(SEQS))
+@pytest.mark.parametrize("factors", [(2.0, 0.5, 3), (3.0, 0.3, 2)])
+def test_scaler_trajectory_equals_torch_gradscaler(seq, factors):
+    overflows = [bool(x) for x in SEQS[seq]]
+    growth, backoff, interval = factors
+    _, traj = run_scaler(_unbounded_scaler(growth, backoff, interval), overflows)
+    theirs = torch_gradscaler(overflows, 1024.0, growth, backoff, interval)
+    assert len(theirs) == len(overflows) and traj == theirs
 
 
 def test_scaler_growth_and_max_clamp():

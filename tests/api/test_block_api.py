@@ -4,10 +4,10 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from conftest import golden_tolerance, load_golden
 
 import mamba_ext
-from conftest import golden_tolerance, load_golden
-from mamba_ext.cli.gradcheck import random_block_params
+from mamba_ext.testing.gradcheck import random_block_params
 
 NAMES = mamba_ext.BLOCK_PARAM_NAMES
 fwd, bwd = mamba_ext.mamba1_forward, mamba_ext.mamba1_backward
@@ -317,7 +317,7 @@ def test_cache_nbytes_scales_linearly_and_with_itemsize():
 def test_cache_nbytes_matches_documented_formula(B, L):
     """BlockCache docstring / README: itemsize * (M*(Dm + 1 + 4D + P) + B*ceil(L/T)*D*N)."""
     from mamba_ext.cpu import block as _block
-    T = _block.SCAN_CHUNK_LEN
+    T = _block.SCAN_CHUNK
     Dm, D, N, K, R = 5, 12, 3, 4, 2
     for dtype in (np.float32, np.float64):
         x, params, _ = make(Dm=Dm, D=D, N=N, K=K, R=R, B=B, L=L, dtype=dtype)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import assert_golden_close, load_golden
-from mamba_ext.testing import reference as ref
+
 from mamba_ext._validate import BlockDims, block_param_shapes
 from mamba_ext.recurrent import generate, init_state, step
+from mamba_ext.testing import reference as ref
 
 
 def _random_params(seed, V=13, Dm=6, D=12, N=3, K=4, R=2, n_layers=2, dtype=np.float32):
@@ -165,7 +165,7 @@ def test_params_replaced_between_steps_are_revalidated():
     (lambda p, s: step(np.array([[1, 2]]), p, s), ValueError, r"token_ids: expected shape \(2,\)"),
     (lambda p, s: step(np.array([1, 13]), p, s), ValueError, "token id 13 .* out of range"),
     (lambda p, s: step(np.array([1.0, 2.0]), p, s), TypeError, "integer array"),
-    (lambda p, s: init_state(p, 0), ValueError, "batch: expected an integer >= 1"),
+    (lambda p, s: init_state(p, 0), ValueError, r"batch: expected an integer in \[1, "),
     (lambda p, s: init_state(p, 2, discretization="rk4"), ValueError, "discretization"),
     (lambda p, s: init_state(p, 2, eps=-1.0), ValueError, "eps"),
     (lambda p, s: init_state({k: v for k, v in p.items() if k != "final_norm"}, 2), ValueError,

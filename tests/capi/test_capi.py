@@ -35,6 +35,10 @@ from mamba_ext import BLOCK_PARAM_NAMES
 TESTS = Path(__file__).resolve().parent
 CLIENT_SOURCES = TESTS / "capi_ext"
 ABI_SNAPSHOT = TESTS / "capi_abi.txt"
+# The one source of the C API table is the header; capi.pyx (which fills the table)
+# and the snapshot are checked against it below, entry by entry.
+SOURCE_HEADER = TESTS.parents[1] / "mamba_ext" / "include" / "mamba_ext" / "mamba_ext.h"
+CAPI_PYX = TESTS.parents[1] / "mamba_ext" / "cpu" / "capi.pyx"
 
 
 # ------------------------------------------------------------ the installed package
@@ -150,9 +154,33 @@ def test_header_and_pxd_ship_with_the_installed_package():
 
 # ------------------------------------------------------------ ABI snapshot
 
+def _prototype_types(field: str) -> str:
+    """``int (*f)(float *y, const float *const *p, Py_ssize_t B)`` ->
+    ``int (*f)(float *, const float *const *, Py_ssize_t)``: parameter names are not
+    part of the ABI (renaming one needs no version bump); types and order are."""
+    m = re.fullmatch(r"(.*?)\(\*(\w+)\)\((.*)\)", field)
+    assert m, f"not a function-pointer field: {field}"
+    params = []
+    for p in m.group(3).split(","):
+        p = " ".join(p.split())
+        if re.search(r"[\w*]\s*\b[A-Za-z_]\w*$", p) and p != "void":
+            p = re.sub(r"\s*\b[A-Za-z_]\w*$", "", p)     # drop the parameter name
+        params.append(p)
+    return f"{m.group(1).strip()} (*{m.group(2)})({', '.join(params)})"
+
+
+def header_entry_names(header: Path) -> list:
+    """Names of the function-pointer entries of struct mamba_ext_api, in order."""
+    body = re.search(r"typedef struct mamba_ext_api \{(.*?)\} mamba_ext_api;",
+                     header.read_text(), re.S)
+    assert body, "struct mamba_ext_api not found in the header"
+    return re.findall(r"\(\*(\w+)\)", body.group(1))
+
+
 def header_abi_text(header: Path) -> str:
     """Canonical text of everything in the header that is part of the ABI:
-    the version macros, the enums, and the fields of every struct in order."""
+    the version macros, the enums, and the fields of every struct in order
+    (function-pointer entries by their types, without parameter names)."""
     raw = header.read_text()
     api_body = re.search(r"typedef struct mamba_ext_api \{(.*?)\} mamba_ext_api;", raw, re.S)
     assert api_body, "struct mamba_ext_api not found in the header"
@@ -175,7 +203,7 @@ def header_abi_text(header: Path) -> str:
                 continue
             fn = re.search(r"\(\*(\w+)\)", field)
             if fn:
-                lines.append(f"{name} entry {entry} {fn.group(1)}: {field}")
+                lines.append(f"{name} entry {entry} {fn.group(1)}: {_prototype_types(field)}")
                 entry += 1
             else:
                 lines.append(f"{name} field: {field}")
@@ -209,6 +237,26 @@ def test_abi_matches_snapshot():
     assert int(_macro(current, "MAMBA_EXT_API_COUNT")) == n_entries
 
 
+def test_installed_header_is_the_source_header():
+    assert installed_header().read_text() == SOURCE_HEADER.read_text(), (
+        "the installed mamba_ext.h differs from mamba_ext/include/mamba_ext/mamba_ext.h: "
+        "rebuild / reinstall the package")
+
+
+def test_capi_pyx_declares_and_fills_every_header_entry_in_order():
+    """capi.pyx restates the table struct for Cython (the C compiler checks each
+    assignment's type against the header: -Werror=incompatible-pointer-types); this
+    checks that it names the same entries in the same order and assigns every one."""
+    entries = header_entry_names(SOURCE_HEADER)
+    src = CAPI_PYX.read_text()
+    decl = re.search(r"ctypedef struct mamba_ext_api:\n(.*?)\n\n", src, re.S)
+    assert decl, "capi.pyx: no `ctypedef struct mamba_ext_api:` block"
+    assert re.findall(r"\(\*(\w+)\)", decl.group(1)) == entries
+    assigned = [n for n in re.findall(r"^_table\.(\w+) = ", src, re.M)
+                if n not in ("abi_version", "count")]
+    assert assigned == entries, f"capi.pyx assigns {assigned}, header has {entries}"
+
+
 def test_runtime_table_matches_header():
     from mamba_ext.cpu import capi as _capi
 
@@ -222,6 +270,14 @@ def test_runtime_table_matches_header():
 
 
 # ------------------------------------------------------------ the C client
+
+@needs_compiler
+def test_every_table_entry_is_set(c_client):
+    entries = c_client.table_entries()
+    assert len(entries) == len(header_entry_names(installed_header()))
+    unset = [n for n, ok in zip(header_entry_names(installed_header()), entries) if not ok]
+    assert not unset, f"NULL entries in the exported table: {unset}"
+
 
 @needs_compiler
 def test_c_client_sees_the_table(c_client):

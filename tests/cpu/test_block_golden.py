@@ -11,7 +11,7 @@ import mamba_ext
 from conftest import (BLOCK_GOLDEN, MODEL_GOLDEN, assert_clamped_grad_zero, assert_golden_close,
                       clamped_mask, golden_block_case, golden_tolerance, load_golden)
 from mamba_ext.testing import reference
-from mamba_ext.cli.gradcheck import CONFIGS, finite_differences
+from mamba_ext.testing.gradcheck import CONFIGS, finite_differences
 
 NAMES = mamba_ext.BLOCK_PARAM_NAMES
 

@@ -1,6 +1,6 @@
 """Analytic block gradients against float64 central finite differences.
 
-The configurations and the checker live in mamba_ext/cli/gradcheck.py (the
+The configurations and the checker live in mamba_ext/testing/gradcheck.py (the
 ``python -m mamba_ext gradcheck`` command runs the same ones): dState 1, dConv 1,
 seqLen < dConv, seqLen 1, batch > 1, softplus extremes (|delta| up to 30),
 A_log just inside / at / beyond the clamp bounds, tiny inputs where the RMSNorm
@@ -12,11 +12,11 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import assert_clamped_grad_zero, clamped_mask
 
 import mamba_ext
-from conftest import assert_clamped_grad_zero, clamped_mask
 from mamba_ext.cli import bench, gradcheck
-from mamba_ext.cli.gradcheck import CONFIGS, THRESHOLD, check_case, finite_differences, relative_errors
+from mamba_ext.testing.gradcheck import CONFIGS, THRESHOLD, check_case, finite_differences, relative_errors
 
 NAMES = mamba_ext.BLOCK_PARAM_NAMES
 

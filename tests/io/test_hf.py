@@ -14,6 +14,7 @@ import os
 
 import numpy as np
 import pytest
+from conftest import optional
 
 from mamba_ext.io.hf import load_hf, params_from_hf, params_to_hf, save_hf
 
@@ -36,14 +37,10 @@ def _assert_close(name, ours, theirs, atol=ATOL, rtol=RTOL):
 
 
 def _require_transformers():
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-    except ImportError as e:
-        if os.environ.get("CI"):
-            raise AssertionError(f"CI must install torch and transformers for the parity tests: {e}")
-        pytest.skip(f"torch/transformers not installed ({e}); pip install torch transformers "
-                    f"to run the Hugging Face parity tests")
+    """Skip without torch/transformers locally; FAIL under CI=true (conftest.optional)."""
+    why = "pip install torch transformers to run the Hugging Face parity tests"
+    optional("torch", why)
+    optional("transformers", why)
 
 
 # ---- random models in our layout (no torch needed) -------------------------------------
@@ -163,17 +160,20 @@ def _hf_pair():
     (lambda t, c: c.__setitem__("tie_word_embeddings", False), "tie_word_embeddings"),
     (lambda t, c: c.__setitem__("model_type", "mamba2"), "model_type 'mamba2'"),
     (lambda t, c: c.pop("hidden_size"), "missing required field 'hidden_size'"),
-    (lambda t, c: t.__setitem__("lm_head.weight", t["backbone.embeddings.weight"] + 1), "lm_head.weight differs"),
+    (lambda t, c: t.__setitem__("lm_head.weight", t["backbone.embeddings.weight"] + 1),
+     "lm_head.weight differs"),
     (lambda t, c: t.__setitem__("lm_head.bias", np.zeros(19, np.float32)), "lm_head.bias"),
     (lambda t, c: t.__setitem__("backbone.layers.0.mixer.x_proj.bias", np.zeros(8, np.float32)),
      "unexpected tensor"),
-    (lambda t, c: t.pop("backbone.layers.0.mixer.dt_proj.bias"), "missing tensor 'backbone.layers.0.mixer.dt_proj.bias'"),
+    (lambda t, c: t.pop("backbone.layers.0.mixer.dt_proj.bias"),
+     "missing tensor 'backbone.layers.0.mixer.dt_proj.bias'"),
     (lambda t, c: t.__setitem__("backbone.layers.0.mixer.A_log", np.full((12, 3), 6.0, np.float32)),
      r"outside \[-10, 5\]"),
     (lambda t, c: t["backbone.layers.0.mixer.D"].__setitem__(2, np.nan), "non-finite"),
     (lambda t, c: t.__setitem__("backbone.layers.0.mixer.conv1d.weight", np.zeros((12, 4), np.float32)),
      r"conv1d.weight: expected shape \(12, 1, 4\)"),
-    (lambda t, c: c.__setitem__("state_size", 4), r"x_proj.weight: expected shape \(10, 12\) \(from config.json"),
+    (lambda t, c: c.__setitem__("state_size", 4),
+     r"x_proj.weight: expected shape \(10, 12\) \(from config.json"),
 ])
 def test_import_refuses_what_we_cannot_represent(change, match):
     t, c = _hf_pair()
@@ -259,6 +259,7 @@ def test_logits_and_every_gradient_match_transformers(conf):
     _require_transformers()
     import torch
     import torch.nn.functional as F
+
     from mamba_ext import model_forward, model_loss_and_grads
     model = _random_hf_model(*conf)
     params, cfg = _ours_from_model(model)
@@ -307,6 +308,7 @@ def test_logits_and_every_gradient_match_transformers(conf):
 def test_transformers_checkpoint_loads_and_greedy_generation_matches(tmp_path):
     _require_transformers()
     import torch
+
     from mamba_ext import model_forward
     from mamba_ext.recurrent import generate
     # a small embedding lets the mixers steer the text (with a large one the residual makes
@@ -332,6 +334,7 @@ def test_exported_model_loads_in_transformers_with_same_logits(tmp_path):
     _require_transformers()
     import torch
     from transformers import MambaForCausalLM
+
     from mamba_ext.recurrent import init_state, step
     p = _our_random_params(8, V=29, Dm=8, D=16, N=4, K=3, R=2, n_layers=2)
     save_hf(tmp_path / "ours", p, CONFIG)

@@ -41,6 +41,7 @@ def expected_wheel_files():
     assert kernels, "no WGSL kernels in kernels/"
     files = {f"mamba_ext/kernels/{p.name}" for p in kernels}
     files |= {f"mamba_ext/cpu/{p.name}" for p in CPU_PKG.glob("*.pxd")}
+    files |= {f"mamba_ext/cpu/csrc/{p.name}" for p in CPU_PKG.glob("csrc/*.h")}
     files |= {"mamba_ext/include/mamba_ext/mamba_ext.h", "mamba_ext/py.typed",
               "mamba_ext/__init__.py"}
     for mod in compiled_module_names():
@@ -82,7 +83,8 @@ def test_wheel_ships_kernels_pxd_header_stubs_and_modules(wheel_path):
     assert not missing, f"{wheel_path.name} lacks {missing}"
     for mod in compiled_module_names():
         # one binary per .pyx, for the wheel's own Python tag
-        built = [n for n in names if n.startswith(f"mamba_ext/{mod.replace('.', '/')}.") and n.endswith(".so")]
+        stem = f"mamba_ext/{mod.replace('.', '/')}."
+        built = [n for n in names if n.startswith(stem) and n.endswith(".so")]
         assert len(built) == 1, f"{mod}: compiled module not in the wheel ({built})"
     assert not [n for n in names if n.startswith("tests/")], "tests leaked into the wheel"
     assert not [n for n in names if n.startswith("mamba_ext/") and n.endswith(".c")], \

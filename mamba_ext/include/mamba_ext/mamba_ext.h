@@ -84,7 +84,7 @@ enum {                            /* return codes of the int entries */
 typedef struct mamba_ext_dims {
     Py_ssize_t B, L, Dm, D, N, K, R;
     double eps;           /* RMSNorm epsilon (1e-6 in the reference semantics) */
-    int discretization;   /* 0: exact zero-order hold; 1: Euler (b_bar = Delta*B) */
+    int discretization;   /* 0: exact zero-order hold; 1: Euler (b_bar = delta*Bs) */
 } mamba_ext_dims;
 
 /* Sizes of the language model: n_layers blocks sharing `block` (V >= 1). */
@@ -122,18 +122,18 @@ typedef struct mamba_ext_model_dims {
  *   An element whose update is not finite keeps w, m, v unchanged. Returns the
  *   number of such elements (>= 0), or -MAMBA_EXT_ERR_ARG on bad arguments.
  * scan_hstates_len(B, L, D, N): elements of T in the scan's saved states
- *   (B, nC, D, N), nC = number of time chunks; 0 if a size is < 1.
- * scan_forward_T(y, hstates, u, Delta, Bs, Cs, ld_bc, A_log, D_vec, B, L, D, N,
+ *   hstate (B, C, D, N), C = number of time chunks; 0 if a size is < 1.
+ * scan_forward_T(y, hstate, u, delta, Bs, Cs, ld_bc, A_log, D_vec, B, L, D, N,
  *                discretization, n_threads): the selective scan alone,
  *   h[t] = a_bar*h[t-1] + b_bar*u[t] (h[-1] = 0), y[t] = Cs[t].h[t] + D_vec*u[t],
- *   a_bar = exp(Delta*A), A = -exp(clamp(A_log, -10, 5)), b_bar = (a_bar-1)/A*Bs
- *   (discretization 0) or Delta*Bs (1). y (B, L, D) and hstates
- *   (scan_hstates_len, caller-allocated) written; u, Delta (B, L, D);
+ *   a_bar = exp(delta*A), A = -exp(clamp(A_log, -10, 5)), b_bar = (a_bar-1)/A*Bs
+ *   (discretization 0) or delta*Bs (1). y (B, L, D) and hstate
+ *   (scan_hstates_len, caller-allocated) written; u, delta (B, L, D);
  *   Bs, Cs: B*L rows of N values, ld_bc (>= N) elements from one row to the
  *   next (e.g. column slices of x_proj's output); A_log (D, N); D_vec (D,).
- * scan_backward_T(du, dDelta, dBs, dCs, dA_log, dD_vec, dy, hstates, <forward
+ * scan_backward_T(du, ddelta, dBs, dCs, dA_log, dD_vec, dy, hstate, <forward
  *                 inputs>, ...): += the gradients (dBs, dCs with the same ld_bc
- *   row stride) given dy (B, L, D) and the forward's hstates.
+ *   row stride) given dy (B, L, D) and the forward's hstate.
  */
 typedef struct mamba_ext_api {
     int abi_version;      /* MAMBA_EXT_ABI_VERSION of the library */
@@ -148,10 +148,10 @@ typedef struct mamba_ext_api {
     /* 7 */ Py_ssize_t (*adamw_step_f32)(float *w, float *m, float *v, const float *g, Py_ssize_t n, double lr, double beta1, double beta2, double eps, double weight_decay, double max_delta, long long step, double grad_scale, int n_threads);
     /* 8 */ Py_ssize_t (*adamw_step_f64)(double *w, double *m, double *v, const double *g, Py_ssize_t n, double lr, double beta1, double beta2, double eps, double weight_decay, double max_delta, long long step, double grad_scale, int n_threads);
     /* 9 */ Py_ssize_t (*scan_hstates_len)(Py_ssize_t B, Py_ssize_t L, Py_ssize_t D, Py_ssize_t N);
-    /* 10 */ int (*scan_forward_f32)(float *y, float *hstates, const float *u, const float *Delta, const float *Bs, const float *Cs, Py_ssize_t ld_bc, const float *A_log, const float *D_vec, Py_ssize_t B, Py_ssize_t L, Py_ssize_t D, Py_ssize_t N, int discretization, int n_threads);
-    /* 11 */ int (*scan_backward_f32)(float *du, float *dDelta, float *dBs, float *dCs, float *dA_log, float *dD_vec, const float *dy, const float *hstates, const float *u, const float *Delta, const float *Bs, const float *Cs, Py_ssize_t ld_bc, const float *A_log, const float *D_vec, Py_ssize_t B, Py_ssize_t L, Py_ssize_t D, Py_ssize_t N, int discretization, int n_threads);
-    /* 12 */ int (*scan_forward_f64)(double *y, double *hstates, const double *u, const double *Delta, const double *Bs, const double *Cs, Py_ssize_t ld_bc, const double *A_log, const double *D_vec, Py_ssize_t B, Py_ssize_t L, Py_ssize_t D, Py_ssize_t N, int discretization, int n_threads);
-    /* 13 */ int (*scan_backward_f64)(double *du, double *dDelta, double *dBs, double *dCs, double *dA_log, double *dD_vec, const double *dy, const double *hstates, const double *u, const double *Delta, const double *Bs, const double *Cs, Py_ssize_t ld_bc, const double *A_log, const double *D_vec, Py_ssize_t B, Py_ssize_t L, Py_ssize_t D, Py_ssize_t N, int discretization, int n_threads);
+    /* 10 */ int (*scan_forward_f32)(float *y, float *hstate, const float *u, const float *delta, const float *Bs, const float *Cs, Py_ssize_t ld_bc, const float *A_log, const float *D_vec, Py_ssize_t B, Py_ssize_t L, Py_ssize_t D, Py_ssize_t N, int discretization, int n_threads);
+    /* 11 */ int (*scan_backward_f32)(float *du, float *ddelta, float *dBs, float *dCs, float *dA_log, float *dD_vec, const float *dy, const float *hstate, const float *u, const float *delta, const float *Bs, const float *Cs, Py_ssize_t ld_bc, const float *A_log, const float *D_vec, Py_ssize_t B, Py_ssize_t L, Py_ssize_t D, Py_ssize_t N, int discretization, int n_threads);
+    /* 12 */ int (*scan_forward_f64)(double *y, double *hstate, const double *u, const double *delta, const double *Bs, const double *Cs, Py_ssize_t ld_bc, const double *A_log, const double *D_vec, Py_ssize_t B, Py_ssize_t L, Py_ssize_t D, Py_ssize_t N, int discretization, int n_threads);
+    /* 13 */ int (*scan_backward_f64)(double *du, double *ddelta, double *dBs, double *dCs, double *dA_log, double *dD_vec, const double *dy, const double *hstate, const double *u, const double *delta, const double *Bs, const double *Cs, Py_ssize_t ld_bc, const double *A_log, const double *D_vec, Py_ssize_t B, Py_ssize_t L, Py_ssize_t D, Py_ssize_t N, int discretization, int n_threads);
 } mamba_ext_api;
 
 /* The table after import_mamba_ext(); one copy per translation unit. Other
@@ -165,6 +165,13 @@ static const mamba_ext_api *mamba_ext_API = NULL;
  * import's own error) and return NULL. Needs the GIL. */
 static inline const mamba_ext_api *mamba_ext_load_api(int abi_version, int min_count)
 {
+    /* PyCapsule_Import imports only the top-level package and then looks the rest
+     * of the name up as attributes, so the module defining the capsule is imported
+     * first (otherwise this fails in a process that has not imported it yet). */
+    PyObject *module = PyImport_ImportModule("mamba_ext.cpu.capi");
+    if (module == NULL)
+        return NULL;
+    Py_DECREF(module);
     const mamba_ext_api *api =
         (const mamba_ext_api *)PyCapsule_Import(MAMBA_EXT_CAPSULE_NAME, 0);
     if (api == NULL)

@@ -9,6 +9,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <mamba_ext/mamba_ext.h>
 
@@ -280,10 +281,10 @@ done:
     return result;
 }
 
-/* scan_forward_backward((B, L, D, N), ld_bc, discretization, u, Delta, BC, A_log,
+/* scan_forward_backward((B, L, D, N), ld_bc, discretization, u, delta, BC, A_log,
  *                       D_vec, dy, y, grads[5]) -> hstates_len
  * BC: (B*L, ld_bc) rows holding Bs in columns [0, N) and Cs in [N, 2N);
- * y (B, L, D) written; grads = (du, dDelta, dBC, dA_log, dD_vec) +=. */
+ * y (B, L, D) written; grads = (du, ddelta, dBC, dA_log, dD_vec) +=. */
 static PyObject *scan_forward_backward(PyObject *self, PyObject *args)
 {
     Py_ssize_t B, L, D, N, ld_bc;
@@ -304,7 +305,7 @@ static PyObject *scan_forward_backward(PyObject *self, PyObject *args)
             goto done;
     }
     size_t item = kind == 'f' ? sizeof(float) : sizeof(double);
-    void *delta = bufset_get(&s, delta_o, kind, 0, "Delta");
+    void *delta = bufset_get(&s, delta_o, kind, 0, "delta");
     void *bc = delta ? bufset_get(&s, bc_o, kind, 0, "BC") : NULL;
     void *alog = bc ? bufset_get(&s, alog_o, kind, 0, "A_log") : NULL;
     void *dvec = alog ? bufset_get(&s, dvec_o, kind, 0, "D_vec") : NULL;
@@ -396,7 +397,33 @@ static PyObject *bad_calls(PyObject *self, PyObject *args)
         "scan_bwd_null", A->scan_backward_f32(buf, buf, buf, buf, NULL, buf, buf, buf, buf, buf, buf, buf, 2, buf, buf, 2, 3, 4, 2, 0, 1));
 }
 
+/* table_entries() -> list of `count` bools: entry i of the table is set (non-NULL).
+ * The entries are function pointers laid out one after the other from
+ * block_cache_len on (checked against sizeof below), so they are read as an array
+ * of raw pointer-sized words: no list of entry names is written here. */
+static PyObject *table_entries(PyObject *self, PyObject *args)
+{
+    (void)self; (void)args;
+    const mamba_ext_api *api = mamba_ext_API;
+    typedef void (*fn_t)(void);
+    size_t first = offsetof(mamba_ext_api, block_cache_len);
+    if (api == NULL || sizeof(mamba_ext_api) != first + (size_t)MAMBA_EXT_API_COUNT * sizeof(fn_t)) {
+        PyErr_SetString(PyExc_RuntimeError, "unexpected mamba_ext_api layout");
+        return NULL;
+    }
+    PyObject *out = PyList_New(api->count);
+    if (out == NULL)
+        return NULL;
+    for (int i = 0; i < api->count; i++) {
+        fn_t f;
+        memcpy(&f, (const char *)api + first + (size_t)i * sizeof(fn_t), sizeof f);
+        PyList_SET_ITEM(out, i, PyBool_FromLong(f != NULL));
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"table_entries", table_entries, METH_NOARGS, NULL},
     {"api_info", api_info, METH_NOARGS, NULL},
     {"load_api", load_api, METH_VARARGS, NULL},
     {"block_forward_backward", block_forward_backward, METH_VARARGS, NULL},

@@ -1,0 +1,14 @@
+"""The benchmark sizes shared by the CPU and GPU benchmarks.
+
+Size letters: Dm dModel, D dInner, N dState, K dConv, R dtRank, B batch, L seqLen.
+"""
+from __future__ import annotations
+
+import math
+
+# name -> (Dm, D, N, K, R, B, L); R = ceil(Dm/16) unless given
+SIZES: dict[str, tuple[int, int, int, int, int, int, int]] = {
+    "a": (64, 128, 16, 4, math.ceil(64 / 16), 2, 256),
+    "b": (128, 256, 16, 4, math.ceil(128 / 16), 1, 512),
+    "c": (768, 1536, 16, 4, 48, 1, 1024),
+}

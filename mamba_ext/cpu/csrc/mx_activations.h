@@ -1,0 +1,69 @@
+/* mx_activations.h - elementwise steps of the block over one row of n contiguous
+ * values, float (suffix _f) and double (suffix _d): SiLU, softplus, the gate and
+ * their backward factors. Each is one vectorised loop (MX_KERNEL: runtime dispatch
+ * to AVX-512 / AVX2 clones where available); the block calls them row by row in
+ * parallel (mamba_ext/cpu/block.pyx).
+ *
+ * Size letter: n values of one row (D, the inner width, in the block).
+ *   silu(x) = x * sigmoid(x); silu'(x) = s (1 + x (1 - s)), s = sigmoid(x)
+ *   softplus(x) = max(x, 0) + log1p(exp(-|x|)); softplus'(x) = sigmoid(x) = -expm1(-softplus(x))
+ * float32 uses the branch-free helpers of mx_math.h, double uses libm.
+ */
+#ifndef MX_ACTIVATIONS_H
+#define MX_ACTIVATIONS_H
+
+#include <math.h>
+#include <stddef.h>
+#include "mx_compat.h"
+#include "mx_math.h"
+
+#define MX_ACTIVATION_KERNELS(T, SFX, SIGMOID, SOFTPLUS, EXPM1)                          \
+/* out (n,) = silu(conv (n,)); out may alias conv (no restrict) */                       \
+MX_KERNEL void mx_silu_forward_##SFX(T* out, const T* conv, ptrdiff_t n) {              \
+    MX_OMP_SIMD                                                                          \
+    for (ptrdiff_t i = 0; i < n; i++) out[i] = conv[i] * SIGMOID(conv[i]);              \
+}                                                                                        \
+/* delta (n,) = softplus(delta (n,)) in place (delta_pre in, delta out) */               \
+MX_KERNEL void mx_softplus_forward_##SFX(T* MX_RESTRICT delta, ptrdiff_t n) {           \
+    MX_OMP_SIMD                                                                          \
+    for (ptrdiff_t i = 0; i < n; i++)                                                    \
+        delta[i] = SOFTPLUS(delta[i]);                                                   \
+}                                                                                        \
+/* gated (n,) = y (n,) * silu(z (n,)) */                                                 \
+MX_KERNEL void mx_gate_forward_##SFX(T* MX_RESTRICT gated, const T* MX_RESTRICT y,      \
+                                     const T* MX_RESTRICT z, ptrdiff_t n) {              \
+    MX_OMP_SIMD                                                                          \
+    for (ptrdiff_t i = 0; i < n; i++) gated[i] = y[i] * z[i] * SIGMOID(z[i]);           \
+}                                                                                        \
+/* dy (n,) = dgated * silu(z); dz (n,) = dgated * y * silu'(z); dgated, y, z (n,) */     \
+MX_KERNEL void mx_gate_backward_##SFX(T* MX_RESTRICT dy, T* MX_RESTRICT dz,             \
+        const T* MX_RESTRICT dgated, const T* MX_RESTRICT y, const T* MX_RESTRICT z,     \
+        ptrdiff_t n) {                                                                   \
+    MX_OMP_SIMD                                                                          \
+    for (ptrdiff_t i = 0; i < n; i++) {                                                  \
+        T s = SIGMOID(z[i]);                                                             \
+        dy[i] = dgated[i] * z[i] * s;                                                    \
+        dz[i] = dgated[i] * y[i] * s * (1 + z[i] * (1 - s));                             \
+    }                                                                                    \
+}                                                                                        \
+/* du (n,) *= silu'(conv (n,)): du becomes dconv */                                      \
+MX_KERNEL void mx_silu_backward_##SFX(T* MX_RESTRICT du, const T* MX_RESTRICT conv,     \
+                                      ptrdiff_t n) {                                     \
+    MX_OMP_SIMD                                                                          \
+    for (ptrdiff_t i = 0; i < n; i++) {                                                  \
+        T s = SIGMOID(conv[i]);                                                          \
+        du[i] *= s * (1 + conv[i] * (1 - s));                                            \
+    }                                                                                    \
+}                                                                                        \
+/* ddelta (n,) *= softplus'(delta_pre) = -expm1(-delta), from delta (n,) = softplus output: \
+   ddelta becomes ddelta_pre */                                                          \
+MX_KERNEL void mx_softplus_backward_##SFX(T* MX_RESTRICT ddelta,                        \
+                                          const T* MX_RESTRICT delta, ptrdiff_t n) {     \
+    MX_OMP_SIMD                                                                          \
+    for (ptrdiff_t i = 0; i < n; i++) ddelta[i] *= -EXPM1(-delta[i]);                    \
+}
+
+MX_ACTIVATION_KERNELS(float, f, mx_sigmoidf, mx_softplusf, mx_expm1f)
+MX_ACTIVATION_KERNELS(double, d, mx_sigmoid, mx_softplus, expm1)
+
+#endif /* MX_ACTIVATIONS_H */

@@ -1,0 +1,604 @@
+"""Data-parallel training over MPI (``mpi4py``): P processes ("ranks"), one
+model replica each, one global batch per step.
+
+Install: ``pip install "mamba_ext[mpi]"`` (mpi4py and the ``mpich`` wheel, which
+brings ``libmpi`` and ``mpiexec``); a system Open MPI / MPICH or Slurm's
+``srun`` works too. Run: ``mpiexec -n P python -m mamba_ext train --distributed``
+(docs/distributed.md).
+
+One step on every rank:
+
+1. the rank's slice of the global batch (:class:`ShardedBatches`: one global,
+   epoch-permuted stream of disjoint windows of the corpus; rank ``r`` takes
+   samples ``[r*b, (r+1)*b)`` of each global batch of ``P*b``);
+2. loss and gradients of its slice (the CPU model computes every gradient in
+   one compiled call; the GPU trainer in one submit);
+3. :class:`GradReducer`: the gradients are copied into a few preallocated,
+   contiguous buckets (default 16 MiB each, the last layers first) and each
+   bucket is all-reduced in place with a non-blocking ``Iallreduce`` as soon as
+   it is filled (bucket ``i`` can travel while bucket ``i+1`` is filled, as far
+   as the MPI library progresses in the background: docs/distributed.md). The
+   copy also scales by ``1/P``: the sum over ranks of per-rank means / P is
+   the global mean (every rank holds ``b*L`` positions). The loss and the AMP
+   overflow flag travel in one extra small float64 all-reduce;
+4. clipping and AdamW on the reduced gradients: the same inputs and the same
+   arithmetic on every rank, so the weights stay bitwise identical; every
+   ``check_every`` steps a CRC32 checksum of the weights is all-gathered and a
+   mismatch stops the job with :class:`DivergenceError`.
+
+Faults: every collective is non-blocking and waited for with a deadline
+(``timeout`` seconds, :meth:`Distributed.wait`: ``Waitall`` under a watchdog
+thread, or ``Testall`` polling); a rank that waits longer
+(another rank died, hung or raised) prints which step and collective it was
+waiting for and calls ``MPI_Abort``, which ends every rank of the job. A rank
+that dies is also noticed by ``mpiexec`` itself, which then kills the others.
+
+Size letters: P ranks, b per-rank batch, L seqLen, G = P*b global batch.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+import time
+import zlib
+from collections.abc import Mapping
+
+import numpy as np
+
+from .data import ByteBatches
+
+__all__ = ["Distributed", "DistributedError", "DivergenceError", "GradReducer", "ShardedBatches",
+           "allreduce_grads", "reduce_flat", "launcher_world_size", "require_mpi",
+           "weights_checksum", "DEFAULT_BUCKET_BYTES", "DEFAULT_TIMEOUT", "DEFAULT_CHECK_EVERY"]
+
+DEFAULT_BUCKET_BYTES = 16 * 1024 * 1024   # 4 Mi float32 per bucket: a few buckets for 10^7..10^8 params
+DEFAULT_TIMEOUT = 300.0                    # s a rank waits in one collective before aborting the job
+DEFAULT_CHECK_EVERY = 100                  # steps between weight-checksum comparisons
+
+# Environment variables by which launchers announce the number of processes:
+# Open MPI's mpirun/mpiexec, MPICH's Hydra (and Intel MPI), MVAPICH2, Slurm's srun
+# (SLURM_STEP_NUM_TASKS is set for a job step, not in the batch script itself).
+_LAUNCHER_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE",
+                       "SLURM_STEP_NUM_TASKS")
+
+
+class DistributedError(RuntimeError):
+    """A distributed run cannot go on (configuration differs between ranks, ...)."""
+
+
+class DivergenceError(DistributedError):
+    """The ranks' weights are no longer identical."""
+
+
+def launcher_world_size() -> int:
+    """Number of processes an MPI launcher (mpiexec, mpirun, srun) started, read
+    from its environment variables; 1 when none is set (a plain ``python``) or
+    when ``MAMBA_EXT_DISTRIBUTED=0`` switches the detection off."""
+    if os.environ.get("MAMBA_EXT_DISTRIBUTED", "").strip() == "0":
+        return 1
+    for var in _LAUNCHER_SIZE_VARS:
+        value = os.environ.get(var, "").strip()
+        if value.isdigit() and int(value) >= 1:
+            return int(value)
+    return 1
+
+
+def require_mpi():
+    """``mpi4py.MPI``, or an ImportError saying how to install it."""
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise ImportError(f"distributed training needs mpi4py and an MPI library: "
+                          f"pip install \"mamba_ext[mpi]\" (mpi4py + the mpich wheel), or "
+                          f"mpi4py built against your system MPI ({e})") from None
+    return MPI
+
+
+def _float_dtype(what, dtype):
+    dtype = np.dtype(dtype)
+    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise TypeError(f"{what}: expected float32 or float64 arrays, got {dtype}")
+    return dtype
+
+
+# --------------------------------------------------------------------- data
+
+class ShardedBatches:
+    """Per-rank batches of one global, deterministic stream of corpus windows.
+
+    The training part of the corpus (``ByteBatches``' split: the last 2% is
+    held out) is cut into ``W = (size - 1) // L`` disjoint windows of
+    ``L + 1`` bytes (window ``i`` starts at byte ``i*L``; its last byte is the
+    target of its last position). Epoch ``e`` visits all windows once, in the
+    order ``default_rng([seed, e]).permutation(W)``; global sample ``s`` is
+    window ``perm_{s // W}[s % W]``. Step ``k`` consumes the ``G = P*b``
+    samples ``[S_k, S_k + G)``, where ``S_k`` = ``position(k)``; rank ``r``
+    takes ``[S_k + r*b, S_k + (r+1)*b)`` in that order. So the ranks' samples
+    are disjoint, their union is what one process with batch ``G`` reads, and
+    a run resumed with another P (``start_step``, ``start_position`` from the
+    checkpoint) continues the very same stream at its first unread sample.
+
+    ``val_batches()``: the held-out batches of ``ByteBatches`` (batch ``b``).
+    """
+
+    def __init__(self, data, seq_len: int, batch: int, seed: int = 0, rank: int = 0,
+                 size: int = 1, start_step: int = 0, start_position: int = 0,
+                 val_fraction: float = 0.02):
+        for name, v, lo in (("size", size, 1), ("rank", rank, 0), ("start_step", start_step, 0),
+                            ("start_position", start_position, 0)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+                raise ValueError(f"ShardedBatches: {name}: expected an integer >= {lo}, got {v!r}")
+        if rank >= size:
+            raise ValueError(f"ShardedBatches: rank: expected 0 <= rank < size = {size}, got {rank}")
+        self._split = ByteBatches(data, seq_len, batch, seed, val_fraction)
+        self.seq_len, self.batch, self.seed = self._split.seq_len, self._split.batch, int(seed)
+        self.rank, self.size = int(rank), int(size)
+        self.global_batch = self.batch * self.size
+        self.train = self._split.train
+        self.n_windows = (self.train.size - 1) // self.seq_len
+        if self.n_windows < 1:
+            raise ValueError(f"data: the training part of the corpus has {self.train.size} bytes; "
+                             f"seq_len {self.seq_len} needs at least {self.seq_len + 1}")
+        self.start_step, self.start_position = int(start_step), int(start_position)
+        self._perms = {}
+
+    def position(self, step: int) -> int:
+        """Global samples consumed before step ``step`` (the stream position)."""
+        return self.start_position + (int(step) - self.start_step) * self.global_batch
+
+    def rank_positions(self, step: int) -> list:
+        """The first sample of each rank's slice at step ``step``."""
+        s = self.position(step)
+        return [s + r * self.batch for r in range(self.size)]
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        p = self._perms.get(epoch)
+        if p is None:
+            if len(self._perms) > 2:
+                self._perms.clear()
+            p = self._perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(
+                self.n_windows)
+        return p
+
+    def window_starts(self, samples) -> np.ndarray:
+        """Corpus offsets of the windows of global sample numbers ``samples``."""
+        samples = np.asarray(samples, dtype=np.int64)
+        epoch, idx = np.divmod(samples, self.n_windows)
+        starts = np.empty(samples.shape, np.int64)
+        for e in np.unique(epoch):
+            sel = epoch == e
+            starts[sel] = self._perm(int(e))[idx[sel]] * self.seq_len
+        return starts
+
+    def samples(self, step: int) -> np.ndarray:
+        """Global sample numbers of this rank's slice of step ``step``, (b,)."""
+        first = self.position(step) + self.rank * self.batch
+        if first < 0:
+            raise ValueError(f"ShardedBatches: step {step} lies before the stream start")
+        return np.arange(first, first + self.batch, dtype=np.int64)
+
+    def get(self, step: int):
+        """``(tokens, targets)`` int64 (b, L) of this rank at step ``step``."""
+        return self._split._windows(self.train, self.window_starts(self.samples(step)))
+
+    def __iter__(self):
+        """This rank's batches from ``start_step`` on, without end (``get`` of
+        each step in turn)."""
+        step = self.start_step
+        while True:
+            yield self.get(step)
+            step += 1
+
+    def val_batches(self, n_batches: int = 4):
+        return self._split.val_batches(n_batches)
+
+
+# --------------------------------------------------------------- gradients
+
+class GradReducer:
+    """Preallocated contiguous buckets for all-reducing a fixed set of gradients.
+
+    ``template``: name -> array (or shape) of the gradients, in the model's
+    parameter order; the buckets take them in reverse order (the backward
+    produces the last layers first), whole tensors, closed at ``bucket_bytes``
+    (a tensor larger than that gets a bucket of its own). ``views``: name ->
+    array of the tensor's shape inside its bucket; pass ``views`` itself as the
+    gradients to skip the copy in.
+    """
+
+    def __init__(self, comm, template: Mapping, *, dtype=np.float32,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, waiter=None):
+        if not isinstance(template, Mapping) or not template:
+            raise TypeError("GradReducer: template: expected a non-empty mapping name -> array or shape")
+        if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, (int, np.integer)) \
+                or bucket_bytes < 1:
+            raise ValueError(f"GradReducer: bucket_bytes: expected an integer >= 1, got {bucket_bytes!r}")
+        self.comm = comm
+        self.dtype = _float_dtype("GradReducer: dtype", dtype)
+        self.shapes = {k: tuple(np.shape(v)) if isinstance(v, np.ndarray) else tuple(v)
+                       for k, v in template.items()}
+        cap = max(1, int(bucket_bytes) // self.dtype.itemsize)
+        groups, cur, n = [], [], 0
+        for name in reversed(list(self.shapes)):
+            size = int(np.prod(self.shapes[name], dtype=np.int64))
+            if cur and n + size > cap:
+                groups.append(cur)
+                cur, n = [], 0
+            cur.append(name)
+            n += size
+        groups.append(cur)
+        self.buckets = []   # each (n_i,) contiguous, of self.dtype
+        self.views = {}
+        self.bucket_of = {}
+        for i, names in enumerate(groups):
+            sizes = [int(np.prod(self.shapes[k], dtype=np.int64)) for k in names]
+            buf = np.zeros(sum(sizes), self.dtype)
+            off = 0
+            for k, s in zip(names, sizes):
+                self.views[k] = buf[off:off + s].reshape(self.shapes[k])
+                self.bucket_of[k] = i
+                off += s
+            self.buckets.append(buf)
+        self.groups = groups
+        self.n = sum(b.size for b in self.buckets)
+        self.scalars = np.zeros(2, np.float64)   # (2,): loss, overflow flag
+        self._wait = waiter or _plain_wait
+
+    def _check(self, grads: Mapping):
+        if not isinstance(grads, Mapping):
+            raise TypeError(f"allreduce_grads: grads: expected a mapping name -> array, "
+                            f"got {type(grads).__name__}")
+        if set(grads) != set(self.shapes):
+            missing = sorted(set(self.shapes) - set(grads))
+            unknown = sorted(map(str, set(grads) - set(self.shapes)))
+            raise ValueError(f"allreduce_grads: grads: missing {missing}, unknown {unknown} "
+                             f"(the names must stay the same from step to step)")
+        for k, g in grads.items():
+            if not isinstance(g, np.ndarray) or g.dtype != self.dtype:
+                raise TypeError(f"allreduce_grads: grads[{k!r}]: expected a {self.dtype} array, got "
+                                f"{getattr(g, 'dtype', type(g).__name__)}")
+            if g.shape != self.shapes[k]:
+                raise ValueError(f"allreduce_grads: grads[{k!r}]: expected shape {self.shapes[k]}, "
+                                 f"got {g.shape}")
+
+    def reduce(self, grads: Mapping, loss: float = 0.0, overflow: bool = False, *,
+               average: bool = True, what: str = "gradients"):
+        """All-reduce ``grads`` (sum over ranks; divided by P when ``average``).
+
+        Returns ``(views, loss, overflow)``: ``views`` holds the reduced
+        gradients (identical on every rank), ``loss`` the mean of the ranks'
+        losses and ``overflow`` True if any rank passed True.
+        """
+        from mpi4py import MPI
+        self._check(grads)
+        P = self.comm.Get_size()
+        # the mean: every rank scales by 1/P while it copies into the bucket (one pass),
+        # then the all-reduce sums; for P a power of two this equals (sum)/P exactly
+        inv = self.dtype.type(1.0 / P if average else 1.0)
+        self.scalars[:] = (float(loss), 1.0 if overflow else 0.0)
+        reqs = [self.comm.Iallreduce(MPI.IN_PLACE, self.scalars, op=MPI.SUM)]
+        for buf, names in zip(self.buckets, self.groups):
+            for k in names:                      # flatten (and scale) into the bucket
+                if inv != 1:
+                    np.multiply(grads[k], inv, out=self.views[k])
+                elif grads[k] is not self.views[k]:
+                    np.copyto(self.views[k], grads[k])
+            reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM))
+            MPI.Request.Testall(reqs)            # let MPI progress before we fill the next bucket
+        self._wait(reqs, what)
+        return self.views, float(self.scalars[0]) / P, bool(self.scalars[1] > 0)
+
+
+def reduce_flat(comm, flat: np.ndarray, loss: float = 0.0, overflow: bool = False, *,
+                average: bool = True, bucket_bytes: int = DEFAULT_BUCKET_BYTES, waiter=None,
+                what: str = "gradients"):
+    """All-reduce one contiguous float array in place, in ``bucket_bytes`` slices
+    (e.g. the GPU trainer's gradient arena: already one flat buffer, so no
+    copy). Returns ``(flat, mean loss, any overflow)``."""
+    from mpi4py import MPI
+    if not isinstance(flat, np.ndarray) or flat.ndim != 1 or not flat.flags.c_contiguous \
+            or not flat.flags.writeable:
+        raise TypeError("reduce_flat: flat: expected a writeable, contiguous 1-D array")
+    _float_dtype("reduce_flat: flat", flat.dtype)
+    P = comm.Get_size()
+    inv = flat.dtype.type(1.0 / P if average else 1.0)
+    scalars = np.array([float(loss), 1.0 if overflow else 0.0])   # (2,) float64
+    reqs = [comm.Iallreduce(MPI.IN_PLACE, scalars, op=MPI.SUM)]
+    step = max(1, int(bucket_bytes) // flat.itemsize)
+    for lo in range(0, flat.size, step):
+        part = flat[lo:lo + step]
+        if inv != 1:
+            np.multiply(part, inv, out=part)     # the mean, as in GradReducer.reduce
+        reqs.append(comm.Iallreduce(MPI.IN_PLACE, part, op=MPI.SUM))
+        MPI.Request.Testall(reqs)
+    (waiter or _plain_wait)(reqs, what)
+    return flat, float(scalars[0]) / P, bool(scalars[1] > 0)
+
+
+def _plain_wait(reqs, what):
+    from mpi4py import MPI
+    MPI.Request.Waitall(reqs)
+
+
+_REDUCERS = {}
+
+
+def allreduce_grads(grads: Mapping, comm=None, *, average: bool = True,
+                    bucket_bytes: int = DEFAULT_BUCKET_BYTES, timeout: float | None = None) -> Mapping:
+    """All-reduce a dict of gradients over ``comm`` (default ``MPI.COMM_WORLD``),
+    in place: afterwards every rank holds the sum over ranks (the mean when
+    ``average``, the default), bitwise the same on every rank.
+
+    The arrays are copied into a few preallocated contiguous buckets (kept for
+    the next call with the same names, shapes and dtype), each bucket is
+    all-reduced with a non-blocking ``Iallreduce`` started as soon as it is
+    filled, and the result is copied back into ``grads``' arrays. Returns
+    ``grads``. ``timeout``: seconds to wait before ``MPI_Abort`` (None: wait
+    as long as it takes).
+    """
+    MPI = require_mpi()
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if not isinstance(grads, Mapping) or not grads:
+        raise TypeError("allreduce_grads: grads: expected a non-empty mapping name -> array")
+    dtypes = {np.asarray(g).dtype for g in grads.values()}
+    if len(dtypes) != 1:
+        raise TypeError(f"allreduce_grads: grads: expected one float dtype, got {sorted(map(str, dtypes))}")
+    dtype = _float_dtype("allreduce_grads: grads", dtypes.pop())
+    key = (comm.py2f(), tuple((k, np.shape(v)) for k, v in grads.items()), dtype.str,
+           int(bucket_bytes), timeout)
+    red = _REDUCERS.get(key)
+    if red is None:
+        if len(_REDUCERS) > 8:
+            _REDUCERS.clear()
+        waiter = None if timeout is None else Distributed(comm, timeout=timeout).wait
+        red = _REDUCERS[key] = GradReducer(comm, grads, dtype=dtype, bucket_bytes=bucket_bytes,
+                                           waiter=waiter)
+    views, _, _ = red.reduce(grads, average=average)
+    for k, g in grads.items():
+        if not g.flags.writeable:
+            raise ValueError(f"allreduce_grads: grads[{k!r}] is read-only; the reduction works in place")
+        np.copyto(g, views[k])
+    return grads
+
+
+# ------------------------------------------------------------ the hook object
+
+def weights_checksum(arrays: Mapping) -> int:
+    """CRC32 of the weights' bytes in name order (bitwise identity check)."""
+    crc = 0
+    for k in sorted(arrays):
+        crc = zlib.crc32(np.ascontiguousarray(arrays[k]).view(np.uint8), crc)
+    return crc
+
+
+class Distributed:
+    """What the training loop (``mamba_ext.training.loop.train(dist=...)``)
+    needs from the distributed run: rank and size, the sharded data, the
+    gradient reduction, weight checks, checkpoint data state, the deadline.
+
+    ``comm``: an ``mpi4py`` communicator (default ``MPI.COMM_WORLD``);
+    ``timeout``: seconds one collective may wait before the job is aborted;
+    ``check_every``: steps between weight-checksum comparisons (0: only at the
+    start and the end); ``bucket_bytes``: gradient bucket size; ``blocking``:
+    how :meth:`wait` waits (None: block under a watchdog thread when MPI gives
+    ``MPI_THREAD_MULTIPLE``, else poll).
+    """
+
+    def __init__(self, comm=None, *, timeout: float = DEFAULT_TIMEOUT,
+                 check_every: int = DEFAULT_CHECK_EVERY,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, blocking: bool | None = None,
+                 stream=None):
+        MPI = require_mpi()
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD if comm is None else comm
+        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"timeout: expected a finite number of seconds > 0, got {timeout!r}")
+        if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 0:
+            raise ValueError(f"check_every: expected an integer >= 0, got {check_every!r}")
+        self.timeout, self.check_every, self.bucket_bytes = float(timeout), check_every, bucket_bytes
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        self.blocking = (MPI.Query_thread() == MPI.THREAD_MULTIPLE if blocking is None
+                         else bool(blocking))
+        launched = launcher_world_size()
+        if comm is None and self.size == 1 and launched > 1:
+            raise DistributedError(
+                f"the launcher started {launched} processes but MPI sees only this one: mpi4py "
+                f"loaded another MPI library than the launcher's (e.g. the mpich wheel under a "
+                f"system Open MPI mpirun), or srun ran without an MPI plugin (srun --mpi=pmix). "
+                f"Use the mpiexec of the MPI that mpi4py loads "
+                f"({MPI.Get_library_version().splitlines()[0].strip()}), or set MPI4PY_LIBMPI; "
+                f"MAMBA_EXT_DISTRIBUTED=0 turns the launcher detection off")
+        self.is_root = self.rank == 0
+        self.stream = stream if stream is not None else sys.stderr
+        self.step = None          # the step in flight (for messages)
+        self._reducer = None
+        self.data = None
+
+    # -- deadline -------------------------------------------------------------
+    def wait(self, reqs, what: str) -> None:
+        """Wait for ``reqs``; past ``timeout`` seconds print why and abort the job.
+
+        ``blocking`` (MPI_THREAD_MULTIPLE, which mpi4py asks for): block in
+        ``Waitall``, where every MPI library progresses its collectives best
+        (Open MPI's non-blocking collectives advance only inside MPI calls), while
+        a watchdog timer thread aborts the job at the deadline. Otherwise poll
+        ``Testall`` (which drives the progress too), backing off to 1 ms sleeps
+        so that a waiting rank leaves oversubscribed cores to ranks still computing.
+        """
+        MPI = self.MPI
+        if self.blocking:
+            timer = threading.Timer(self.timeout, self._expired, (what, self.step))
+            timer.daemon = True
+            timer.start()
+            try:
+                MPI.Request.Waitall(reqs)
+            finally:
+                timer.cancel()
+            return
+        deadline = time.monotonic() + self.timeout
+        delay = 0.0
+        while not MPI.Request.Testall(reqs):
+            if time.monotonic() > deadline:
+                self._expired(what, self.step)
+            if delay:
+                time.sleep(delay)
+            delay = min(delay * 2 if delay else 1e-5, 1e-3)
+
+    def _expired(self, what, step):
+        self.abort(f"no answer within {self.timeout:g} s in the all-reduce of {what}"
+                   f"{'' if step is None else f' at step {step}'}: another rank died, hung or "
+                   f"failed. Aborting the job (the last checkpoint stays valid).")
+
+    def abort(self, message: str, code: int = 3):
+        """Print ``message`` (prefixed with this rank) and end every rank of the job."""
+        try:
+            self.stream.write(f"\nmamba_ext.distributed: rank {self.rank}/{self.size}: {message}\n")
+            self.stream.flush()
+            # the launcher forwards our output through its own pipes and stops reading
+            # them when it tears the job down: give it a moment to pass the message on
+            time.sleep(1.0)
+        finally:
+            self.comm.Abort(code)
+        os._exit(code)   # pragma: no cover - Abort does not return
+
+    def _gather_u64(self, value: int, what: str) -> list:
+        out = np.zeros(self.size, np.uint64)          # (P,)
+        mine = np.array([value], np.uint64)
+        self.wait([self.comm.Iallgather(mine, out)], what)
+        return [int(v) for v in out]
+
+    # -- set-up and checks ----------------------------------------------------
+    def check_same(self, value: int, what: str, error=DistributedError) -> None:
+        """All ranks must hold the same ``value`` (e.g. a checksum); else raise
+        ``error`` on every rank, naming the ranks that differ from rank 0."""
+        values = self._gather_u64(value, what)
+        bad = [r for r, v in enumerate(values) if v != values[0]]
+        if bad:
+            raise error(f"ranks disagree on {what} (checksums): rank 0 has {values[0]:#010x}, "
+                        + ", ".join(f"rank {r} has {values[r]:#010x}" for r in bad))
+
+    def start(self, config: dict, params: Mapping) -> None:
+        """Check that every rank runs the same configuration on the same weights."""
+        import json
+        # threads may differ per node (cores / ranks of that node)
+        text = json.dumps({k: v for k, v in config.items() if k != "threads"},
+                          sort_keys=True).encode()
+        self.check_same(zlib.crc32(text), "the training configuration")
+        self.check_same(weights_checksum(params), "the initial weights")
+
+    def check_weights(self, step: int, params_fn, force: bool = False) -> None:
+        """Every ``check_every`` steps (after step ``step``) compare the weights'
+        checksums; ``params_fn()`` gives the weights (read back only then)."""
+        if not force and not (self.check_every and step % self.check_every == 0):
+            return
+        self.check_same(weights_checksum(params_fn()), f"the weights after step {step}",
+                        DivergenceError)
+
+    # -- data -------------------------------------------------------------------
+    def shard(self, corpus, seq_len: int, batch: int, seed: int, start_step: int = 0,
+              state: dict | None = None) -> ShardedBatches:
+        """This rank's :class:`ShardedBatches`; ``state``: a checkpoint's
+        ``extra["distributed"]`` (the stream position to continue at), or None
+        (start of the stream, or ``start_step * P * batch`` for a checkpoint of
+        a run that was not distributed)."""
+        if state is not None:
+            position = int(state["data_position"])
+        else:
+            position = start_step * self.size * batch
+        self.data = ShardedBatches(corpus, seq_len, batch, seed, self.rank, self.size,
+                                   start_step=start_step, start_position=position)
+        return self.data
+
+    def data_state(self, step: int) -> dict:
+        """What a checkpoint written before step ``step`` stores of the data order."""
+        d = self.data
+        return {"world_size": self.size, "batch_per_rank": d.batch, "global_batch": d.global_batch,
+                "data_position": d.position(step), "rank_positions": d.rank_positions(step),
+                "data_order": "sharded-stream/1"}
+
+    # -- gradients ------------------------------------------------------------
+    def reduce(self, grads, loss: float = 0.0, overflow: bool = False):
+        """Mean of ``grads`` over ranks (a dict, through the buckets, or one
+        flat array, in place), mean loss, any overflow: ``(grads, loss, overflow)``."""
+        what = "gradients"
+        if isinstance(grads, np.ndarray):
+            return reduce_flat(self.comm, grads, loss, overflow, bucket_bytes=self.bucket_bytes,
+                               waiter=self.wait, what=what)
+        if self._reducer is None:
+            dtypes = {g.dtype for g in grads.values()}
+            self._reducer = GradReducer(self.comm, grads, dtype=dtypes.pop() if len(dtypes) == 1
+                                        else np.float32, bucket_bytes=self.bucket_bytes,
+                                        waiter=self.wait)
+        return self._reducer.reduce(grads, loss, overflow, what=what)
+
+    def _node(self):
+        """This node's ranks (a communicator; collective on first use)."""
+        if getattr(self, "_node_comm", None) is None:
+            self._node_comm = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED)
+        return self._node_comm
+
+    def default_threads(self) -> int:
+        """CPU threads per rank (collective over the node's ranks): the cores this
+        rank may run on, divided among the node's ranks when they all share the
+        same cores (no binding), kept whole when the launcher bound each rank to
+        its own (Open MPI's --bind-to, srun --cpus-per-task)."""
+        node = self._node()
+        mine = (tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity")
+                else tuple(range(os.cpu_count() or 1)))
+        shared = all(a == mine for a in node.allgather(mine))
+        return max(1, len(mine) // node.Get_size() if shared else len(mine))
+
+    def gpu_index(self, explicit: int | None = None) -> int:
+        """The adapter of this rank: ``explicit``, or the rank on this node
+        modulo the number of adapters found (``mamba_ext.gpu.device.adapter_count``)."""
+        if explicit is not None:
+            return int(explicit)
+        from ..gpu.device import adapter_count
+        local_rank = self._node().Get_rank()
+        return local_rank % max(1, adapter_count())
+
+
+# ------------------------------------------------------------ command line
+
+def add_arguments(parser) -> None:
+    """The distributed options of ``python -m mamba_ext train``."""
+    g = parser.add_argument_group("distributed (MPI; docs/distributed.md)")
+    g.add_argument("--distributed", action="store_true",
+                   help="data-parallel over the MPI ranks: run as  mpiexec -n P python -m mamba_ext "
+                        "train --distributed ...  (automatic when mpiexec/mpirun/srun started "
+                        "more than one process); --batch is then the per-rank batch")
+    g.add_argument("--check-every", type=int, default=DEFAULT_CHECK_EVERY, metavar="N",
+                   help="compare a checksum of the weights across ranks every N steps (0: only "
+                        "at the start and the end)")
+    g.add_argument("--dist-timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
+                   help="seconds a rank waits in one all-reduce before it aborts the job "
+                        "(a rank died or hung)")
+    g.add_argument("--gpu-index", type=int, default=None, metavar="I",
+                   help="with --device gpu: the adapter to use (default: the rank on its node "
+                        "modulo the adapters found)")
+
+
+def from_args(args, log) -> Distributed | None:
+    """The :class:`Distributed` of the parsed command line, or None for a
+    single-process run; also sets this rank's GPU adapter and CPU threads."""
+    n = launcher_world_size()
+    if args.gpu_index is not None and args.gpu_index < 0:
+        raise ValueError(f"--gpu-index: expected an adapter index >= 0, got {args.gpu_index}")
+    if not args.distributed and n <= 1:
+        if args.gpu_index is not None:
+            os.environ["MAMBA_EXT_GPU_INDEX"] = str(args.gpu_index)
+        return None
+    if args.check_every < 0:
+        raise ValueError(f"--check-every: expected an integer >= 0, got {args.check_every}")
+    if not (math.isfinite(args.dist_timeout) and args.dist_timeout > 0):
+        raise ValueError(f"--dist-timeout: expected a number of seconds > 0, got {args.dist_timeout}")
+    dist = Distributed(timeout=args.dist_timeout, check_every=args.check_every)
+    if not args.distributed and dist.is_root:
+        log(f"distributed: {dist.size} processes started by an MPI launcher (--distributed implied)")
+    if args.threads is None:
+        args.threads = dist.default_threads()
+    if args.device == "gpu":
+        os.environ["MAMBA_EXT_GPU_INDEX"] = str(dist.gpu_index(args.gpu_index))
+    return dist

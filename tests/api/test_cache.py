@@ -1,0 +1,90 @@
+"""BlockCache (issue 13, point 3): read-only attributes, a backward that re-validates the
+cache before any kernel reads it, and a parameter fingerprint that covers every value."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import mamba_ext
+
+fwd, bwd = mamba_ext.mamba1_forward, mamba_ext.mamba1_backward
+
+
+def _case(B=2, L=70, Dm=8, dtype=np.float32):
+    p = mamba_ext.init_mamba1_params(Dm, d_state=4, d_conv=3, dtype=dtype, seed=1)
+    x = np.random.default_rng(0).standard_normal((B, L, Dm)).astype(dtype)
+    return x, p
+
+
+def test_public_attributes_are_read_only():
+    x, p = _case()
+    _, cache = fwd(x, p, conv_state=np.zeros((2, 16, 2), np.float32))
+    for name in ("buffer", "dims", "dtype", "x_shape", "eps", "discretization", "fingerprint",
+                 "has_h0", "conv_state"):
+        with pytest.raises(AttributeError):
+            setattr(cache, name, getattr(cache, name))
+    with pytest.raises(ValueError, match="read-only"):
+        cache.buffer[0] = 1.0
+    with pytest.raises(ValueError, match="read-only"):
+        cache.conv_state[...] = 1.0
+    bwd(np.ones_like(x), p, cache)              # still usable
+
+
+_EDITS = r"""
+import json, sys
+import numpy as np
+import mamba_ext
+from mamba_ext._validate import BlockDims
+x = np.ones((2, 70, 8), np.float32)
+p = mamba_ext.init_mamba1_params(8, d_state=4, d_conv=3, seed=1)
+out = {}
+edits = {
+    "x_shape": lambda c: setattr(c, "_x_shape", (2, 7000, 8)),
+    "x_shape_type": lambda c: setattr(c, "_x_shape", [2, 70, 8]),
+    "buffer_small": lambda c: setattr(c, "_buffer", c._buffer[:10].copy()),
+    "buffer_dtype": lambda c: setattr(c, "_buffer", c._buffer.astype(np.float64)),
+    "buffer_strided": lambda c: setattr(c, "_buffer", np.repeat(c._buffer, 2)[::2]),
+    "dims": lambda c: setattr(c, "_dims", BlockDims(8, 16, 40, 3, 1)),
+    "conv_state": lambda c: setattr(c, "_conv_state", np.zeros((2, 16, 7), np.float32)),
+    "discretization": lambda c: setattr(c, "_discretization", "bilinear"),
+}
+for name, edit in edits.items():
+    _, cache = mamba_ext.mamba1_forward(x, p)
+    edit(cache)
+    try:
+        mamba_ext.mamba1_backward(np.ones_like(x), p, cache)
+        out[name] = "accepted"
+    except (TypeError, ValueError) as e:
+        out[name] = type(e).__name__ + ": " + str(e)
+print(json.dumps(out))
+"""
+
+
+def test_an_edited_cache_is_refused_never_read_out_of_bounds():
+    r = subprocess.run([sys.executable, "-c", _EDITS], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"crashed (exit {r.returncode}): {r.stderr[-2000:]}"
+    results = json.loads(r.stdout.strip().splitlines()[-1])
+    for name, what in results.items():
+        assert what.startswith("ValueError") and "cache" in what, (name, what)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fingerprint_sees_an_edit_of_any_single_value(dtype):
+    """The old fingerprint sampled 8192 strided values of a large array; an edit between
+    two samples went unnoticed. Now every value counts."""
+    p = mamba_ext.init_mamba1_params(64, d_state=16, dtype=dtype, seed=2)   # wInProj: 16384 values
+    x = np.random.default_rng(1).standard_normal((1, 5, 64)).astype(dtype)
+    assert p["wInProj"].size > 8192
+    for index in (1, 3, p["wInProj"].size - 2):
+        _, cache = fwd(x, p)
+        flat = p["wInProj"].reshape(-1)
+        old = flat[index]
+        flat[index] = np.nextafter(old, dtype(np.inf))       # the smallest possible edit
+        with pytest.raises(ValueError, match=r"values of \['wInProj'\] differ"):
+            bwd(np.ones_like(x), p, cache)
+        flat[index] = old
+        bwd(np.ones_like(x), p, cache)                       # restored: accepted again

@@ -1,0 +1,69 @@
+"""The command line: ``python -m mamba_ext`` / ``mamba-ext`` list the commands, every
+command's --help shows every default, and the generation benchmark runs."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from mamba_ext.__main__ import COMMANDS, main
+
+
+def test_top_level_help_lists_every_command(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name in COMMANDS:
+        assert f"\n  {name} " in out
+    assert main([]) == 2 and main(["nonsense"]) == 2
+    assert "unknown command 'nonsense'" in capsys.readouterr().err
+
+
+def test_python_dash_m_help_exits_0():
+    r = subprocess.run([sys.executable, "-m", "mamba_ext", "--help"], capture_output=True, text=True,
+                       cwd=tempfile.gettempdir(), timeout=120)
+    assert r.returncode == 0 and all(name in r.stdout for name in COMMANDS), r.stderr
+
+
+def test_console_script_help_exits_0():
+    script = shutil.which("mamba-ext", path=os.path.dirname(sys.executable)) or shutil.which("mamba-ext")
+    assert script is not None, "the mamba-ext console script is not installed ([project.scripts])"
+    r = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and all(name in r.stdout for name in COMMANDS), r.stderr
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_command_help_shows_every_default(command, capsys):
+    mod = importlib.import_module(f"mamba_ext.cli.{command}")
+    parser = mod.build_parser()
+    with pytest.raises(SystemExit) as e:
+        main([command, "--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())       # undo argparse's line wrapping
+    options = [a for a in parser._actions
+               if a.option_strings and a.default is not argparse.SUPPRESS and a.help is not argparse.SUPPRESS]
+    assert options
+    for a in options:
+        assert a.help, f"{command} {a.option_strings[0]}: no help text"
+        assert f"(default: {a.default})" in text, f"{command} {a.option_strings[0]}: default not shown"
+
+
+def test_generation_benchmark_runs(capsys):
+    assert main(["bench", "--generation", "--tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "generation benchmark" in out and "recurrent step()" in out and "faster" in out
+
+
+def test_cli_modules_are_thin():
+    """Each command module only parses arguments and calls the library (no maths, no
+    benchmark loops): a loose but honest bound on its size."""
+    cli = Path(importlib.import_module("mamba_ext.cli").__file__).parent
+    for path in cli.glob("*.py"):
+        lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        assert len(lines) < 120, f"{path.name}: {len(lines)} lines"
