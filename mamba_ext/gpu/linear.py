@@ -20,7 +20,12 @@ GEMM_BK = 16             # contraction step of the tile loop
 # workgroups run (two per multiprocessor of a large GPU); each slice holds at
 # least MIN_SPLIT_K of the contraction.
 SPLIT_TARGET_GROUPS = 264
-MIN_SPLIT_K = 256
+MIN_SPLIT_K = 512
+# Which products may be split: False = only the dW products (measured on an H200,
+# docs/gpu_h200.txt); True = every product of few tiles (batch 1, x_proj's and
+# dt_proj's narrow outputs): implemented and tested (tests/gpu/test_linear.py), not
+# yet measured on a real GPU, so off.
+SPLIT_ALL = False
 _VEC = 4
 # Register prefetch + double-buffered workgroup memory in the tile loop (override
 # constant PREFETCH of kernels/linear.wgsl); False = the plain loop.
@@ -69,7 +74,7 @@ def gemm(g, entry, M, N, K, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, c, c_off
     aligned = lambda *v: all(int(x) % _VEC == 0 for x in v)
     a_vec = aligned(a_off, a_rs) if a_kfast else aligned(a_off, a_cs)
     b_vec = aligned(b_off, b_cs) if b_kfast else aligned(b_off, b_rs)
-    S = split_count(g, M, N, K)
+    S = split_count(g, M, N, K) if SPLIT_ALL or dbias is not None else 1
     kc = math.ceil(math.ceil(K / S) / GEMM_BK) * GEMM_BK if S > 1 else max(K, 1)
     S = math.ceil(K / kc) if S > 1 else 1
     dummy = g.dummy()

@@ -31,6 +31,7 @@ def stages(request, monkeypatch):
     monkeypatch.setattr(lin, "_stages", lambda g: request.param[0])
     monkeypatch.setattr(lin, "PREFETCH", request.param[1])
     if request.param[2]:
+        monkeypatch.setattr(lin, "SPLIT_ALL", True)
         monkeypatch.setattr(lin, "MIN_SPLIT_K", 16)
         monkeypatch.setattr(lin, "SPLIT_TARGET_GROUPS", 10 ** 6)
     return request.param
@@ -79,6 +80,7 @@ def test_linear_backward(M, I, O, stages):
 def test_linear_split_k(M, I, O, monkeypatch):
     """Products of few tiles run as split-K slices plus one fixed-order sum that applies
     the epilogue: forward with bias and residual, dX with beta 0 and 1, dW with db."""
+    monkeypatch.setattr(lin, "SPLIT_ALL", True)
     monkeypatch.setattr(lin, "MIN_SPLIT_K", 16)
     rng = np.random.default_rng(M + I + O)
     x, W, dy, res = f32(rng, M, I), f32(rng, O, I, sd=I ** -0.5), f32(rng, M, O), f32(rng, M, O)
