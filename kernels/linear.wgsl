@@ -48,9 +48,11 @@
 // invocation holds an 8 x 8 micro-tile (rows 4ty..4ty+3 and 64+4ty.., columns
 // 4tx.. and 64+4tx..) in 16 named vec4 registers (no private arrays: dynamically
 // indexed ones spill to local memory). k advances in steps of BK = 16 through
-// workgroup memory, STAGES = 2 buffers: the next step's operands are loaded
-// into registers while this step is computed, then stored into the other
-// buffer, so one barrier per step. Both operands are kept k-major in
+// workgroup memory. PREFETCH: the next step's operands are loaded into
+// registers while this step is computed, then stored into the other buffer
+// (STAGES = 2, one barrier per step) or, after a barrier, into the same one
+// (STAGES = 1, 16 KiB: the default, measured faster on an H200, see
+// mamba_ext/gpu/linear.py). Both operands are kept k-major in
 // workgroup memory (As[k][i], Bs[k][j], 32 vec4 per k) with the vec4 slot of
 // row group s stored at s ^ swz(k), swz(k) = 2 * ((k / 4) % 4): the transposing
 // scalar stores of a k-contiguous operand then hit 32 different banks, and the
