@@ -26,8 +26,9 @@ SCAN_TB_FORWARD = 4
 # One workgroup walks all chunks of its channels (override SINGLE of
 # kernels/scan.wgsl: 1 forward and 1 backward scan pass instead of 3 and 3, and no
 # hchunk/gchunk/gcarry buffers) when B x D x N reaches SCAN_SINGLE_MIN
-# invocations. None = never: on an H200 at block d (B x D x N = 196,608) it
-# measured 16.2 ms against 15.8 ms for the chunked layout (docs/gpu_h200.txt).
+# invocations. None = never: on an H200 at block d (B x D x N = 196,608) its scan
+# kernels measured 13.4 ms against 10.5 ms for the chunked layout (docs/gpu_h200.txt,
+# run 4).
 SCAN_SINGLE_MIN = None
 
 
