@@ -3,11 +3,10 @@
  * Each vectorised row kernel (n = 1000 values, so a vector body and a scalar tail run)
  * against the same formula evaluated one value at a time with the scalar helpers of
  * mx_math.h (float) or libm (double): bitwise equal in an ISO C build without FMA,
- * within 2e-6 (float) / 1e-14 (double) times max(|value|, 1) (dz cancels near
- * 1 + z (1 - sigmoid(z)) = 0, where an FMA changes the last bits of a small difference)
- * where the compiler may contract a*b+c
- * into an FMA (GNU C modes, a target with FMA, Clang's runtime-dispatched clones). The inputs span
- * [-30, 30] plus a few values beyond the exp clamps (+-100).
+ * within 2e-6 (float) / 1e-14 (double) times max(|value|, 1) where the compiler may
+ * contract a*b+c into an FMA (GNU C modes, a target with FMA, Clang's runtime-dispatched
+ * clones; dz cancels near 1 + z (1 - sigmoid(z)) = 0, where an FMA changes the last bits
+ * of a small difference). The inputs span [-30, 30] plus values beyond the exp clamps.
  */
 #include <stdlib.h>
 #include "mx_activations.h"
