@@ -248,15 +248,18 @@ def model_workspace_bytes(params: Mapping[str, ArrayLike], batch: int, seq_len: 
 
 def init_model_params(vocab_size: int, d_model: int, n_layers: int, d_state: int = 16,
                       d_conv: int = 4, expand: int = 2, dt_rank: int | None = None, seed: int = 0,
-                      dtype: DTypeLike = np.float32) -> dict[str, np.ndarray]:
+                      dtype: DTypeLike = np.float32, *, init: str = "mamba") -> dict[str, np.ndarray]:
     """Fresh model parameters (dict in :func:`MODEL_PARAM_NAMES` order).
 
-    Each layer comes from :func:`mamba_ext.init_mamba1_params` with a seed derived
-    from ``(seed, layer index)``; ``embedding ~ N(0, 0.02^2)`` (so the initial
-    logits are ~0 and the loss starts near ln(vocab_size)), ``final_norm = 1``,
-    ``lm_head_bias = 0``.
+    Each layer comes from :func:`mamba_ext.init_mamba1_params` with the scheme ``init``
+    (``"mamba"``, the default: the reference implementations' rules, the output projection
+    rescaled by 1/sqrt(n_layers); ``"legacy"``: the scheme of mamba_ext <= 0.2, same values
+    for the same seed) and a seed derived from ``(seed, layer index)``;
+    ``embedding ~ N(0, 0.02^2)`` in both schemes (so the initial logits are ~0 and the loss
+    starts near ln(vocab_size)), ``final_norm = 1``, ``lm_head_bias = 0``.
     """
-    from .block import init_mamba1_params
+    from .block import check_init, init_mamba1_params
+    check_init(init)
     V = check_size("vocab_size", vocab_size)
     Dm = check_size("d_model", d_model)
     nl = check_size("n_layers", n_layers, lo=0, hi=MAX_LAYERS)
@@ -275,7 +278,8 @@ def init_model_params(vocab_size: int, d_model: int, n_layers: int, d_state: int
     for i, sq in enumerate(layer_seqs):
         layer_seed = int(sq.generate_state(1, dtype=np.uint32)[0])
         blk = init_mamba1_params(Dm, d_state=d_state, d_conv=d_conv, expand=expand,
-                                 dt_rank=dt_rank, seed=layer_seed, dtype=dtype)
+                                 dt_rank=dt_rank, seed=layer_seed, dtype=dtype, init=init,
+                                 n_layers=nl)
         for name in BLOCK_PARAM_NAMES:
             params[f"layer{i}.{name}"] = np.ascontiguousarray(blk[name], dtype=dtype)
     return params

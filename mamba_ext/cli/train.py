@@ -31,6 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=d.steps, help="total steps (also when resuming)")
     p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (warmup + cosine)")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the weights and of the batches")
+    p.add_argument("--init", choices=("mamba", "legacy"), default=d.init,
+                   help="weight initialisation: 'mamba' (the reference implementations' rules: "
+                        "delta log-uniform in [1e-3, 1e-1], out_proj scaled by 1/sqrt(n_layers)) or "
+                        "'legacy' (mamba_ext <= 0.2); docs/api.md")
     p.add_argument("--amp", action="store_true",
                    help="fp16 mixed precision (fp16 weights/grads, fp32 master, dynamic loss scale)")
     p.add_argument("--checkpointing", action="store_true",
@@ -72,7 +76,7 @@ def main(argv=None) -> int:
                       d_state=args.d_state, seq_len=args.seq_len, batch=args.batch,
                       steps=args.steps, lr=args.lr, seed=args.seed, amp=args.amp,
                       checkpointing=args.checkpointing, checkpoint_every=args.checkpoint_every,
-                      device=args.device, threads=args.threads)
+                      device=args.device, threads=args.threads, init=args.init)
     try:
         cfg.validated()
     except (TypeError, ValueError) as e:     # name the option, not the config field

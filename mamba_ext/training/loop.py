@@ -26,6 +26,7 @@ import numpy as np
 from .._validate import MAX_DIM, MAX_ELEMENTS, check_eps, check_n_threads, check_size
 from ..constants import DEFAULT_EPS
 from ..io import checkpoint as ckpt_io
+from ..block import check_init
 from ..model import MAX_LAYERS, init_model_params, model_forward, model_loss_and_grads
 from .data import DEFAULT_MAX_BYTES, VOCAB_SIZE, ByteBatches, load_corpus
 
@@ -61,6 +62,7 @@ class TrainConfig:
     checkpoint_every: int = 100
     device: str = "cpu"
     threads: int | None = None       # CPU threads of the kernels (None: OpenMP default)
+    init: str = "mamba"              # weight initialisation (mamba_ext.block.INIT_SCHEMES)
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
@@ -69,6 +71,7 @@ class TrainConfig:
         if not isinstance(d, dict):
             raise ValueError(f"config: expected a JSON object, got {type(d).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
+        d = _with_absent_fields(d)
         unknown = sorted(set(d) - names)
         missing = sorted(names - set(d))
         if unknown or missing:
@@ -118,6 +121,10 @@ class TrainConfig:
         for name in ("amp", "checkpointing"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"config.{name}: expected true or false, got {getattr(self, name)!r}")
+        try:
+            check_init(self.init)
+        except ValueError as e:
+            raise ValueError(f"config.{e}") from None
         if self.device not in ("cpu", "gpu"):
             raise ValueError(f"config.device: expected 'cpu' or 'gpu', got {self.device!r}")
         if self.threads is not None:
@@ -131,6 +138,16 @@ class TrainConfig:
         d = dataclasses.asdict(self)
         d["betas"] = list(self.betas)
         return d
+
+
+# Fields added after checkpoints were already being written: the value a checkpoint
+# without the field means (what the code of that time did).
+_ABSENT_MEANS = {"init": "legacy"}
+
+
+def _with_absent_fields(d: dict) -> dict:
+    """``d`` with the fields of :data:`_ABSENT_MEANS` it lacks filled in."""
+    return {**_ABSENT_MEANS, **d}
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -435,7 +452,8 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
         params = state["params"]
     else:
         params = init_model_params(VOCAB_SIZE, cfg.d_model, cfg.n_layers, d_state=cfg.d_state,
-                                   d_conv=cfg.d_conv, expand=cfg.expand, seed=cfg.seed)
+                                   d_conv=cfg.d_conv, expand=cfg.expand, seed=cfg.seed,
+                                   init=cfg.init)
     if dist is not None:
         dist.start(cfg.to_dict(), params)
     n_params = sum(a.size for a in params.values())
