@@ -106,7 +106,7 @@ def run_mambapy(cfg, device: str) -> dict:
         if cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     wall = time.perf_counter() - t0
     with torch.no_grad():
         vals = [float(F.cross_entropy(model(torch.from_numpy(t).to(dev)).reshape(-1, VOCAB_SIZE),
@@ -165,6 +165,8 @@ def main(argv=None) -> int:
     t = sub.add_parser("table", help="Markdown table of JSON results")
     t.add_argument("files", nargs="+")
     args = ap.parse_args(argv)
+    from .. import configure_threads
+    configure_threads()       # idle OpenMP/BLAS threads sleep (as the command line does)
     if args.cmd == "run":
         return cmd_run(args)
     results = []
