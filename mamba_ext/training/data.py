@@ -57,7 +57,8 @@ def load_corpus(path=None, max_bytes: int = DEFAULT_MAX_BYTES) -> np.ndarray:
 
 
 class ByteBatches:
-    """Random (tokens, targets) windows of a byte corpus.
+    """Random (tokens, targets) windows of a byte corpus (or of any integer token ids:
+    ``train --init-from`` gives the ids of a Hugging Face tokenizer).
 
     The last ``val_fraction`` of the corpus is held out for :meth:`val_batches`
     (when the corpus is long enough to hold out at least one batch window).
@@ -65,7 +66,8 @@ class ByteBatches:
 
     def __init__(self, data: np.ndarray, seq_len: int, batch: int, seed: int = 0,
                  val_fraction: float = 0.02):
-        data = np.asarray(data, dtype=np.uint8).reshape(-1)
+        arr = np.asarray(data)        # token ids (any integer dtype) or bytes
+        data = (arr if arr.dtype.kind in "ui" else np.asarray(data, dtype=np.uint8)).reshape(-1)
         self.seq_len, self.batch, self.seed = int(seq_len), int(batch), int(seed)
         if self.seq_len < 1 or self.batch < 1:
             raise ValueError(f"seq_len and batch must be >= 1, got {seq_len}, {batch}")

@@ -28,6 +28,7 @@ from ..constants import DEFAULT_EPS
 from ..io import checkpoint as ckpt_io
 from ..block import check_init
 from ..model import MAX_LAYERS, init_model_params, model_forward, model_loss_and_grads
+from . import hf_init
 from .data import DEFAULT_MAX_BYTES, VOCAB_SIZE, ByteBatches, load_corpus
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
@@ -63,6 +64,10 @@ class TrainConfig:
     device: str = "cpu"
     threads: int | None = None       # CPU threads of the kernels (None: OpenMP default)
     init: str = "mamba"              # weight initialisation (mamba_ext.block.INIT_SCHEMES)
+    init_from: str | None = None     # a Hugging Face folder to fine-tune (training/hf_init.py)
+    vocab_size: int = VOCAB_SIZE     # 256 bytes, or the checkpoint's vocabulary (init_from)
+    dt_rank: int | None = None       # None: ceil(d_model / 16)
+    discretization: str = "zoh"      # "euler" when fine-tuning a Hugging Face checkpoint
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
@@ -94,8 +99,14 @@ class TrainConfig:
                 raise ValueError(f"config.{name}: expected a finite number in [{lo}, {hi}], got {v}")
             setattr(self, name, float(v))
 
-        if self.data is not None and not isinstance(self.data, str):
-            raise TypeError(f"config.data: expected None or a path, got {self.data!r}")
+        for name in ("data", "init_from"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise TypeError(f"config.{name}: expected None or a path, got {getattr(self, name)!r}")
+        integer("vocab_size", 1, MAX_ELEMENTS)
+        if self.dt_rank is not None:
+            integer("dt_rank", 1)
+        if self.discretization not in ("zoh", "euler"):
+            raise ValueError(f"config.discretization: expected 'zoh' or 'euler', got {self.discretization!r}")
         integer("max_bytes", 1, MAX_ELEMENTS)
         for name in ("d_model", "d_state", "d_conv", "expand", "seq_len", "batch"):
             integer(name, 1)
@@ -142,7 +153,8 @@ class TrainConfig:
 
 # Fields added after checkpoints were already being written: the value a checkpoint
 # without the field means (what the code of that time did).
-_ABSENT_MEANS = {"init": "legacy"}
+_ABSENT_MEANS = {"init": "legacy", "init_from": None, "vocab_size": VOCAB_SIZE, "dt_rank": None,
+                 "discretization": "zoh"}
 
 
 def _with_absent_fields(d: dict) -> dict:
@@ -161,7 +173,7 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
 
 
 def amp_step(tokens, targets, params, opt, scaler, *, grad_clip=1.0, checkpointing=False,
-             eps=DEFAULT_EPS, n_threads=None, reduce=None):
+             eps=DEFAULT_EPS, n_threads=None, reduce=None, discretization="zoh"):
     """One mixed-precision training step; returns ``(loss, applied)``.
 
     Forward/backward on ``fp16_view(params)`` (fp16-rounded copies of the fp32
@@ -177,6 +189,7 @@ def amp_step(tokens, targets, params, opt, scaler, *, grad_clip=1.0, checkpointi
     from ..optim import clip_grad_norm
     loss, grads = model_loss_and_grads(tokens, targets, fp16_view(params),
                                        checkpointing=checkpointing, eps=eps,
+                                       discretization=discretization,
                                        loss_scale=scaler.scale, n_threads=n_threads)
     grads = {k: np.asarray(round_fp16(g), dtype=params[k].dtype) for k, g in grads.items()}
     overflow = bool(scaler.check(grads))
@@ -229,14 +242,15 @@ def _set_lr(opt, lr: float) -> None:
     opt.lr = lr
 
 
-def evaluate(params, batches, eps=DEFAULT_EPS, n_threads=None) -> float | None:
+def evaluate(params, batches, eps=DEFAULT_EPS, n_threads=None, discretization="zoh") -> float | None:
     """Mean loss over the fixed held-out batches (None if there are none)."""
     vals = batches.val_batches()
     if not vals:
         return None
     total = 0.0
     for tok, tgt in vals:
-        logits = model_forward(tok, params, eps=eps, n_threads=n_threads).astype(np.float64)
+        logits = model_forward(tok, params, eps=eps, discretization=discretization,
+                               n_threads=n_threads).astype(np.float64)
         m = logits.max(-1, keepdims=True)
         lse = m[..., 0] + np.log(np.exp(logits - m).sum(-1))
         total += float(np.mean(lse - np.take_along_axis(logits, tgt[..., None], -1)[..., 0]))
@@ -267,6 +281,7 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
     tokens_per_step = cfg.batch * cfg.seq_len * (1 if dist is None else dist.size)
     skipped = 0
     reduce = None if dist is None else dist.reduce
+    frozen = hf_init.frozen_names(params) if cfg.init_from is not None else []
     for step in range(start, end):
         tok, tgt = batches.get(step)
         lr = lr_at(cfg, step)
@@ -283,12 +298,16 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
             before = opt.skipped
             loss, applied = amp_step(tok, tgt, params, opt, scaler, grad_clip=cfg.grad_clip,
                                      checkpointing=cfg.checkpointing, eps=cfg.eps,
-                                     n_threads=cfg.threads, reduce=reduce)
+                                     n_threads=cfg.threads, reduce=reduce,
+                                     discretization=cfg.discretization)
             skipped += (not applied) or opt.skipped != before
         else:
             _set_lr(opt, lr)
             loss, grads = model_loss_and_grads(tok, tgt, params, checkpointing=cfg.checkpointing,
-                                               eps=cfg.eps, n_threads=cfg.threads)
+                                               eps=cfg.eps, discretization=cfg.discretization,
+                                               n_threads=cfg.threads)
+            for name in frozen:          # no Hugging Face counterpart: kept at 0 (hf_init.py)
+                grads[name][...] = 0
             if reduce is not None:
                 grads, loss, _ = reduce(grads, loss, False)
             if cfg.grad_clip:
@@ -323,9 +342,9 @@ def expected_param_shapes(cfg: TrainConfig) -> dict[str, tuple[int, ...]]:
     ``init_model_params``: dt_rank = ceil(d_model / 16), vocab 256)."""
     from .._validate import BLOCK_PARAM_NAMES, BlockDims, block_param_shapes
     dims = BlockDims(Dm=cfg.d_model, D=cfg.expand * cfg.d_model, N=cfg.d_state, K=cfg.d_conv,
-                     R=-(-cfg.d_model // 16))
-    shapes = {"embedding": (VOCAB_SIZE, cfg.d_model), "final_norm": (cfg.d_model,),
-              "lm_head_bias": (VOCAB_SIZE,)}
+                     R=cfg.dt_rank or -(-cfg.d_model // 16))
+    V = cfg.vocab_size
+    shapes = {"embedding": (V, cfg.d_model), "final_norm": (cfg.d_model,), "lm_head_bias": (V,)}
     block = block_param_shapes(dims)
     for i in range(cfg.n_layers):
         shapes.update({f"layer{i}.{n}": block[n] for n in BLOCK_PARAM_NAMES})
@@ -439,10 +458,17 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
         start = state["step"]
         losses = state["losses"]
         log(f"resuming from {resume} at step {start}")
+    if state is None and cfg.init_from is not None:
+        cfg = hf_init.config_from_hf(cfg)
     cfg = cfg.validated()
+    if cfg.init_from is not None and (cfg.amp or cfg.device != "cpu"):
+        raise ValueError("--init-from: fine-tuning runs on the CPU without --amp (for now)")
     stop = None if stop_after is None else check_size("stop_after", stop_after, lo=0, hi=MAX_ELEMENTS)
 
-    corpus = load_corpus(cfg.data, cfg.max_bytes)
+    if cfg.init_from is not None:
+        corpus = hf_init.corpus_tokens(cfg, cfg.max_bytes)
+    else:
+        corpus = load_corpus(cfg.data, cfg.max_bytes)
     if dist is None:
         batches = ByteBatches(corpus, cfg.seq_len, cfg.batch, cfg.seed)
     else:
@@ -450,6 +476,8 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
                              state["extra"].get("distributed") if state is not None else None)
     if state is not None:
         params = state["params"]
+    elif cfg.init_from is not None:
+        params = hf_init.initial_params(cfg)
     else:
         params = init_model_params(VOCAB_SIZE, cfg.d_model, cfg.n_layers, d_state=cfg.d_state,
                                    d_conv=cfg.d_conv, expand=cfg.expand, seed=cfg.seed,
@@ -517,10 +545,10 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
     save_state(path, cfg, end, params, opt, scaler, losses, dist)
     from .plot import write_loss_curve
     plot_path = os.path.join(out_dir, PLOT_NAME)
-    write_loss_curve(plot_path, losses, reference=math.log(VOCAB_SIZE),
-                     reference_label=f"ln({VOCAB_SIZE}) = uniform guess")
+    write_loss_curve(plot_path, losses, reference=math.log(cfg.vocab_size),
+                     reference_label=f"ln({cfg.vocab_size}) = uniform guess")
     with np.errstate(all="ignore"):
-        val = evaluate(params, batches, cfg.eps, cfg.threads)
+        val = evaluate(params, batches, cfg.eps, cfg.threads, cfg.discretization)
         final = float(np.mean(losses[-50:])) if losses else float("nan")
     ranks = 1 if dist is None else dist.size
     tps = done * ranks * cfg.batch * cfg.seq_len / wall if wall > 0 else 0.0
@@ -542,10 +570,13 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
     ckpt_io.atomic_write(os.path.join(out_dir, SUMMARY_NAME), lambda f: f.write(text.encode()))
     log(f"done: {done} steps in {wall:.1f} s, {tps:,.0f} tokens/s; "
         f"loss {losses[0] if losses else float('nan'):.3f} -> {final:.3f} (mean of last 50 steps; "
-        f"ln(256) = {math.log(VOCAB_SIZE):.3f})"
+        f"ln({cfg.vocab_size}) = {math.log(cfg.vocab_size):.3f})"
         + (f", held-out loss {val:.3f}" if val is not None else "")
         + (f", {skipped} steps skipped" if skipped or cfg.amp else ""))
     log(f"checkpoint: {path}\nloss curve: {plot_path}")
+    if cfg.init_from is not None:
+        summary["hf"] = hf_init.write_hf(out_dir, cfg, params)
+        log(f"Hugging Face folder: {summary['hf']}")
     if failure:
         raise TrainingFailed(f"training failed: {failure} (summary: {os.path.join(out_dir, SUMMARY_NAME)})",
                              summary)

@@ -418,3 +418,85 @@ def test_save_hf_refuses_float16_overflow_and_unknown_dtype(tmp_path):
     with pytest.raises(ValueError, match="dtype"):
         save_hf(tmp_path / "x", p, CONFIG, dtype="int8")
     save_hf(tmp_path / "x", p, CONFIG, dtype="bfloat16")        # bfloat16 has the range
+
+
+# ---- a real Hugging Face folder end to end: sample --hf, train --init-from ---------------
+
+TEXTS = ["def add(a, b):\n    return a + b\n", "class Point:\n    def __init__(self, x, y):\n"
+         "        self.x = x\n        self.y = y\n", "for i in range(10):\n    print(i * i)\n"]
+
+
+def _byte_level_tokenizer():
+    """A tiny byte-level BPE tokenizer trained here, offline, on a few strings."""
+    tk = optional("tokenizers", "pip install tokenizers (the test extra has it)")
+    tok = tk.Tokenizer(tk.models.BPE())
+    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tk.decoders.ByteLevel()
+    trainer = tk.trainers.BpeTrainer(vocab_size=300, show_progress=False,
+                                     initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(TEXTS * 5, trainer)
+    return tok
+
+
+@pytest.fixture
+def hf_folder(tmp_path):
+    _require_transformers()
+    tok = _byte_level_tokenizer()
+    V = tok.get_vocab_size()
+    model = _random_hf_model(11, V, 16, 2, 4, 4, 2, "auto", False, True, 1e-5, emb_std=0.1)
+    model.save_pretrained(tmp_path / "hf")
+    tok.save(str(tmp_path / "hf" / "tokenizer.json"))
+    return tmp_path / "hf", model, tok
+
+
+def test_sample_hf_uses_the_checkpoint_tokenizer(hf_folder, capsys):
+    import torch
+
+    from mamba_ext.__main__ import main
+    path, model, tok = hf_folder
+    prompt = "def add(a, b):"
+    assert main(["sample", "--hf", str(path), "--prompt", prompt, "--tokens", "12",
+                 "--temperature", "0"]) == 0
+    text = capsys.readouterr().out
+    ids = tok.encode(prompt).ids
+    with torch.no_grad():
+        theirs = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
+                                min_new_tokens=0)[0].tolist()
+    assert text == tok.decode(theirs) + "\n"
+    assert text.startswith(prompt) and len(text) > len(prompt) + 1
+
+
+def test_train_init_from_fine_tunes_and_exports_a_folder_transformers_loads(hf_folder, tmp_path, capsys):
+    import torch
+    from transformers import MambaForCausalLM
+
+    from mamba_ext import model_forward
+    from mamba_ext.__main__ import main
+    from mamba_ext.training.loop import load_training_checkpoint
+    path, model, tok = hf_folder
+    corpus = tmp_path / "corpus.py"
+    corpus.write_text("".join(TEXTS) * 30)
+    out = tmp_path / "run"
+    assert main(["train", "--init-from", str(path), "--data", str(corpus), "--steps", "6",
+                 "--seq-len", "16", "--batch", "2", "--lr", "3e-3", "--out", str(out), "--quiet"]) == 0
+    ck = load_training_checkpoint(out / "checkpoint.safetensors")
+    cfg = ck["config"]
+    assert (cfg.vocab_size, cfg.d_model, cfg.n_layers, cfg.discretization) == (
+        tok.get_vocab_size(), 16, 2, "euler")
+    start, _ = load_hf(path)
+    params = ck["params"]
+    assert not np.array_equal(params["layer0.wInProj"], start["layer0.wInProj"])    # it trained
+    assert not params["lm_head_bias"].any() and not params["layer1.bXProj"].any()    # frozen at 0
+    # the exported folder: transformers loads it and computes our logits; the tokenizer is there
+    hf_out = out / "hf"
+    assert (hf_out / "tokenizer.json").read_bytes() == (path / "tokenizer.json").read_bytes()
+    tuned = MambaForCausalLM.from_pretrained(hf_out).float().eval()
+    ids = np.array([tok.encode("class Point:").ids])
+    with torch.no_grad():
+        theirs = tuned(torch.tensor(ids), use_cache=False).logits.numpy()
+    ours = model_forward(ids, params, eps=cfg.eps, discretization="euler")
+    _assert_close("logits", ours, theirs)
+    # and sample reads the run with that tokenizer
+    capsys.readouterr()
+    assert main(["sample", "--checkpoint", str(out), "--prompt", "def", "--tokens", "5"]) == 0
+    assert capsys.readouterr().out.startswith("def")
