@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the run also writes DIR/hf/, which transformers loads")
     p.add_argument("--amp", action="store_true",
                    help="fp16 mixed precision (fp16 weights/grads, fp32 master, dynamic loss scale)")
+    p.add_argument("--carry-state", action="store_true",
+                   help="train on contiguous windows, each step starting from the scan and conv "
+                        "state the previous one ended in (truncated BPTT; docs/cli.md)")
     p.add_argument("--checkpointing", action="store_true",
                    help="activation checkpointing: recompute block caches in backward (less memory)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="N",
@@ -89,7 +92,7 @@ def main(argv=None) -> int:
                       steps=args.steps, lr=args.lr, seed=args.seed, amp=args.amp,
                       checkpointing=args.checkpointing, checkpoint_every=args.checkpoint_every,
                       device=args.device, threads=args.threads, init=args.init,
-                      init_from=args.init_from)
+                      init_from=args.init_from, carry_state=args.carry_state)
     try:
         cfg.validated()
     except (TypeError, ValueError) as e:     # name the option, not the config field

@@ -29,7 +29,7 @@ from ..io import checkpoint as ckpt_io
 from ..block import check_init
 from ..model import MAX_LAYERS, init_model_params, model_forward, model_loss_and_grads
 from . import hf_init
-from .data import DEFAULT_MAX_BYTES, VOCAB_SIZE, ByteBatches, load_corpus
+from .data import DEFAULT_MAX_BYTES, VOCAB_SIZE, ByteBatches, ContiguousBatches, load_corpus
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
 PLOT_NAME = "loss.png"
@@ -68,6 +68,7 @@ class TrainConfig:
     vocab_size: int = VOCAB_SIZE     # 256 bytes, or the checkpoint's vocabulary (init_from)
     dt_rank: int | None = None       # None: ceil(d_model / 16)
     discretization: str = "zoh"      # "euler" when fine-tuning a Hugging Face checkpoint
+    carry_state: bool = False        # contiguous windows, state carried across steps (TBPTT)
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
@@ -129,7 +130,7 @@ class TrainConfig:
                            and 0.0 <= b < 1.0 for b in self.betas)):
             raise ValueError(f"config.betas: expected two numbers in [0, 1), got {self.betas!r}")
         self.betas = tuple(float(b) for b in self.betas)
-        for name in ("amp", "checkpointing"):
+        for name in ("amp", "checkpointing", "carry_state"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"config.{name}: expected true or false, got {getattr(self, name)!r}")
         try:
@@ -154,7 +155,7 @@ class TrainConfig:
 # Fields added after checkpoints were already being written: the value a checkpoint
 # without the field means (what the code of that time did).
 _ABSENT_MEANS = {"init": "legacy", "init_from": None, "vocab_size": VOCAB_SIZE, "dt_rank": None,
-                 "discretization": "zoh"}
+                 "discretization": "zoh", "carry_state": False}
 
 
 def _with_absent_fields(d: dict) -> dict:
@@ -257,26 +258,31 @@ def evaluate(params, batches, eps=DEFAULT_EPS, n_threads=None, discretization="z
     return total / len(vals)
 
 
-def save_state(path, cfg, step, params, opt, scaler, losses, dist=None) -> None:
+def save_state(path, cfg, step, params, opt, scaler, losses, dist=None, carry=None) -> None:
     """``opt``: an AdamW or the GPU ResidentTrainer; both give the same
     ``state_dict()`` format, so CPU and GPU checkpoints hold the same keys.
     ``dist``: distributed run; only its root writes, adding the data position
-    of every rank."""
+    of every rank. ``carry``: the state carried into the next step (``--carry-state``),
+    ``(h, conv)`` or None, stored as arrays ``carry.h0`` / ``carry.conv_state``."""
     if dist is not None and not dist.is_root:
         return
     extra = {"scaler": scaler.state_dict() if scaler is not None else None}
     if dist is not None:
         extra["distributed"] = dist.data_state(step)
     opt_state = opt.state_dict() if opt is not None else None
+    arrays = {"losses": np.asarray(losses, np.float64)}
+    if carry is not None:
+        arrays.update({CARRY_ARRAYS[0]: carry[0], CARRY_ARRAYS[1]: carry[1]})
     ckpt_io.save_checkpoint(path, params, step=step, config=cfg.to_dict(),
-                            optimizer_state=opt_state,
-                            extra=extra, arrays={"losses": np.asarray(losses, np.float64)})
+                            optimizer_state=opt_state, extra=extra, arrays=arrays)
 
 
 def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, bar,
-          dist=None) -> int:
+          dist=None, carry=None) -> int:
     """Steps ``start .. end-1``; appends to ``losses``; returns the number of steps
-    skipped (AMP overflow, or the optimizer's NaN guard: a non-finite gradient)."""
+    skipped (AMP overflow, or the optimizer's NaN guard: a non-finite gradient).
+    ``carry`` (``--carry-state``): a one-element list holding the state ``(h, conv)`` the
+    next step starts from (None: zeros), updated after every step."""
     from ..optim import clip_grad_norm
     tokens_per_step = cfg.batch * cfg.seq_len * (1 if dist is None else dist.size)
     skipped = 0
@@ -303,9 +309,17 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
             skipped += (not applied) or opt.skipped != before
         else:
             _set_lr(opt, lr)
-            loss, grads = model_loss_and_grads(tok, tgt, params, checkpointing=cfg.checkpointing,
-                                               eps=cfg.eps, discretization=cfg.discretization,
-                                               n_threads=cfg.threads)
+            kw = {}
+            if carry is not None:        # truncated BPTT: the state enters as a constant
+                if batches.starts_pass(step):
+                    carry[0] = None
+                h0, conv = carry[0] if carry[0] is not None else (None, None)
+                kw = {"h0": h0, "conv_state": conv, "return_state": True}
+            loss, grads, *new_state = model_loss_and_grads(
+                tok, tgt, params, checkpointing=cfg.checkpointing, eps=cfg.eps,
+                discretization=cfg.discretization, n_threads=cfg.threads, **kw)
+            if carry is not None:
+                carry[0] = new_state[0]
             for name in frozen:          # no Hugging Face counterpart: kept at 0 (hf_init.py)
                 grads[name][...] = 0
             if reduce is not None:
@@ -323,7 +337,8 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
                 if dist is None or dist.is_root:
                     save_state(path, cfg, step + 1, trainer.params(), trainer, None, losses, dist)
             else:
-                save_state(path, cfg, step + 1, params, opt, scaler, losses, dist)
+                save_state(path, cfg, step + 1, params, opt, scaler, losses, dist,
+                           carry=None if carry is None else carry[0])
     return skipped
 
 
@@ -390,7 +405,8 @@ def load_training_checkpoint(path) -> dict:
             raise ValueError(f"{fname}: tensor 'param.{name}': holds NaN or Inf")
         params[name] = np.ascontiguousarray(a)
     arrays = ck["arrays"]
-    unknown = sorted("array." + k for k in set(arrays) - {"losses"})
+    carry = _checked_carry(fname, cfg, arrays)
+    unknown = sorted("array." + k for k in set(arrays) - {"losses"} - set(CARRY_ARRAYS))
     if unknown:
         raise ValueError(f"{fname}: unknown tensor(s) {unknown}")
     losses = arrays.get("losses", np.zeros(0))
@@ -407,7 +423,27 @@ def load_training_checkpoint(path) -> dict:
         raise ValueError(f"{fname}: field '__metadata__.extra.scaler': expected an object or null")
     return {"config": cfg, "params": params, "step": step, "losses": [float(v) for v in losses],
             "optimizer_state": ck["optimizer_state"], "scaler_state": scaler_state,
-            "extra": extra}
+            "extra": extra, "carry": carry}
+
+
+CARRY_ARRAYS = ("carry.h0", "carry.conv_state")
+
+
+def _checked_carry(fname, cfg, arrays):
+    """The carried state of a ``--carry-state`` checkpoint: ``(h, conv)`` float32 of the
+    shapes of the model and batch, or None (none stored: the next step starts from zeros)."""
+    got = [arrays.get(k) for k in CARRY_ARRAYS]
+    if all(a is None for a in got):
+        return None
+    D = cfg.expand * cfg.d_model
+    shapes = ((cfg.n_layers, cfg.batch, D, cfg.d_state), (cfg.n_layers, cfg.batch, D, cfg.d_conv - 1))
+    for k, a, shape in zip(CARRY_ARRAYS, got, shapes):
+        if not cfg.carry_state or a is None or a.dtype != np.float32 or a.shape != shape \
+                or not np.isfinite(a).all():
+            raise ValueError(f"{fname}: tensor 'array.{k}': expected finite float32 of shape "
+                             f"{list(shape)} in a --carry-state run, got "
+                             f"{None if a is None else (str(a.dtype), list(a.shape))}")
+    return tuple(np.ascontiguousarray(a) for a in got)
 
 
 def _restore(fname, what, load, state) -> None:
@@ -469,7 +505,11 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
         corpus = hf_init.corpus_tokens(cfg, cfg.max_bytes)
     else:
         corpus = load_corpus(cfg.data, cfg.max_bytes)
-    if dist is None:
+    if cfg.carry_state and (dist is not None or cfg.amp or cfg.device != "cpu"):
+        raise ValueError("--carry-state: runs on the CPU, without --amp and without MPI (for now)")
+    if cfg.carry_state:
+        batches = ContiguousBatches(corpus, cfg.seq_len, cfg.batch, cfg.seed)
+    elif dist is None:
         batches = ByteBatches(corpus, cfg.seq_len, cfg.batch, cfg.seed)
     else:
         batches = dist.shard(corpus, cfg.seq_len, cfg.batch, cfg.seed, start,
@@ -518,13 +558,14 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
                          state["scaler_state"])
 
     path = os.path.join(out_dir, CHECKPOINT_NAME)
+    carry = [state["carry"] if state is not None else None] if cfg.carry_state else None
     bar = _Progress(progress, cfg.steps, start)
     t0 = time.perf_counter()
     skipped = 0
     end = max(start, cfg.steps if stop is None else min(cfg.steps, stop))
     try:
         skipped = _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, bar,
-                        dist)
+                        dist, carry)
     except KeyboardInterrupt:
         # the step in flight may have half-updated the weights: keep the last
         # complete checkpoint rather than saving this state
@@ -542,7 +583,8 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
             return {"losses": losses, "final_loss": float(np.mean(losses[-50:])) if losses else
                     float("nan"), "wall_s": wall, "steps": cfg.steps, "skipped_steps": skipped,
                     "checkpoint": path, "params": params}
-    save_state(path, cfg, end, params, opt, scaler, losses, dist)
+    save_state(path, cfg, end, params, opt, scaler, losses, dist,
+               carry=None if carry is None else carry[0])
     from .plot import write_loss_curve
     plot_path = os.path.join(out_dir, PLOT_NAME)
     write_loss_curve(plot_path, losses, reference=math.log(cfg.vocab_size),

@@ -9,13 +9,14 @@ from mamba_ext.testing import reference as ref
 V, Dm, NL, N, K = 37, 16, 3, 4, 4
 D = 2 * Dm
 WINDOWS = [1, 2, 61, 70, 16]          # shorter than K-1, across the 64-step scan chunk, ...
+TOTAL = sum(WINDOWS)
 
 
 def _params(dtype):
     return init_model_params(V, Dm, NL, d_state=N, d_conv=K, seed=4, dtype=dtype)
 
 
-def _tokens(B=2, L=sum(WINDOWS), seed=0):
+def _tokens(B=2, L=TOTAL, seed=0):
     return np.random.default_rng(seed).integers(0, V, (B, L))
 
 
