@@ -14,7 +14,9 @@ One *arm* is one training run, written as a JSON file:
 Every arm reports ``final_loss`` (mean training loss of the last 50 steps, as ``train``)
 and ``val_loss`` (mean over the same fixed held-out batches, ``ByteBatches.val_batches``).
 
-    python -m mamba_ext.bench.init_compare run --arm mamba --config default --out r/default-mamba.json
+    python -m mamba_ext.bench.init_compare corpus stdlib_corpus.bin
+    python -m mamba_ext.bench.init_compare run --arm mamba --config default --data stdlib_corpus.bin \
+        --out r/default-mamba.json
     python -m mamba_ext.bench.init_compare table r/*.json
 
 ``--config default`` is ``TrainConfig()`` (the default ``train`` run); ``--config 4x256`` is
@@ -164,7 +166,15 @@ def main(argv=None) -> int:
     r.add_argument("--out", required=True, help="JSON file to write")
     t = sub.add_parser("table", help="Markdown table of JSON results")
     t.add_argument("files", nargs="+")
+    c = sub.add_parser("corpus", help="write the default corpus (this Python's stdlib sources, "
+                                      "as train reads them) to a file, to run every arm on the same bytes")
+    c.add_argument("out")
     args = ap.parse_args(argv)
+    if args.cmd == "corpus":
+        from ..training.data import DEFAULT_MAX_BYTES, stdlib_corpus
+        with open(args.out, "wb") as f:
+            f.write(stdlib_corpus(DEFAULT_MAX_BYTES))
+        return 0
     from .. import configure_threads
     configure_threads()       # idle OpenMP/BLAS threads sleep (as the command line does)
     if args.cmd == "run":

@@ -19,6 +19,10 @@ with ``config.json`` and ``model.safetensors`` (or shards listed in
     backbone.norm_f.weight              (Dm,)       -> final_norm
     lm_head.weight (optional, tied)     (V, Dm)     must equal the embedding; lm_head_bias = 0
 
+Weights may be stored in float32, float64, float16 or bfloat16 (``load_hf`` up-casts the half
+formats exactly); ``save_hf`` writes float32, float16 or bfloat16, in one file or in shards,
+and can copy the ``tokenizer.json`` of the folder a model came from.
+
 Why the conv taps flip: transformers runs ``nn.Conv1d(padding=K-1)`` (cross-correlation),
 whose tap ``K-1`` multiplies the current step; our tap 0 does (docs/semantics.md).
 
