@@ -296,7 +296,7 @@ def _stored_dtypes(fname: str) -> list[str]:
             if k != "__metadata__" and e["dtype"] in _DTYPE_NAMES]
 
 
-def load_tokenizer(path: StrPath):
+def load_tokenizer(path: StrPath) -> Any:
     """The ``tokenizers.Tokenizer`` of a Hugging Face folder (its ``tokenizer.json``);
     needs the ``tokenizers`` package."""
     fname = os.path.join(os.fspath(path), "tokenizer.json")
