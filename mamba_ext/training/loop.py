@@ -421,6 +421,7 @@ def load_training_checkpoint(path) -> dict:
     scaler_state = extra.get("scaler")
     if scaler_state is not None and not isinstance(scaler_state, dict):
         raise ValueError(f"{fname}: field '__metadata__.extra.scaler': expected an object or null")
+    _check_data_state(fname, extra.get("distributed"))
     return {"config": cfg, "params": params, "step": step, "losses": [float(v) for v in losses],
             "optimizer_state": ck["optimizer_state"], "scaler_state": scaler_state,
             "extra": extra, "carry": carry}
@@ -444,6 +445,26 @@ def _checked_carry(fname, cfg, arrays):
                              f"{list(shape)} in a --carry-state run, got "
                              f"{None if a is None else (str(a.dtype), list(a.shape))}")
     return tuple(np.ascontiguousarray(a) for a in got)
+
+
+def _check_data_state(fname: str, state) -> None:
+    """``extra["distributed"]`` (Distributed.data_state) of a checkpoint: None or its exact
+    fields, with non-negative integer sizes and positions."""
+    if state is None:
+        return
+    where = f"{fname}: field '__metadata__.extra.distributed'"
+    fields = {"world_size", "batch_per_rank", "global_batch", "data_position", "rank_positions",
+              "data_order"}
+    if not isinstance(state, dict) or set(state) != fields:
+        raise ValueError(f"{where}: expected an object with the fields {sorted(fields)}")
+    for key in ("world_size", "batch_per_rank", "global_batch", "data_position"):
+        if type(state[key]) is not int or state[key] < (0 if key == "data_position" else 1):
+            raise ValueError(f"{where}.{key}: {state[key]!r} is not a valid count")
+    positions = state["rank_positions"]
+    if not isinstance(positions, list) or not all(type(v) is int and v >= 0 for v in positions):
+        raise ValueError(f"{where}.rank_positions: expected a list of non-negative integers")
+    if not isinstance(state["data_order"], str):
+        raise ValueError(f"{where}.data_order: expected a string")
 
 
 def _restore(fname, what, load, state) -> None:

@@ -6,7 +6,7 @@ ValueError (a clear refusal); anything else (another exception, a crash, NaN wri
 a model that was fine) is a bug. Budget: ``--examples N`` per target, derandomized (the
 same cases every run), no example database.
 
-Usage: python tests/api/fuzz_public_api.py [--examples N]
+Usage: python tests/api/fuzz_public_api.py [--examples N] [--target NAME ...]
 """
 from __future__ import annotations
 
@@ -198,10 +198,16 @@ def fuzz_checkpoint_bytes(data):
         attempt("checkpoint.load(require_checksum=False)", lambda: ck.load(f.name, require_checksum=False))
 
 
+TARGETS = {"block": fuzz_block, "model": fuzz_model, "recurrent": fuzz_recurrent, "adamw": fuzz_adamw,
+           "scaler": fuzz_scaler, "checkpoint": fuzz_checkpoint_bytes}
+
+
 def main(argv=None) -> int:
     global _VALID
     ap = argparse.ArgumentParser()
     ap.add_argument("--examples", type=int, default=100)
+    ap.add_argument("--target", action="append", choices=sorted(TARGETS),
+                    help="fuzz only this target (repeatable); default: all")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "v.safetensors"
@@ -210,7 +216,8 @@ def main(argv=None) -> int:
     config = settings(max_examples=args.examples, derandomize=True, deadline=None, database=None,
                       suppress_health_check=list(HealthCheck))
     failed = []
-    for fuzz in (fuzz_block, fuzz_model, fuzz_recurrent, fuzz_adamw, fuzz_scaler, fuzz_checkpoint_bytes):
+    for name in args.target or sorted(TARGETS):
+        fuzz = TARGETS[name]
         try:
             with np.errstate(all="ignore"):
                 config(fuzz)()

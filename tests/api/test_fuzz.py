@@ -1,6 +1,7 @@
 """The property-based fuzz of the public API (tests/api/fuzz_public_api.py), with a fixed
-budget, in a subprocess: a crash (segfault, abort, libgomp failure) fails this test
-instead of ending the test session. MAMBA_EXT_FUZZ_EXAMPLES raises the budget."""
+budget, one subprocess per target: a crash (segfault, abort, libgomp failure) fails the
+test of that target instead of ending the test session. MAMBA_EXT_FUZZ_EXAMPLES raises
+the budget."""
 from __future__ import annotations
 
 import os
@@ -8,16 +9,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import optional
 
 SCRIPT = Path(__file__).resolve().parent / "fuzz_public_api.py"
+TARGETS = ("adamw", "block", "checkpoint", "model", "recurrent", "scaler")
 
 
-def test_public_api_fuzz_refuses_cleanly_and_never_crashes():
+@pytest.mark.parametrize("target", TARGETS)
+def test_public_api_fuzz_refuses_cleanly_and_never_crashes(target):
     optional("hypothesis", "pip install hypothesis (the test extra) for the API fuzz")
     examples = os.environ.get("MAMBA_EXT_FUZZ_EXAMPLES", "150")
-    r = subprocess.run([sys.executable, str(SCRIPT), "--examples", examples], capture_output=True,
-                       text=True, timeout=900)
+    r = subprocess.run([sys.executable, str(SCRIPT), "--examples", examples, "--target", target],
+                       capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, (f"fuzz failed (exit {r.returncode}; negative = killed by a signal)\n"
                                f"{r.stdout[-4000:]}\n{r.stderr[-8000:]}")
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("fuzz ")]

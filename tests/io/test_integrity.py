@@ -115,6 +115,12 @@ def test_resigned_structural_damage_names_the_file_and_the_field(run_dir, tmp_pa
         "config unknown": ({"__metadata__": dict(header["__metadata__"], config=json.dumps(
             dict(json.loads(header["__metadata__"]["config"]), bogus=1)))}, "field '__metadata__.config'"),
         "extra key": ({"__metadata__": dict(header["__metadata__"], mystery="1")}, "field '__metadata__'"),
+        "data state": ({"__metadata__": dict(header["__metadata__"], extra=json.dumps(
+            {"scaler": json.loads(header["__metadata__"]["extra"])["scaler"],
+             "distributed": {"world_size": 2, "batch_per_rank": 2, "global_batch": 4,
+                             "data_position": "12", "rank_positions": [12, 14],
+                             "data_order": "sharded-stream/1"}}))},
+                       "field '__metadata__.extra.distributed'.data_position"),
     }
     path = tmp_path / "resigned.safetensors"
     for what, (change, field) in cases.items():
