@@ -1,0 +1,118 @@
+/* mx_recurrent.h - the per-row loops of the one-token recurrent step (generation),
+ * float (_f) and double (_d), and the float16-weight matrix-vector product.
+ *
+ * Size letters: D dInner, N dState, K dConv, IC input columns, OC output columns,
+ * B rows (one per sequence of the batch). The driver is mamba_ext/cpu/recurrent.pyx.
+ *
+ * One time step of one sequence, per channel d (docs/semantics.md, steps 3 and 8-10):
+ *   conv = bias + w[d,0] xc + sum_{k=1..K-1} w[d,k] tail[d, K-1-k]   (tail oldest first)
+ *   tail <- [tail[1:], xc]
+ *   em = expm1(delta A), h = (1 + em) h + (zoh ? em / A : delta) Bs u, y = Cs.h + D_vec u
+ * the same single exponential per (d, n) as the chunked scan (csrc/mx_scan.h), so the
+ * step and the full forward round alike.
+ */
+#ifndef MX_RECURRENT_H
+#define MX_RECURRENT_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include "mx_compat.h"
+#include "mx_math.h"
+
+/* `omp simd reduction(+:v)`: a vectorised sum (plain C may not reorder float adds). */
+#if defined(_OPENMP) && !(defined(_MSC_VER) && !defined(__clang__))
+#define MX_OMP_SIMD_SUM(v) MX_PRAGMA(omp simd reduction(+:v))
+#else
+#define MX_OMP_SIMD_SUM(v)
+#endif
+
+#define MX_RECURRENT_KERNELS(T, SFX, EXPM1)                                              \
+/* conv (D,) = causal conv of one step; tail (D, K-1) shifted in place; xc, bias (D,),  \
+   weight (D, K). conv may not alias the others. */                                     \
+MX_KERNEL void mx_conv_step_##SFX(T* MX_RESTRICT conv, T* MX_RESTRICT tail,            \
+        const T* MX_RESTRICT xc, const T* MX_RESTRICT weight, const T* MX_RESTRICT bias, \
+        ptrdiff_t D, ptrdiff_t K)                                                        \
+{                                                                                        \
+    for (ptrdiff_t d = 0; d < D; d++) {                                                  \
+        const T* w = weight + d * K;                                                     \
+        T* tl = tail + d * (K - 1);                                                      \
+        T acc = bias[d] + w[0] * xc[d];                                                  \
+        for (ptrdiff_t k = 1; k < K; k++) acc += w[k] * tl[K - 1 - k];                   \
+        for (ptrdiff_t j = 0; j + 1 < K - 1; j++) tl[j] = tl[j + 1];                     \
+        if (K > 1) tl[K - 2] = xc[d];                                                    \
+        conv[d] = acc;                                                                   \
+    }                                                                                    \
+}                                                                                        \
+/* One scan step of one sequence: h (D, N) updated in place; y (D,) = Cs.h + D_vec u;   \
+   u, delta, D_vec (D,); A, A_inv (D, N); Bs, Cs (N,). */                               \
+MX_KERNEL void mx_scan_step_##SFX(T* MX_RESTRICT y, T* MX_RESTRICT h,                  \
+        const T* MX_RESTRICT u, const T* MX_RESTRICT delta, const T* MX_RESTRICT A,      \
+        const T* MX_RESTRICT A_inv, const T* MX_RESTRICT Bs, const T* MX_RESTRICT Cs,    \
+        const T* MX_RESTRICT D_vec, ptrdiff_t D, ptrdiff_t N, int zoh)                   \
+{                                                                                        \
+    for (ptrdiff_t d = 0; d < D; d++) {                                                  \
+        const T dd = delta[d], ud = u[d];                                                \
+        const T* MX_RESTRICT a = A + d * N;                                              \
+        const T* MX_RESTRICT ia = A_inv + d * N;                                         \
+        T* MX_RESTRICT hd = h + d * N;                                                   \
+        T acc = 0;                                                                       \
+        MX_OMP_SIMD_SUM(acc)                                                             \
+        for (ptrdiff_t n = 0; n < N; n++) {                                              \
+            T em = EXPM1(dd * a[n]);                                                     \
+            T bb = (zoh ? em * ia[n] : dd) * Bs[n];                                      \
+            T hn = (1 + em) * hd[n] + bb * ud;                                           \
+            hd[n] = hn;                                                                  \
+            acc += Cs[n] * hn;                                                           \
+        }                                                                                \
+        y[d] = acc + D_vec[d] * ud;                                                      \
+    }                                                                                    \
+}
+
+MX_RECURRENT_KERNELS(float, f, mx_expm1f)
+MX_RECURRENT_KERNELS(double, d, expm1)
+
+/* IEEE half (bits) -> float, branch-free so the loops below vectorise: the 15 low bits
+   shifted into a float's exponent/mantissa and scaled by 2^112 give normal and
+   subnormal halves exactly; exponent 31 (inf/NaN) is patched by a select. */
+MX_INLINE float mx_half_to_float(uint16_t hb) {
+    uint32_t h = hb, em = (h & 0x7fffu) << 13, bits;
+    float f;
+    memcpy(&f, &em, sizeof f);
+    f *= 5.192296858534828e+33f;                       /* 2^112 */
+    memcpy(&bits, &f, sizeof bits);
+    bits = (h & 0x7c00u) == 0x7c00u ? (em | 0x7f800000u) : bits;
+    bits |= (h & 0x8000u) << 16;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* out (n,) = float(w (n,)) : one row of a float16 table (the embedding lookup). */
+MX_KERNEL void mx_half_row_to_float(float* MX_RESTRICT out, const uint16_t* MX_RESTRICT w,
+                                    ptrdiff_t n) {
+    MX_OMP_SIMD
+    for (ptrdiff_t i = 0; i < n; i++) out[i] = mx_half_to_float(w[i]);
+}
+
+/* Output columns [o0, o1) of out (B, OC) = x (B, IC) @ w (OC, IC)^T + bias (OC,) (bias may
+   be NULL), w float16 bits, float32 accumulation. Each weight row is read once from
+   memory for all B rows (generation reads every weight once per token: the row is
+   the unit of memory traffic). */
+MX_KERNEL void mx_linear_half_f(float* MX_RESTRICT out, const float* MX_RESTRICT x,
+        const uint16_t* MX_RESTRICT w, const float* MX_RESTRICT bias,
+        ptrdiff_t B, ptrdiff_t IC, ptrdiff_t OC, ptrdiff_t o0, ptrdiff_t o1)
+{
+    for (ptrdiff_t o = o0; o < o1; o++) {
+        const uint16_t* MX_RESTRICT wr = w + o * IC;
+        for (ptrdiff_t b = 0; b < B; b++) {
+            const float* MX_RESTRICT xr = x + b * IC;
+            float acc = 0;
+            MX_OMP_SIMD_SUM(acc)
+            for (ptrdiff_t i = 0; i < IC; i++) acc += mx_half_to_float(wr[i]) * xr[i];
+            out[b * OC + o] = acc + (bias ? bias[o] : 0.0f);
+        }
+    }
+}
+
+#endif /* MX_RECURRENT_H */
