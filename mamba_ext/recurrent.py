@@ -52,7 +52,7 @@ from .cpu.recurrent import HALF_ARRAYS, LAYER_ARRAYS, Stepper
 from .model import check_model_params
 from .testing import reference as ref
 
-__all__ = ["RecurrentState", "init_state", "step", "generate", "sample_logits", "STOPPED"]
+__all__ = ["RecurrentState", "init_state", "step", "generate", "sample_logits", "filter_logits", "STOPPED"]
 
 # generate(..., stop=...): positions of a sequence after its stop sequence hold this
 STOPPED = -1
@@ -273,10 +273,10 @@ def _check_prompts(prompt) -> list[np.ndarray]:
         return list(arr)
     out = []
     for b, p in enumerate(prompt):
-        a = check_tokens(f"prompt[{b}]", np.asarray(p)[None])
-        if a.shape[1] < 1:
+        a = np.asarray(p)
+        if a.size < 1:          # before the dtype check: an empty list is float64 to NumPy
             raise ValueError(f"prompt[{b}]: expected at least one token")
-        out.append(a[0])
+        out.append(check_tokens(f"prompt[{b}]", a[None])[0])
     return out
 
 
@@ -287,24 +287,22 @@ def _check_stop(stop) -> list[np.ndarray]:
         raise TypeError(f"stop: expected a sequence of token-id sequences, got {type(stop).__name__}")
     out = []
     for j, s in enumerate(stop):
-        a = check_tokens(f"stop[{j}]", np.asarray(s)[None])[0]
-        if a.size < 1:
+        a = np.asarray(s)
+        if a.size < 1:          # before the dtype check: an empty list is float64 to NumPy
             raise ValueError(f"stop[{j}]: expected at least one token")
-        out.append(a)
+        out.append(check_tokens(f"stop[{j}]", a[None])[0])
     return out
 
 
-def sample_logits(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
-                  rng: np.random.Generator) -> np.ndarray:
-    """Next ids (B,) from logits (B, V) with the Hugging Face ``generate`` meanings:
-    temperature 0 is greedy (argmax); otherwise scores = logits / temperature, then
-    top-k (keep the k highest scores, ties with the k-th included; 0: off), then
-    top-p (keep the smallest set of highest-probability tokens whose softmax mass
-    exceeds top_p, at least one; 1: off), then one draw from the softmax of what is
-    left (by inverse CDF with ``rng.random``)."""
-    if temperature == 0:
-        return np.argmax(logits, axis=-1)
-    z = logits.astype(np.float64) / temperature                      # z (B, V)
+def filter_logits(logits: np.ndarray, temperature: float, top_k: int = 0,
+                  top_p: float = 1.0) -> np.ndarray:
+    """Scores (B, V) float64 of :func:`sample_logits` before the draw: logits (B, V) /
+    ``temperature`` (> 0), then top-k (keep the k highest scores, ties with the k-th
+    included; 0: off), then top-p (keep the smallest set of highest-probability tokens
+    whose softmax mass exceeds top_p, at least one; 1: off); removed tokens get -inf.
+    The order and the tie rules are those of Hugging Face's TemperatureLogitsWarper,
+    TopKLogitsWarper and TopPLogitsWarper."""
+    z = np.asarray(logits, np.float64) / temperature                 # z (B, V)
     V = z.shape[1]
     if 0 < top_k < V:
         kth = np.partition(z, V - top_k, axis=-1)[:, V - top_k:V - top_k + 1]
@@ -319,10 +317,21 @@ def sample_logits(logits: np.ndarray, temperature: float, top_k: int, top_p: flo
         drop = np.empty_like(drop_sorted)
         np.put_along_axis(drop, order, drop_sorted, axis=-1)
         z = np.where(drop, -np.inf, z)
+    return z
+
+
+def sample_logits(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
+                  rng: np.random.Generator | None) -> np.ndarray:
+    """Next ids (B,) from logits (B, V) with the Hugging Face ``generate`` meanings:
+    temperature 0 is greedy (argmax, top_k/top_p unused); otherwise one draw per row
+    from the softmax of :func:`filter_logits` (inverse CDF of ``rng.random``)."""
+    if temperature == 0:
+        return np.argmax(logits, axis=-1)
+    z = filter_logits(logits, temperature, top_k, top_p)
     prob = np.exp(z - z.max(axis=-1, keepdims=True))
     cdf = np.cumsum(prob, axis=-1)                                   # cdf (B, V)
     r = rng.random(z.shape[0])[:, None] * cdf[:, -1:]
-    return np.minimum((cdf <= r).sum(axis=-1), V - 1)
+    return np.minimum((cdf <= r).sum(axis=-1), z.shape[1] - 1)
 
 
 def generate(params: Mapping[str, ArrayLike], prompt: ArrayLike | Sequence[ArrayLike], n_tokens: int, *,
