@@ -60,6 +60,9 @@ cdef extern from "csrc/mx_recurrent.h" nogil:
                           idx_t B, idx_t IC, idx_t OC, idx_t o0, idx_t o1) noexcept
 
 cdef enum:
+    # below this many multiply-adds a parallel region costs more than it saves (a team
+    # wake-up is microseconds, and far more on a busy machine): run on one thread
+    PARALLEL_MIN_WORK = 1 << 17
     # channels per conv/scan job: small enough to spread one sequence over the threads,
     # large enough that a job outweighs its scheduling
     CHANNEL_BLOCK = 256
@@ -83,6 +86,8 @@ cdef void _linear(floating* out, const floating* x, const void* w, const floatin
     if floating is float:
         if half:
             nb = (OC + HALF_BLOCK - 1) // HALF_BLOCK
+            if B * IC * OC < PARALLEL_MIN_WORK:
+                nt = 1
             for j in prange(nb, schedule='static', num_threads=nt):
                 o0 = j * HALF_BLOCK
                 mx_linear_half_f(out, x, <const uint16_t*>w, bias, B, IC, OC, o0,
@@ -112,6 +117,8 @@ cdef void recurrent_step(floating* logits, const int64_t* ids, const step_model*
     cdef idx_t nblk = (D + CHANNEL_BLOCK - 1) // CHANNEL_BLOCK
     cdef int nt = m.n_threads
     cdef int half = m.half
+    # threads of the conv/scan jobs: one unless the step's B*D*N is large enough
+    cdef int nts = nt if B * D * N >= PARALLEL_MIN_WORK else 1
     # 0. embedding lookup
     for b in range(B):
         if floating is float:
@@ -126,7 +133,7 @@ cdef void recurrent_step(floating* logits, const int64_t* ids, const step_model*
         tail = <floating*>m.tail[i]
         rmsnorm_forward(xn, rstd, x, <const floating*>w[NORM], B, Dm, m.eps)            # 1
         _linear(xz, xn, w[W_IN], <const floating*>w[B_IN], B, Dm, 2 * D, half, nt)      # 2
-        for j in prange(njobs, schedule='static', num_threads=nt if njobs > 1 else 1):  # 3-4
+        for j in prange(njobs, schedule='static', num_threads=nts):  # 3-4
             b = j // nblk
             d0 = (j % nblk) * CHANNEL_BLOCK
             nd = min(<idx_t>CHANNEL_BLOCK, D - d0)
@@ -149,7 +156,7 @@ cdef void recurrent_step(floating* logits, const int64_t* ids, const step_model*
             mx_softplus_forward_f(delta, B * D)
         else:
             mx_softplus_forward_d(delta, B * D)
-        for j in prange(njobs, schedule='static', num_threads=nt if njobs > 1 else 1):  # 7-10
+        for j in prange(njobs, schedule='static', num_threads=nts):  # 7-10
             b = j // nblk
             d0 = (j % nblk) * CHANNEL_BLOCK
             nd = min(<idx_t>CHANNEL_BLOCK, D - d0)

@@ -73,16 +73,18 @@ MX_KERNEL void mx_scan_step_##SFX(T* MX_RESTRICT y, T* MX_RESTRICT h,           
 MX_RECURRENT_KERNELS(float, f, mx_expm1f)
 MX_RECURRENT_KERNELS(double, d, expm1)
 
-/* IEEE half (bits) -> float, branch-free so the loops below vectorise: the 15 low bits
-   shifted into a float's exponent/mantissa and scaled by 2^112 give normal and
-   subnormal halves exactly; exponent 31 (inf/NaN) is patched by a select. */
+/* IEEE half (bits) -> float, branch-free so the loops below vectorise, and with no
+   subnormal float anywhere (a subnormal operand costs a microcode assist per vector):
+   a normal half is its bits shifted into place with the exponent rebased by 127 - 15;
+   a subnormal half is its mantissa times 2^-24 (an exact int -> float conversion);
+   exponent 31 (inf/NaN) keeps an all-ones float exponent. */
 MX_INLINE float mx_half_to_float(uint16_t hb) {
-    uint32_t h = hb, em = (h & 0x7fffu) << 13, bits;
+    uint32_t h = hb, e = h & 0x7c00u, em = (h & 0x7fffu) << 13, bits;
+    float sub = (float)(int32_t)(h & 0x3ffu) * 5.9604644775390625e-8f;   /* 2^-24 */
+    uint32_t sub_bits;
     float f;
-    memcpy(&f, &em, sizeof f);
-    f *= 5.192296858534828e+33f;                       /* 2^112 */
-    memcpy(&bits, &f, sizeof bits);
-    bits = (h & 0x7c00u) == 0x7c00u ? (em | 0x7f800000u) : bits;
+    memcpy(&sub_bits, &sub, sizeof sub_bits);
+    bits = e == 0x7c00u ? (em | 0x7f800000u) : (e == 0 ? sub_bits : em + 0x38000000u);
     bits |= (h & 0x8000u) << 16;
     memcpy(&f, &bits, sizeof f);
     return f;
