@@ -82,14 +82,14 @@ def bench_model(name: str, *, n_tokens: int, batches=(1, 4, 16), prefill: int = 
             logits = np.empty((B, V), np.float32)
             st.step(np.zeros(B, np.int64), logits)            # warm: page in every weight
             out = np.empty((B, n_tokens), np.int64)
-            t = _median_time(lambda: st.greedy(logits, out), repeats)
+            t = _median_time(lambda st=st, lg=logits, o=out: st.greedy(lg, o), repeats)
             # greedy() feeds n_tokens - 1 tokens (the last one is not fed)
             row[f"tok_s_b{B}"] = B * max(1, n_tokens - 1) / t
         state = init_state(params, 1)
         layers, arrays = _validated(params, state)
         prompt = np.random.default_rng(0).integers(0, V, (1, prefill))
 
-        def run_prefill():
+        def run_prefill(prompt=prompt, layers=layers, arrays=arrays):
             s = init_state(params, 1)
             _prefill(prompt, s.h, s.conv, layers, arrays, s.eps, "zoh", n_threads or 0)
         row["prefill_tok_s"] = prefill / _median_time(run_prefill, repeats)

@@ -117,7 +117,6 @@ int main(void) {
             }
         }
     }
-    if (mx_test_failures) return 1;
-    printf("OK\n");
-    return 0;
+    printf("%s (%d failures)\n", mx_test_failures ? "FAILED" : "OK", mx_test_failures);
+    return mx_test_failures != 0;
 }
