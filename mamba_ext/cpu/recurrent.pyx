@@ -36,6 +36,7 @@ from mamba_ext.cpu.activations cimport (
     mx_silu_forward_f, mx_silu_forward_d, mx_softplus_forward_f, mx_softplus_forward_d,
     mx_gate_forward_f, mx_gate_forward_d)
 from mamba_ext.cpu.linear cimport linear_forward
+from scipy.linalg.cython_blas cimport sgemv, dgemv
 from mamba_ext.cpu.rmsnorm cimport rmsnorm_forward
 
 cnp.import_array()
@@ -93,7 +94,30 @@ cdef void _linear(floating* out, const floating* x, const void* w, const floatin
                 mx_linear_half_f(out, x, <const uint16_t*>w, bias, B, IC, OC, o0,
                                  min(OC, o0 + HALF_BLOCK))
             return
-    linear_forward(out, x, <const floating*>w, bias, B, IC, OC)
+    if B == 1 and IC > 0:
+        _gemv(out, x, <const floating*>w, bias, IC, OC)
+    else:
+        linear_forward(out, x, <const floating*>w, bias, B, IC, OC)
+
+
+cdef void _gemv(floating* out, const floating* x, const floating* w, const floating* bias,
+                idx_t IC, idx_t OC) noexcept nogil:
+    # out (OC,) = w (OC, IC) @ x (IC,) + bias (OC,): one sequence. A gemm with one column
+    # is not always forwarded to gemv by the BLAS, and gemv is the memory-bound kernel.
+    # Row-major w is the column-major (IC, OC) matrix: out = w_cm^T x, gemv('T').
+    # (Sizes fit an int: the params were validated by check_model_params.)
+    cdef char t = b'T'
+    cdef int m = <int>IC, n = <int>OC, lda = <int>IC, inc = 1
+    cdef floating one = 1, beta = 0
+    cdef idx_t o
+    if bias != NULL:
+        for o in range(OC):
+            out[o] = bias[o]
+        beta = 1
+    if floating is float:
+        sgemv(&t, &m, &n, &one, <float*>w, &lda, <float*>x, &inc, &beta, out, &inc)
+    else:
+        dgemv(&t, &m, &n, &one, <double*>w, &lda, <double*>x, &inc, &beta, out, &inc)
 
 
 cdef void recurrent_step(floating* logits, const int64_t* ids, const step_model* m) noexcept nogil:

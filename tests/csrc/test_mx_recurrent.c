@@ -2,8 +2,9 @@
  *
  * - mx_half_to_float on all 65536 half bit patterns against the definition
  *   (-1)^s 2^(e-15) (1 + m/1024), subnormals 2^-14 m/1024, inf, NaN: exact;
- * - mx_linear_half_f (B 3, IC 70: a vector body and a tail; output blocks) against a
- *   double sum of the same converted weights: within float rounding of the sum;
+ * - mx_linear_half_f (the CPU's fastest path) and mx_linear_half_portable_f (B 3, IC 70:
+ *   a vector body and a tail; output blocks) against a double sum of the same converted
+ *   weights: within float rounding of the sum;
  * - mx_conv_step_f / mx_scan_step_f / _d against the formulas of the header evaluated in
  *   double (K 4 and K 1, zoh and euler), and the tail shift.
  */
@@ -34,13 +35,14 @@ int main(void) {
     {
         enum { B = 3, IC = 70, OC = 130 };
         static uint16_t w[OC * IC];
-        static float x[B * IC], bias[OC], out[B * OC], row[IC];
+        static float x[B * IC], bias[OC], out[B * OC], out2[B * OC], row[IC];
         for (i = 0; i < OC * IC; i++) w[i] = (uint16_t)(0x2000 + (int)(0x3000 * mx_test_uniform()))
                                              | (mx_test_uniform() < 0.5 ? 0x8000 : 0);
         for (i = 0; i < B * IC; i++) x[i] = (float)(2 * mx_test_uniform() - 1);
         for (i = 0; i < OC; i++) bias[i] = (float)(mx_test_uniform() - 0.5);
         mx_linear_half_f(out, x, w, bias, B, IC, OC, 0, 64);
         mx_linear_half_f(out, x, w, bias, B, IC, OC, 64, OC);
+        mx_linear_half_portable_f(out2, x, w, bias, B, IC, OC, 0, OC);
         for (o = 0; o < OC; o++) {
             mx_half_row_to_float(row, w + o * IC, IC);
             for (b = 0; b < B; b++) {
@@ -52,6 +54,8 @@ int main(void) {
                 }
                 MX_CHECK(fabs(out[b * OC + o] - s) <= 1e-6 * mag, "out[%d,%d] %g want %g",
                          b, o, (double)out[b * OC + o], s);
+                MX_CHECK(fabs(out2[b * OC + o] - s) <= 1e-6 * mag, "portable out[%d,%d] %g want %g",
+                         b, o, (double)out2[b * OC + o], s);
             }
         }
     }

@@ -100,8 +100,9 @@ MX_KERNEL void mx_half_row_to_float(float* MX_RESTRICT out, const uint16_t* MX_R
 /* Output columns [o0, o1) of out (B, OC) = x (B, IC) @ w (OC, IC)^T + bias (OC,) (bias may
    be NULL), w float16 bits, float32 accumulation. Each weight row is read once from
    memory for all B rows (generation reads every weight once per token: the row is
-   the unit of memory traffic). */
-MX_KERNEL void mx_linear_half_f(float* MX_RESTRICT out, const float* MX_RESTRICT x,
+   the unit of memory traffic). Portable version: the conversion is integer work per
+   weight, so it runs about as fast as a float32 product (not faster). */
+MX_KERNEL void mx_linear_half_portable_f(float* MX_RESTRICT out, const float* MX_RESTRICT x,
         const uint16_t* MX_RESTRICT w, const float* MX_RESTRICT bias,
         ptrdiff_t B, ptrdiff_t IC, ptrdiff_t OC, ptrdiff_t o0, ptrdiff_t o1)
 {
@@ -115,6 +116,60 @@ MX_KERNEL void mx_linear_half_f(float* MX_RESTRICT out, const float* MX_RESTRICT
             out[b * OC + o] = acc + (bias ? bias[o] : 0.0f);
         }
     }
+}
+
+/* x86-64 with GCC or Clang: the same product with the F16C conversion instruction (one
+   instruction per 8 weights; ~2.5x the portable version, so float16 weights are read at
+   memory speed), chosen at run time when the CPU has AVX2, F16C and FMA. */
+#if MX_GNUC_LIKE && defined(__x86_64__) && !defined(_WIN32) && !defined(MX_NO_DISPATCH)
+#include <immintrin.h>
+#define MX_HAVE_F16C_PATH 1
+__attribute__((target("avx2,f16c,fma"))) static MX_UNUSED void mx_linear_half_f16c_f(
+        float* MX_RESTRICT out, const float* MX_RESTRICT x, const uint16_t* MX_RESTRICT w,
+        const float* MX_RESTRICT bias, ptrdiff_t B, ptrdiff_t IC, ptrdiff_t OC, ptrdiff_t o0,
+        ptrdiff_t o1)
+{
+    for (ptrdiff_t o = o0; o < o1; o++) {
+        const uint16_t* MX_RESTRICT wr = w + o * IC;
+        for (ptrdiff_t b = 0; b < B; b++) {
+            const float* MX_RESTRICT xr = x + b * IC;
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();   /* two FMA chains */
+            float lanes[8], acc;
+            ptrdiff_t i = 0;
+            for (; i + 16 <= IC; i += 16) {
+                a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wr + i))),
+                                     _mm256_loadu_ps(xr + i), a0);
+                a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wr + i + 8))),
+                                     _mm256_loadu_ps(xr + i + 8), a1);
+            }
+            _mm256_storeu_ps(lanes, _mm256_add_ps(a0, a1));
+            acc = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
+                + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+            for (; i < IC; i++) acc += mx_half_to_float(wr[i]) * xr[i];
+            out[b * OC + o] = acc + (bias ? bias[o] : 0.0f);
+        }
+    }
+}
+#else
+#define MX_HAVE_F16C_PATH 0
+#endif
+
+/* mx_linear_half_portable_f's contract, on the fastest path the CPU has. */
+static MX_UNUSED void mx_linear_half_f(float* MX_RESTRICT out, const float* MX_RESTRICT x,
+        const uint16_t* MX_RESTRICT w, const float* MX_RESTRICT bias,
+        ptrdiff_t B, ptrdiff_t IC, ptrdiff_t OC, ptrdiff_t o0, ptrdiff_t o1)
+{
+#if MX_HAVE_F16C_PATH
+    static int f16c = -1;          /* -1: not asked yet (a benign race: every thread agrees) */
+    if (f16c < 0)
+        f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")
+               && __builtin_cpu_supports("fma");
+    if (f16c) {
+        mx_linear_half_f16c_f(out, x, w, bias, B, IC, OC, o0, o1);
+        return;
+    }
+#endif
+    mx_linear_half_portable_f(out, x, w, bias, B, IC, OC, o0, o1);
 }
 
 #endif /* MX_RECURRENT_H */
