@@ -263,10 +263,15 @@ def _check_sampling(temperature, top_k, top_p) -> tuple[float, int, float]:
     return temperature, int(top_k), top_p
 
 
+def _is_ragged(prompt) -> bool:
+    """A sequence of 1-D prompts (rather than one (B, L) array-like)."""
+    return not isinstance(prompt, np.ndarray) and isinstance(prompt, Sequence) \
+        and len(prompt) > 0 and np.ndim(prompt[0]) == 1
+
+
 def _check_prompts(prompt) -> list[np.ndarray]:
     """A (B, L) int array, or a sequence of B 1-D int sequences of any lengths (>= 1)."""
-    if isinstance(prompt, np.ndarray) or not isinstance(prompt, Sequence) or not len(prompt) \
-            or np.ndim(prompt[0]) != 1:
+    if not _is_ragged(prompt):
         arr = check_tokens("prompt", prompt)
         if arr.shape[1] < 1:
             raise ValueError(f"prompt: expected at least one token per sequence, got shape {arr.shape}")
@@ -364,10 +369,13 @@ def generate(params: Mapping[str, ArrayLike], prompt: ArrayLike | Sequence[Array
     state = init_state(params, B, eps=eps, discretization=discretization)
     st, arrays = _stepper(params, state, weights_dtype, n_threads)
     V = arrays["embedding"].shape[0]
+    if len({p.size for p in prompts}) == 1 and not _is_ragged(prompt):
+        check_tokens("prompt", np.stack(prompts), vocab_size=V)     # names (batch, time)
     for b, p in enumerate(prompts):
-        if p.size and (p.min() < 0 or p.max() >= V):
-            check_tokens("prompt" if isinstance(prompt, np.ndarray) else f"prompt[{b}]",
-                         p[None], vocab_size=V)
+        bad = np.flatnonzero((p < 0) | (p >= V))
+        if bad.size:
+            raise ValueError(f"prompt[{b}]: token id {int(p[bad[0]])} at position {bad[0]} is out "
+                             f"of range [0, {V})")
     for j, s in enumerate(stops):
         check_tokens(f"stop[{j}]", s[None], vocab_size=V)
     out = np.full((B, n_tokens), STOPPED, np.int64)

@@ -341,5 +341,5 @@ def test_float16_weights_need_float32_and_the_half_range():
     p["layer1.wOutProj"] = p["layer1.wOutProj"] * 0 + 1e5
     with pytest.raises(ValueError, match="layer1.wOutProj has values beyond the float16 range"):
         generate(p, np.array([[1]]), 2, weights_dtype="float16")
-    with pytest.raises(ValueError, match=r"prompt\[1\]: token id 13"):
+    with pytest.raises(ValueError, match=r"prompt\[1\]: token id 13 at position 0 is out of range"):
         generate(p, [[1], [13]], 2)
