@@ -3,7 +3,10 @@
 Environment switches
 --------------------
 MAMBA_EXT_DEBUG=1        bounds/wraparound checks on, -O0 -g (debug build).
-MAMBA_EXT_NO_OPENMP=1    build without OpenMP even where the compiler has it.
+MAMBA_EXT_NO_OPENMP=1    build without OpenMP even where the compiler has it (the `omp simd`
+                         loops still vectorise: -fopenmp-simd where the compiler has it).
+CC=clang                 any GCC-compatible compiler (GCC, Clang, Apple Clang) or MSVC;
+                         OpenMP is probed with that compiler.
 MAMBA_EXT_MODULES=a,b    build only these modules (e.g. ``scan,block``); for
                          quick rebuilds during development.
 """
@@ -12,50 +15,96 @@ import sys
 import glob
 import shutil
 import tempfile
-import subprocess
-import sysconfig
 import warnings
 
 import numpy
 from setuptools import setup, Extension
+from setuptools.command.build_ext import build_ext as _build_ext
 from Cython.Build import cythonize
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEBUG = os.environ.get("MAMBA_EXT_DEBUG", "0") not in ("", "0")
 
 
-def openmp_flags():
-    """Return (compile_args, link_args) for OpenMP, or ([], []) with a warning."""
-    if os.environ.get("MAMBA_EXT_NO_OPENMP", "0") not in ("", "0"):
-        warnings.warn("mamba_ext: OpenMP disabled by MAMBA_EXT_NO_OPENMP; "
-                      "kernels run single-threaded.")
-        return [], []
-    cc = sysconfig.get_config_var("CC") or "cc"
-    cc = cc.split()
-    flags = ["-fopenmp"]
+def _disabled(name):
+    return os.environ.get(name, "0") not in ("", "0")
+
+
+def _accepts(compiler, flags, source, link=True):
+    """True if `compiler` (a setuptools compiler object: the one that builds the
+    extensions, so $CC is honoured) compiles, and links, `source` with `flags`."""
     tmp = tempfile.mkdtemp()
     try:
-        src = os.path.join(tmp, "t.c")
+        src = os.path.join(tmp, "probe.c")
         with open(src, "w") as f:
-            f.write("#include <omp.h>\nint main(void){return omp_get_max_threads() > 0 ? 0 : 1;}\n")
-        r = subprocess.run(cc + flags + [src, "-o", os.path.join(tmp, "t")],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if r.returncode == 0:
-            return flags, flags
-    except OSError:
-        pass
+            f.write(source)
+        with open(os.devnull, "w") as null:
+            out, err = os.dup(1), os.dup(2)          # keep the probe's errors off the log
+            os.dup2(null.fileno(), 1)
+            os.dup2(null.fileno(), 2)
+            try:
+                objs = compiler.compile([src], output_dir=tmp, extra_postargs=flags)
+                if link:
+                    compiler.link_executable(objs, "probe", output_dir=tmp, extra_postargs=flags)
+            finally:
+                os.dup2(out, 1)
+                os.dup2(err, 2)
+                os.close(out)
+                os.close(err)
+        return True
+    except Exception:
+        return False
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    warnings.warn("mamba_ext: the C compiler has no OpenMP; kernels run single-threaded.")
-    print("WARNING: mamba_ext is built WITHOUT OpenMP (single-threaded kernels).",
-          file=sys.stderr)
-    return [], []
+
+
+def compiler_flags(compiler):
+    """(compile_args, link_args) for this compiler: optimisation, OpenMP (threads) and
+    OpenMP's SIMD directives. GCC / Clang / Apple Clang take GNU-style flags, MSVC its own.
+    -fopenmp-simd (with -DMX_OPENMP_SIMD for csrc/mx_compat.h) honours the `omp simd`
+    loops even without the OpenMP runtime (no-OpenMP builds, Clang without libomp)."""
+    msvc = compiler.compiler_type == "msvc"
+    if msvc:
+        opt = ["/Od", "/Zi"] if DEBUG else ["/O2"]
+        omp = ["/openmp"]
+    else:
+        opt = ["-O3", "-fno-math-errno"] if not DEBUG else ["-O0", "-g"]
+        omp = ["-fopenmp"]
+    c_args, l_args = list(opt), []
+    if _disabled("MAMBA_EXT_NO_OPENMP"):
+        warnings.warn("mamba_ext: OpenMP disabled by MAMBA_EXT_NO_OPENMP; "
+                      "kernels run single-threaded.", stacklevel=2)
+        print("mamba_ext: OpenMP disabled by MAMBA_EXT_NO_OPENMP; kernels run single-threaded.",
+              file=sys.stderr)
+    elif _accepts(compiler, omp, "#include <omp.h>\nint main(void)"
+                  "{return omp_get_max_threads() > 0 ? 0 : 1;}\n"):
+        c_args += omp
+        l_args += [] if msvc else omp
+    else:
+        warnings.warn("mamba_ext: the C compiler has no OpenMP; kernels run single-threaded.",
+                      stacklevel=2)
+        print("WARNING: mamba_ext is built WITHOUT OpenMP (single-threaded kernels).",
+              file=sys.stderr)
+    simd = ["-fopenmp-simd", "-DMX_OPENMP_SIMD"]
+    if not msvc and "-fopenmp" not in c_args and _accepts(
+            compiler, simd + ["-Werror"], "int main(void){return 0;}\n", link=False):
+        c_args += simd
+    return c_args, l_args
+
+
+class build_ext(_build_ext):
+    """Adds the compiler's flags (compiler_flags) to every extension."""
+
+    def build_extensions(self):
+        c_args, l_args = compiler_flags(self.compiler)
+        for ext in self.extensions:
+            ext.extra_compile_args = c_args + list(ext.extra_compile_args or [])
+            ext.extra_link_args = l_args + list(ext.extra_link_args or [])
+        super().build_extensions()
 
 
 def extensions():
-    omp_c, omp_l = openmp_flags()
     only = [m for m in os.environ.get("MAMBA_EXT_MODULES", "").split(",") if m]
-    opt = ["-O0", "-g"] if DEBUG else ["-O3", "-fno-math-errno"]
     exts = []
     for pyx in sorted(glob.glob(os.path.join("mamba_ext", "cpu", "*.pyx"))):
         mod = os.path.splitext(os.path.basename(pyx))[0]
@@ -67,8 +116,6 @@ def extensions():
                           os.path.join("mamba_ext", "cpu")],   # "csrc/mx_*.h"
             depends=sorted(glob.glob(os.path.join("mamba_ext", "cpu", "csrc", "*.h"))),
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-            extra_compile_args=opt + omp_c,
-            extra_link_args=omp_l,
         ))
     directives = dict(
         language_level=3,
@@ -82,6 +129,7 @@ def extensions():
 
 setup(
     ext_modules=extensions(),
+    cmdclass={"build_ext": build_ext},
     # The WGSL sources live in kernels/ at the top of the repository and ship
     # inside the wheel as the package ``mamba_ext.kernels``.
     packages=["mamba_ext", "mamba_ext.cpu", "mamba_ext.gpu", "mamba_ext.io", "mamba_ext.training",

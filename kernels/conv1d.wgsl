@@ -21,12 +21,16 @@
 // | 4       | dconv| (M, D)  | read_write: du * SiLU'(conv)                            |
 // | 5       | dY   | (M, 2D) | read_write: dY[:, 0:D] = dxc[t] = sum_k wConv[d,k] * dconv[t+k] |
 // conv1d_backward_weight bindings (workgroup = 32 channels x 8 row groups;
-// grid y = tap k, y = K is the bias): no atomics, fixed summation order.
+// grid y = tap k, y = K is the bias; grid z = row block rb of rows_per rows) and
+// conv1d_backward_weight_final (one invocation per (k, d): adds the RB partials
+// in the order rb = 0..RB-1): no atomics, fixed summation order.
 // | 1       | dconv| (M, D)  | read                                                   |
 // | 2       | Y    | (M, 2D) | read: saved in_proj output (xc columns)                 |
-// | 3       | g    | (..)    | read_write: gradient arena, wConv at w_off, bConv at b_off (+=) |
+// | 3       | part | (RB, K+1, D) | read_write: partial sums per row block            |
+// | 4       | g    | (..)    | read_write: gradient arena, wConv at w_off, bConv at b_off (+=) |
 
-struct Params { M: u32, L: u32, D: u32, K: u32, y_rs: u32, w_off: u32, b_off: u32 }
+struct Params { M: u32, L: u32, D: u32, K: u32, y_rs: u32, w_off: u32, b_off: u32,
+                rows_per: u32, RB: u32 }
 
 override WG: u32 = 256u;
 @group(0) @binding(0) var<uniform> p: Params;
@@ -83,18 +87,22 @@ fn conv1d_backward_input(@builtin(local_invocation_index) li: u32,
 
 @group(0) @binding(1) var<storage, read> bw_dconv: array<f32>;
 @group(0) @binding(2) var<storage, read> bw_Y: array<f32>;
-@group(0) @binding(3) var<storage, read_write> bw_g: array<f32>;
+@group(0) @binding(3) var<storage, read_write> bw_part: array<f32>;
+@group(0) @binding(4) var<storage, read_write> bw_g: array<f32>;
 
-var<workgroup> red: array<f32, 256>;
+var<workgroup> red: array<f32, 256>;   // (8, 32) partial sums
 
 @compute @workgroup_size(32, 8)
 fn conv1d_backward_weight(@builtin(local_invocation_id) lid: vec3<u32>,
                           @builtin(workgroup_id) wid: vec3<u32>) {
+    if (p.M == 0xffffffffu) { bw_g[0] = 0.0; }   // never: keeps g in the auto layout
     let d = wid.x * 32u + lid.x;
     let k = wid.y;                      // k == K: the bias
+    let rb = wid.z;
+    let r1 = min(p.M, (rb + 1u) * p.rows_per);
     var s = 0.0;
     if (d < p.D) {
-        for (var r = lid.y; r < p.M; r += 8u) {
+        for (var r = rb * p.rows_per + lid.y; r < r1; r += 8u) {
             let g = bw_dconv[r * p.D + d];
             if (k == p.K) {
                 s += g;
@@ -108,8 +116,22 @@ fn conv1d_backward_weight(@builtin(local_invocation_id) lid: vec3<u32>,
     if (lid.y == 0u && d < p.D) {
         var tot = 0.0;
         for (var q = 0u; q < 8u; q++) { tot += red[q * 32u + lid.x]; }
-        var o = p.w_off + d * p.K + k;
-        if (k == p.K) { o = p.b_off + d; }
-        bw_g[o] = bw_g[o] + tot;
+        bw_part[(rb * (p.K + 1u) + k) * p.D + d] = tot;
     }
+}
+
+@compute @workgroup_size(256)
+fn conv1d_backward_weight_final(@builtin(local_invocation_index) li: u32,
+                                @builtin(workgroup_id) wid: vec3<u32>,
+                                @builtin(num_workgroups) nwg: vec3<u32>) {
+    if (p.M == 0xffffffffu) { bw_g[0] = bw_dconv[0] + bw_Y[0]; }   // never (auto layout)
+    let e = flat_index(wid, nwg, li, 256u);
+    if (e >= (p.K + 1u) * p.D) { return; }
+    let k = e / p.D;
+    let d = e % p.D;
+    var s = 0.0;
+    for (var rb = 0u; rb < p.RB; rb++) { s += bw_part[(rb * (p.K + 1u) + k) * p.D + d]; }
+    var o = p.w_off + d * p.K + k;
+    if (k == p.K) { o = p.b_off + d; }
+    bw_g[o] = bw_g[o] + s;
 }

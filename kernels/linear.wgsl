@@ -22,10 +22,12 @@
 //   linear_backward  dW += dY^T @ X : A = dY^T (rs 1, cs O), B = X (rs I, cs 1), + db
 // and column slices (x_proj's dt_low | Bs | Cs columns, in_proj's xc | z halves) by
 // offsets and row strides. Every output element is summed by one invocation in a
-// fixed k order (no float atomics): deterministic. With split-K (S > 1, the dW
-// products, whose contraction is M = B*L long and whose output is small) slice z
-// writes its partial products to part (S, M, N) and its row sums to
-// part[S*M*N + z*M + i]; linear_backward_sum adds the S slices in order z = 0..S-1.
+// fixed k order (no float atomics): deterministic. With split-K (S > 1: products
+// of few tiles, e.g. the dW products, whose contraction is M = B*L long and whose
+// output is small, or any product at batch 1) slice z writes its partial products
+// to part (S, M, N) and its row sums to part[S*M*N + z*M + i]; linear_split_sum
+// adds the S slices in the order z = 0..S-1 and applies the epilogue (bias,
+// residual, beta, softplus, bias gradient).
 //
 // Bindings (all entry points; shapes in elements, strides as above):
 // | binding | name  | shape                        | access                                  |
@@ -46,9 +48,11 @@
 // invocation holds an 8 x 8 micro-tile (rows 4ty..4ty+3 and 64+4ty.., columns
 // 4tx.. and 64+4tx..) in 16 named vec4 registers (no private arrays: dynamically
 // indexed ones spill to local memory). k advances in steps of BK = 16 through
-// workgroup memory, STAGES = 2 buffers: the next step's operands are loaded
-// into registers while this step is computed, then stored into the other
-// buffer, so one barrier per step. Both operands are kept k-major in
+// workgroup memory. PREFETCH: the next step's operands are loaded into
+// registers while this step is computed, then stored into the other buffer
+// (STAGES = 2, one barrier per step) or, after a barrier, into the same one
+// (STAGES = 1, 16 KiB: the default, measured faster on an H200, see
+// mamba_ext/gpu/linear.py). Both operands are kept k-major in
 // workgroup memory (As[k][i], Bs[k][j], 32 vec4 per k) with the vec4 slot of
 // row group s stored at s ^ swz(k), swz(k) = 2 * ((k / 4) % 4): the transposing
 // scalar stores of a k-contiguous operand then hit 32 different banks, and the
@@ -331,15 +335,16 @@ fn linear_backward(@builtin(local_invocation_id) lid: vec3<u32>,
     gemm_tile(lid, wid, nwg);
 }
 
-// linear_backward_sum: C[i, j] += sum_z part[z, i, j] and, with BIAS_GRAD,
-// dbias[db_off + i] += sum_z part[S*M*N + z*M + i], in the order z = 0..S-1.
-// One invocation per element of (M, N) plus M for the row sums; p.kc holds S here.
+// linear_split_sum: C[i, j] = sum_z part[z, i, j] + epilogue (as store_c) and, with
+// BIAS_GRAD, dbias[db_off + i] += sum_z part[S*M*N + z*M + i], in the order
+// z = 0..S-1. One invocation per element of (M, N) plus M for the row sums; p.kc
+// holds S here.
 override WG: u32 = 256u;
 
 @compute @workgroup_size(WG)
-fn linear_backward_sum(@builtin(local_invocation_index) li: u32,
-                       @builtin(workgroup_id) wid: vec3<u32>,
-                       @builtin(num_workgroups) nwg: vec3<u32>) {
+fn linear_split_sum(@builtin(local_invocation_index) li: u32,
+                    @builtin(workgroup_id) wid: vec3<u32>,
+                    @builtin(num_workgroups) nwg: vec3<u32>) {
     if (p.M == 0xffffffffu) {
         c[0] = a[0] + a4[0].x + b[0] + b4[0].x + bias[0] + res[0];
         d[0] = 0.0; dbias[0] = 0.0;
@@ -348,10 +353,16 @@ fn linear_backward_sum(@builtin(local_invocation_index) li: u32,
     let S = p.kc;
     let MN = p.M * p.N;
     if (e < MN) {
-        var s = 0.0;
-        for (var z = 0u; z < S; z++) { s += part[z * MN + e]; }
-        let o = p.c_off + (e / p.N) * p.c_rs + e % p.N;
-        c[o] = c[o] + s;
+        var r = 0.0;
+        for (var z = 0u; z < S; z++) { r += part[z * MN + e]; }
+        let i = e / p.N;
+        let j = e % p.N;
+        let o = p.c_off + i * p.c_rs + j;
+        if (p.has_bias == 1u) { r += bias[p.bias_off + j]; }
+        if (p.has_res == 1u) { r += res[i * p.c_rs + j]; }
+        if (p.beta == 1u) { r += c[o]; }
+        c[o] = r;
+        if (ACT == 1u) { d[p.d_off + i * p.c_rs + j] = softplus(r); }
     } else if (BIAS_GRAD && e < MN + p.M) {
         let i = e - MN;
         var s = 0.0;

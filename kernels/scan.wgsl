@@ -14,6 +14,8 @@
 //   scan_forward_carry   per (b,d,n) over chunks: hstate[c] = state entering chunk c
 //                        (hstate[0] = 0, hstate[c+1] = achunk[c] hstate[c] + hchunk[c])
 //   scan_forward_output  every chunk again from hstate[c], writing y
+//   (SINGLE: scan_forward_output alone walks the chunks in order, writing hstate,
+//   achunk and y; the backward's chunk and carry passes are skipped the same way)
 // Backward (g_t = dLoss/dh_t = Cs_t dy_t + a_{t+1} g_{t+1}):
 //   scan_backward_chunk  every chunk from zero beyond its end: gchunk[c] = a_first * g_first
 //   scan_backward_carry  gcarry[c] = carry into the last step of chunk c
@@ -43,7 +45,8 @@
 // | scan_forward_chunk      | 1 xproj (M,P) r; 2 u (M,D) r; 3 delta (M,D) r; 4 w r;            |
 // |                         | 5 hchunk rw; 6 achunk rw                                         |
 // | scan_forward_carry      | 1 hchunk r; 2 achunk r; 3 hstate rw                              |
-// | scan_forward_output     | 1 xproj r; 2 u r; 3 delta r; 4 w r; 5 hstate r; 6 y (M,D) rw     |
+// | scan_forward_output     | 1 xproj r; 2 u r; 3 delta r; 4 w r; 5 hstate rw (written when    |
+// |                         | SINGLE); 6 y (M,D) rw; 7 achunk rw (written when SINGLE)         |
 // | scan_backward_chunk     | 1 xproj r; 2 delta r; 3 w r; 4 dy (M,D) r; 5 gchunk rw           |
 // | scan_backward_carry     | 1 gchunk r; 2 achunk r; 3 gcarry rw                              |
 // | scan_backward_grads     | 1 xproj r; 2 u r; 3 delta r; 4 delta_pre (M,D) r; 5 w r; 6 dy r; |
@@ -67,28 +70,33 @@ fn a_of(a_log: f32) -> f32 { return -exp(clamp(a_log, a_log_min, a_log_max)); }
 
 override WG: u32 = 128u;
 // Steps per block of scan_forward_output / scan_backward_grads: per-step contributions
-// of a block are kept in workgroup memory (TB * WG floats per array) and
+// of a block are kept in workgroup memory (TB * SROW floats per array) and
 // reduced once per block, so the sequential loop has no barrier inside.
 override TB: u32 = 16u;
 // Longest chunk scan_backward_grads can hold in its private history array
 // (the Python side keeps SCAN_CHUNK <= TMAX).
 const TMAX: u32 = 64u;
-// HIST > 0: scan_backward_grads keeps the chunk's states in workgroup memory
-// (HIST = SCAN_CHUNK steps x WG invocations, consecutive invocations at
-// consecutive addresses) instead of the private array, which a GPU places in
-// local (off-chip, cached) memory because it is indexed dynamically.
-override HIST: u32 = 0u;
-var<workgroup> hist_w: array<f32, max(HIST, 1u) * WG>;   // (HIST, WG) chunk states
+// SINGLE: one workgroup walks all C chunks of its channels in order (grid (G, 1, B)):
+// scan_forward_output then also writes hstate and achunk, and scan_backward_grads
+// carries g from chunk to chunk, so the chunk and carry passes are not dispatched.
+// Chosen when B x D x N gives enough invocations to fill the GPU without
+// splitting time; otherwise one workgroup per chunk (grid (G, C, B)).
+override SINGLE: bool = false;
 
 @group(0) @binding(0) var<uniform> p: Params;
 
-// Row stride WG + 1 (padding against shared-memory bank conflicts in the
-// reductions, whose readers walk the N states of a channel).
-const PADW: u32 = 1u;
-var<workgroup> s1: array<f32, TB * (WG + PADW)>;
-var<workgroup> s2: array<f32, TB * (WG + PADW)>;
-var<workgroup> s3: array<f32, TB * (WG + PADW)>;
-var<workgroup> s4: array<f32, TB * (WG + PADW)>;
+// Per-step contributions in workgroup memory: step row (t - tb) of SROW floats,
+// channel dl at dl * (N + 1), state n at + n (SROW = CPW * (N + 1), set by the
+// host). The pad of one float per channel spreads the readers that sum the N
+// states of their channel over different banks.
+override SROW: u32 = 129u;
+var<workgroup> s1: array<f32, TB * SROW>;   // (TB, SROW)
+var<workgroup> s2: array<f32, TB * SROW>;   // (TB, SROW)
+var<workgroup> s3: array<f32, TB * SROW>;   // (TB, SROW)
+var<workgroup> s4: array<f32, TB * SROW>;   // (TB, SROW)
+
+// Slot of invocation li's value of step row tr (li = channel dl * N + state n).
+fn sslot(tr: u32, li: u32) -> u32 { return tr * SROW + (li / p.N) * (p.N + 1u) + li % p.N; }
 
 struct Lane { n: u32, d: u32, on: bool, b: u32, c: u32, t0: u32, t1: u32 }
 
@@ -168,47 +176,60 @@ fn scan_forward_carry(@builtin(local_invocation_index) li: u32,
 @group(0) @binding(2) var<storage, read> fo_u: array<f32>;
 @group(0) @binding(3) var<storage, read> fo_delta: array<f32>;
 @group(0) @binding(4) var<storage, read> fo_w: array<f32>;
-@group(0) @binding(5) var<storage, read> fo_hstate: array<f32>;
+@group(0) @binding(5) var<storage, read_write> fo_hstate: array<f32>;
 @group(0) @binding(6) var<storage, read_write> fo_y: array<f32>;
+@group(0) @binding(7) var<storage, read_write> fo_achunk: array<f32>;
 
 @compute @workgroup_size(WG)
 fn scan_forward_output(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    if (p.B == 0xffffffffu) { fo_achunk[0] = 0.0; }   // never: keeps achunk in the auto layout
     let l = lane(li, wid);
     let cpw = WG / p.N;
     var A = -1.0;
     var h = 0.0;
     if (l.on) {
         A = a_of(fo_w[p.alog_off + l.d * p.N + l.n]);
-        h = fo_hstate[cidx(l.b, l.c, l.d, l.n)];
+        if (!SINGLE) { h = fo_hstate[cidx(l.b, l.c, l.d, l.n)]; }
     }
-    // Blocks of TB steps (uniform bounds: the barriers are in uniform control flow).
-    for (var tb = l.t0; tb < l.t1; tb += TB) {
-        let te = min(tb + TB, l.t1);
-        for (var t = tb; t < te; t++) {
-            let r = l.b * p.L + t;
-            var contrib = 0.0;
-            if (l.on) {
-                let dl = fo_delta[r * p.D + l.d];
-                h = exp(dl * A) * h + coef_of(dl, A) * fo_xproj[r * p.P + p.R + l.n] * fo_u[r * p.D + l.d];
-                contrib = fo_xproj[r * p.P + p.R + p.N + l.n] * h;
-            }
-            s1[(t - tb) * (WG + PADW) + li] = contrib;
-        }
-        workgroupBarrier();
-        // y[r, d] = sum_n Cs h (fixed order) + D_vec u, for the block's steps x channels.
-        for (var q = li; q < (te - tb) * cpw; q += WG) {
-            let t = tb + q / cpw;
-            let dl = q % cpw;
-            let d = wid.x * cpw + dl;
-            if (d < p.D) {
-                var s = 0.0;
-                let base = (t - tb) * (WG + PADW) + dl * p.N;
-                for (var j = 0u; j < p.N; j++) { s += s1[base + j]; }
+    let c0 = select(l.c, 0u, SINGLE);
+    let c1 = select(l.c + 1u, p.C, SINGLE);
+    for (var c = c0; c < c1; c++) {              // uniform bounds: barriers inside are fine
+        let t0 = c * p.chunk;
+        let t1 = min(t0 + p.chunk, p.L);
+        var ac = 1.0;
+        if (SINGLE && l.on) { fo_hstate[cidx(l.b, c, l.d, l.n)] = h; }
+        // Blocks of TB steps.
+        for (var tb = t0; tb < t1; tb += TB) {
+            let te = min(tb + TB, t1);
+            for (var t = tb; t < te; t++) {
                 let r = l.b * p.L + t;
-                fo_y[r * p.D + d] = s + fo_w[p.dvec_off + d] * fo_u[r * p.D + d];
+                var contrib = 0.0;
+                if (l.on) {
+                    let dl = fo_delta[r * p.D + l.d];
+                    let ab = exp(dl * A);
+                    h = ab * h + coef_of(dl, A) * fo_xproj[r * p.P + p.R + l.n] * fo_u[r * p.D + l.d];
+                    ac *= ab;
+                    contrib = fo_xproj[r * p.P + p.R + p.N + l.n] * h;
+                }
+                if (li < cpw * p.N) { s1[sslot(t - tb, li)] = contrib; }
             }
+            workgroupBarrier();
+            // y[r, d] = sum_n Cs h (fixed order) + D_vec u, for the block's steps x channels.
+            for (var q = li; q < (te - tb) * cpw; q += WG) {
+                let t = tb + q / cpw;
+                let dl = q % cpw;
+                let d = wid.x * cpw + dl;
+                if (d < p.D) {
+                    var s = 0.0;
+                    let base = (t - tb) * SROW + dl * (p.N + 1u);
+                    for (var j = 0u; j < p.N; j++) { s += s1[base + j]; }
+                    let r = l.b * p.L + t;
+                    fo_y[r * p.D + d] = s + fo_w[p.dvec_off + d] * fo_u[r * p.D + d];
+                }
+            }
+            workgroupBarrier();
         }
-        workgroupBarrier();
+        if (SINGLE && l.on) { fo_achunk[cidx(l.b, c, l.d, l.n)] = ac; }
     }
 }
 
@@ -270,29 +291,39 @@ fn scan_backward_carry(@builtin(local_invocation_index) li: u32,
 
 @compute @workgroup_size(WG)
 fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    if (p.B == 0xffffffffu) { bg_du[0] = bg_gcarry[0]; }   // never: keeps gcarry in the layout
     let l = lane(li, wid);
     let M = p.B * p.L;
     let cpw = WG / p.N;
     var A = -1.0;
     var hist: array<f32, TMAX>;   // hist[t - t0] = h_{t-1}, (chunk,) private
     var carry = 0.0;
+    if (l.on) { A = a_of(bg_w[p.alog_off + l.d * p.N + l.n]); }
+    // Chunks from the last to the first (SINGLE), or this workgroup's chunk.
+    let cfirst = select(l.c, p.C - 1u, SINGLE);
+    let ncs = select(1u, p.C, SINGLE);
+    for (var ci = 0u; ci < ncs; ci++) {            // uniform bounds
+    let c = cfirst - ci;
+    let t0 = c * p.chunk;
+    let t1 = min(t0 + p.chunk, p.L);
     if (l.on) {
-        A = a_of(bg_w[p.alog_off + l.d * p.N + l.n]);
-        var h = bg_hstate[cidx(l.b, l.c, l.d, l.n)];
-        for (var t = l.t0; t < l.t1; t++) {
+        var h = bg_hstate[cidx(l.b, c, l.d, l.n)];
+        for (var t = t0; t < t1; t++) {
             let r = l.b * p.L + t;
-            if (HIST > 0u) { hist_w[(t - l.t0) * WG + li] = h; } else { hist[t - l.t0] = h; }
+            hist[t - t0] = h;
             let dl = bg_delta[r * p.D + l.d];
             h = exp(dl * A) * h + coef_of(dl, A) * bg_xproj[r * p.P + p.R + l.n] * bg_u[r * p.D + l.d];
         }
-        carry = bg_gcarry[cidx(l.b, l.c, l.d, l.n)];
+        // the carry into the chunk's last step: from the next chunk (SINGLE: the
+        // running value), or from scan_backward_carry
+        if (!SINGLE) { carry = bg_gcarry[cidx(l.b, c, l.d, l.n)]; }
     }
     var dA = 0.0;
     // Blocks of TB steps from the end of the chunk (uniform bounds).
-    var te = l.t1;
+    var te = t1;
     loop {
-        if (te <= l.t0) { break; }
-        let tb = max(l.t0, select(l.t0, te - TB, te >= TB));
+        if (te <= t0) { break; }
+        let tb = max(t0, select(t0, te - TB, te >= TB));
         for (var t = te; t > tb; t--) {
             let r = l.b * p.L + t - 1u;
             var c_du = 0.0; var c_dd = 0.0; var c_db = 0.0; var c_dc = 0.0;
@@ -305,8 +336,7 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
                 let x = dl * A;
                 let ab = exp(x);
                 let coef = coef_of(dl, A);
-                var hp: f32;
-                if (HIST > 0u) { hp = hist_w[(t - 1u - l.t0) * WG + li]; } else { hp = hist[t - 1u - l.t0]; }
+                let hp = hist[t - 1u - t0];
                 let ht = ab * hp + coef * Bn * uu;
                 let g = Cn * dyv + carry;
                 carry = ab * g;
@@ -322,8 +352,10 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
                     dA += g * hp * ab * dl;
                 }
             }
-            let k = (t - 1u - tb) * (WG + PADW) + li;
-            s1[k] = c_du; s2[k] = c_dd; s3[k] = c_db; s4[k] = c_dc;
+            if (li < cpw * p.N) {
+                let k = sslot(t - 1u - tb, li);
+                s1[k] = c_du; s2[k] = c_dd; s3[k] = c_db; s4[k] = c_dc;
+            }
         }
         workgroupBarrier();
         let nt = te - tb;
@@ -333,7 +365,7 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
             let dl = q % cpw;
             let d = wid.x * cpw + dl;
             if (d < p.D) {
-                let base = (t - tb) * (WG + PADW) + dl * p.N;
+                let base = (t - tb) * SROW + dl * (p.N + 1u);
                 var su = 0.0; var sd = 0.0;
                 for (var j = 0u; j < p.N; j++) { su += s1[base + j]; sd += s2[base + j]; }
                 let r = l.b * p.L + t;
@@ -345,9 +377,12 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
         for (var q = li; q < nt * p.N; q += WG) {
             let t = tb + q / p.N;
             let n = q % p.N;
-            let base = (t - tb) * (WG + PADW) + n;
+            let base = (t - tb) * SROW + n;
             var sb = 0.0; var sc = 0.0;
-            for (var j = 0u; j < cpw; j++) { sb += s3[base + j * p.N]; sc += s4[base + j * p.N]; }
+            for (var j = 0u; j < cpw; j++) {
+                sb += s3[base + j * (p.N + 1u)];
+                sc += s4[base + j * (p.N + 1u)];
+            }
             let o = (wid.x * M + l.b * p.L + t) * 2u * p.N;
             bg_dbc_part[o + n] = sb;
             bg_dbc_part[o + p.N + n] = sc;
@@ -355,7 +390,8 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
         workgroupBarrier();
         te = tb;
     }
-    if (l.on) { bg_da_part[cidx(l.b, l.c, l.d, l.n)] = dA; }
+    if (l.on) { bg_da_part[cidx(l.b, c, l.d, l.n)] = dA; }
+    }
 }
 
 @group(0) @binding(1) var<storage, read> rb_dbc_part: array<f32>;

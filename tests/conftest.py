@@ -30,6 +30,15 @@ TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:
     sys.path.insert(0, str(TESTS_DIR))
 
+@pytest.fixture(autouse=True)
+def _in_a_temporary_folder(tmp_path_factory, monkeypatch):
+    """Every test runs in a fresh temporary working folder: nothing a test or its
+    subprocesses write lands in the checkout, and ``python -m mamba_ext`` in a subprocess
+    imports the installed package, never the checkout's unbuilt source folder (``-m``
+    puts the working folder first on ``sys.path``)."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
 def optional(module: str, why: str):
     """Import an optional test dependency, or skip the calling test with a reason.
 

@@ -28,7 +28,7 @@ from . import scan as _scan
 from .activations import gate_backward, gate_forward
 from .conv1d import conv1d_backward, conv1d_forward
 from .device import arena_layout, gpu
-from .linear import backward_scratch_len, linear_backward, linear_forward
+from .linear import linear_backward, linear_forward
 from .rmsnorm import rmsnorm_backward, rmsnorm_forward
 
 _POOL = {}          # plan key -> list of free plans
@@ -58,17 +58,10 @@ def block_arena(d: BlockDims, prefix=""):
     return arena_layout([(prefix + n, s) for n, s in block_param_shapes(d).items()])
 
 
-def projection_shapes(d: BlockDims):
-    """(inputs, outputs) of the block's four linear layers: in_proj, x_proj, dt_proj, out_proj."""
-    return [(d.Dm, 2 * d.D), (d.D, d.P), (d.R, d.D), (d.D, d.Dm)]
-
-
 class BlockScratch:
-    """Backward temporaries of one block shape, shared by all layers of a model.
-    ``split``: the split-K scratch of the dW products (kernels/linear.wgsl), or None
-    to make one for the block's own projections."""
+    """Backward temporaries of one block shape, shared by all layers of a model."""
 
-    def __init__(self, g, d: BlockDims, s: _scan.ScanShape, split=None):
+    def __init__(self, g, d: BlockDims, s: _scan.ScanShape):
         M, D, P, Dm = s.M, d.D, d.P, d.Dm
         mk = g.buffer
         self.dgated = mk(M * D, "dgated")            # (M, D)
@@ -81,8 +74,6 @@ class BlockScratch:
         self.dxn = mk(M * Dm, "dxn")                 # (M, Dm)
         self.gw = mk(M * Dm, "rmsnorm_gw")           # (M, Dm) per-row gain-gradient terms
         self.scan = _scan.ScanScratch(g, s)
-        self.split = split if split is not None else g.buffer(
-            backward_scratch_len(g, M, projection_shapes(d)), "linear_split_k")
 
 
 class BlockLayer:
@@ -111,7 +102,8 @@ class BlockLayer:
         self.delta_pre = mk(M * D, "delta_pre")      # (M, D) dt_proj output + bias
         self.delta = mk(M * D, "delta")              # (M, D) softplus(delta_pre)
         n = self.s.chunk_elems
-        self.hchunk = mk(n, "scan_hchunk")           # (B, C, D, N) chunk end states from zero
+        # (B, C, D, N) chunk end states from zero (not used by the single-pass scan)
+        self.hchunk = mk(1 if self.s.single else n, "scan_hchunk")
         self.achunk = mk(n, "scan_achunk")           # (B, C, D, N) chunk decay products
         self.hstate = mk(n, "scan_hstate")           # (B, C, D, N) state entering each chunk
         self.y = mk(M * D, "y")                      # (M, D) scan output before the gate
@@ -151,22 +143,22 @@ class BlockLayer:
         return [
             # out_proj: dgated = dout @ wOutProj; dW += dout^T gated; db += colsum(dout)
             *linear_backward(g, M, D, Dm, dout, 0, Dm, self.gated, 0, D, w, o["wOutProj"],
-                             o["bOutProj"], gr, dx=sc.dgated, dx_rs=D, scratch=sc.split),
+                             o["bOutProj"], gr, dx=sc.dgated, dx_rs=D),
             gate_backward(g, M, D, sc.dgated, self.y, self.Y, sc.dy, sc.dY),
             *_scan.scan_backward(g, self.s, sc.scan, self.xproj, self.u, self.delta,
                                  self.delta_pre, w, o, sc.dy, self.hstate, self.achunk, sc.du,
                                  sc.ddelta_pre, sc.dxproj, gr),
             # dt_proj: dxproj[:, 0:R] = ddelta_pre @ wDtProj; dW += ddelta_pre^T dt_low; db
             *linear_backward(g, M, R, D, sc.ddelta_pre, 0, D, self.xproj, 0, P, w, o["wDtProj"],
-                             o["bDtProj"], gr, dx=sc.dxproj, dx_rs=P, scratch=sc.split),
+                             o["bDtProj"], gr, dx=sc.dxproj, dx_rs=P),
             # x_proj: du += dxproj @ wXProj; dW += dxproj^T u; db += colsum(dxproj)
             *linear_backward(g, M, D, P, sc.dxproj, 0, P, self.u, 0, D, w, o["wXProj"],
-                             o["bXProj"], gr, dx=sc.du, dx_rs=D, dx_beta=1, scratch=sc.split),
+                             o["bXProj"], gr, dx=sc.du, dx_rs=D, dx_beta=1),
             # conv + SiLU: dconv, dY[:, 0:D]; dwConv, dbConv
             *conv1d_backward(g, M, L, D, d.K, sc.du, self.conv, w, o, sc.dconv, sc.dY, self.Y, gr),
             # in_proj: dxn = dY @ wInProj; dW += dY^T xn; db += colsum(dY)
             *linear_backward(g, M, Dm, 2 * D, sc.dY, 0, 2 * D, self.xn, 0, Dm, w, o["wInProj"],
-                             o["bInProj"], gr, dx=sc.dxn, dx_rs=Dm, scratch=sc.split),
+                             o["bInProj"], gr, dx=sc.dxn, dx_rs=Dm),
             # RMSNorm + residual: dx = dout + norm backward; dnormWeight = colsum(gw)
             *rmsnorm_backward(g, M, Dm, self.x, w, o["normWeight"], sc.dxn, self.rstd, dx, sc.gw,
                               gr, self.eps, dres=dout),

@@ -2,9 +2,11 @@
 
 ``Y = X @ W^T + b`` with X (M, I), W (O, I), Y (M, O): :func:`linear_forward`
 (bias, residual and softplus fused into the GEMM's store), :func:`linear_backward`
-(dX; dW with db fused; split-K for the long contractions of dW). Operands are
-addressed by offset and strides, so column slices of a buffer (x_proj's
-dt_low | Bs | Cs, in_proj's xc | z) and transposed operands need no copies.
+(dX; dW with db fused). A product of few output tiles (the dW products, whose
+contraction is B*L long; anything at batch 1) is split along k over more
+workgroups, then summed in a fixed order (deterministic). Operands are addressed
+by offset and strides, so column slices of a buffer (x_proj's dt_low | Bs | Cs,
+in_proj's xc | z) and transposed operands need no copies.
 
 Size letters: M = B*L rows, I inputs, O outputs of the layer; S split-K slices.
 """
@@ -14,22 +16,33 @@ import math
 
 GEMM_TILE = (128, 128)   # rows x columns of C per workgroup of kernels/linear.wgsl
 GEMM_BK = 16             # contraction step of the tile loop
-# Split-K: a dW product of few tiles gets S slices so that at least this many
+# Split-K: a product of few tiles gets S slices so that at least this many
 # workgroups run (two per multiprocessor of a large GPU); each slice holds at
 # least MIN_SPLIT_K of the contraction.
 SPLIT_TARGET_GROUPS = 264
 MIN_SPLIT_K = 512
+# Which products may be split: False = only the dW products (measured on an H200,
+# docs/gpu_h200.txt); True = every product of few tiles (batch 1, x_proj's and
+# dt_proj's narrow outputs): implemented and tested (tests/gpu/test_linear.py), not
+# yet measured on a real GPU, so off.
+SPLIT_ALL = False
 _VEC = 4
 # Register prefetch + double-buffered workgroup memory in the tile loop (override
 # constant PREFETCH of kernels/linear.wgsl); False = the plain loop.
 PREFETCH = True
 
 
+# Workgroup buffers of the tile loop (override STAGES). 2 (double-buffered, 32 KiB)
+# measured slower on an H200 than 1 with register prefetch (block d's in_proj and
+# out_proj products: 16-18 against 18-22 TFLOP/s, docs/gpu_h200.txt), so 1.
+GEMM_STAGES = 1
+
+
 def _stages(g):
-    """Workgroup buffers of the tile loop: 2 (double-buffered, 32 KiB) when the
-    adapter allows it, else 1 (16 KiB, WebGPU's default limit)."""
+    """GEMM_STAGES, or 1 where the adapter allows less than 32 KiB of workgroup
+    memory (WebGPU's default limit is 16 KiB)."""
     lim = int(g.device.limits.get("max-compute-workgroup-storage-size", 16384))
-    return 2 if lim >= 32768 else 1
+    return GEMM_STAGES if lim >= 32768 else 1
 
 
 def split_count(g, M, N, K):
@@ -47,13 +60,12 @@ def split_scratch_len(M, N, S):
 
 
 def gemm(g, entry, M, N, K, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, c, c_off, c_rs,
-         bias=None, bias_off=0, beta=0, res=None, act=None, d_off=0, dbias=None, db_off=0,
-         split=1, part=None):
+         bias=None, bias_off=0, beta=0, res=None, act=None, d_off=0, dbias=None, db_off=0):
     """Ops for C = beta*C + A @ B (+ bias) (+ res), see kernels/linear.wgsl for the
     strides; ``act`` = buffer that also gets softplus(C) at ``d_off``; ``dbias`` =
-    buffer whose [db_off, db_off + M) gets += the row sums of A; ``split`` > 1 runs
-    S slices of the contraction into ``part`` then one fixed-order sum (needs beta=1,
-    no bias, residual or act)."""
+    buffer whose [db_off, db_off + M) gets += the row sums of A. A product of few
+    tiles runs as S split-K slices into the device's scratch buffer, then one
+    fixed-order sum that applies the same epilogue."""
     a_kfast = a_cs == 1
     b_kfast = b_rs == 1
     if not a_kfast and a_rs != 1 or not b_kfast and b_cs != 1:
@@ -62,30 +74,29 @@ def gemm(g, entry, M, N, K, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, c, c_off
     aligned = lambda *v: all(int(x) % _VEC == 0 for x in v)
     a_vec = aligned(a_off, a_rs) if a_kfast else aligned(a_off, a_cs)
     b_vec = aligned(b_off, b_cs) if b_kfast else aligned(b_off, b_rs)
-    S = int(split)
-    if S > 1 and (beta != 1 or bias is not None or res is not None or act is not None):
-        raise ValueError("linear gemm: split-K accumulates into C only (beta = 1)")
+    S = split_count(g, M, N, K) if SPLIT_ALL or dbias is not None else 1
     kc = math.ceil(math.ceil(K / S) / GEMM_BK) * GEMM_BK if S > 1 else max(K, 1)
     S = math.ceil(K / kc) if S > 1 else 1
     dummy = g.dummy()
+    part = g.scratch("linear_split_k", split_scratch_len(M, N, S)) if S > 1 else dummy
     consts = {"A_KFAST": a_kfast, "B_KFAST": b_kfast, "A_VEC": a_vec, "B_VEC": b_vec,
               "ACT": 0 if act is None else 1, "BIAS_GRAD": dbias is not None,
               "SPLIT": S > 1, "STAGES": _stages(g), "PREFETCH": PREFETCH}
     params = [M, N, K, a_off, a_rs, a_cs, b_off, b_rs, b_cs, c_off, c_rs, bias_off,
               0 if bias is None else 1, beta, 0 if res is None else 1, d_off, db_off, kc]
     buffers = [a, a, b, b, a if bias is None else bias, a if res is None else res, c,
-               dummy if act is None else act, part if S > 1 else dummy,
-               dummy if dbias is None else dbias]
+               dummy if act is None else act, part, dummy if dbias is None else dbias]
     grid = (math.ceil(N / GEMM_TILE[1]), math.ceil(M / GEMM_TILE[0]), S)
-    ops = [g.op("linear", entry, grid, params, buffers, consts)]
+    ops = [g.op("linear", entry, g.check_grid(grid, f"linear {entry}"), params, buffers, consts)]
     if S > 1:
         from .device import EW_WG
         n = M * N + (M if dbias is not None else 0)
         sum_params = list(params)
         sum_params[17] = S
-        ops.append(g.op("linear", "linear_backward_sum",
-                        g.grid1d(math.ceil(n / EW_WG), "linear_backward_sum"), sum_params,
-                        buffers, {"WG": EW_WG, "BIAS_GRAD": dbias is not None}))
+        ops.append(g.op("linear", "linear_split_sum",
+                        g.grid1d(math.ceil(n / EW_WG), "linear_split_sum"), sum_params,
+                        buffers, {"WG": EW_WG, "BIAS_GRAD": dbias is not None,
+                                  "ACT": 0 if act is None else 1}))
     return ops
 
 
@@ -100,23 +111,14 @@ def linear_forward(g, M, I, O, x, x_off, x_rs, w, w_off, b_off, y, y_off, y_rs, 
 
 
 def linear_backward(g, M, I, O, dy, dy_off, dy_rs, x, x_off, x_rs, w, w_off, b_off, gr,
-                    dx=None, dx_off=0, dx_rs=0, dx_beta=0, scratch=None):
+                    dx=None, dx_off=0, dx_rs=0, dx_beta=0):
     """Ops of the backward of :func:`linear_forward`: dx (M, I) = dy @ W (``+=`` when
     ``dx_beta``; skipped when ``dx`` is None); dW (at ``w_off`` of the gradient arena
-    ``gr``) += dy^T @ x and db (at ``b_off``) += column sums of dy, in one product
-    (split-K into ``scratch`` when it holds :func:`split_scratch_len` floats)."""
+    ``gr``) += dy^T @ x and db (at ``b_off``) += column sums of dy, in one product."""
     ops = []
     if dx is not None:
         ops += gemm(g, "linear_backward", M, I, O, dy, dy_off, dy_rs, 1, w, w_off, I, 1,
                     dx, dx_off, dx_rs, beta=dx_beta)
-    S = split_count(g, O, I, M) if scratch is not None else 1
-    if S > 1 and scratch.size < 4 * split_scratch_len(O, I, S):
-        S = 1
     ops += gemm(g, "linear_backward", O, I, M, dy, dy_off, 1, dy_rs, x, x_off, x_rs, 1,
-                gr, w_off, I, beta=1, dbias=gr, db_off=b_off, split=S, part=scratch)
+                gr, w_off, I, beta=1, dbias=gr, db_off=b_off)
     return ops
-
-
-def backward_scratch_len(g, M, shapes):
-    """Floats of one split-K scratch that serves dW of every (I, O) in ``shapes``."""
-    return max([split_scratch_len(O, I, split_count(g, O, I, M)) for I, O in shapes] + [4])

@@ -15,9 +15,9 @@ import numpy as np
 from .._validate import BLOCK_PARAM_NAMES, check_discretization, check_eps, check_tokens
 from ..constants import DEFAULT_EPS
 from . import scan as _scan
-from .block import BlockLayer, BlockScratch, projection_shapes, require_float32
+from .block import BlockLayer, BlockScratch, require_float32
 from .device import arena_layout, elementwise, gpu
-from .linear import backward_scratch_len, gemm, linear_backward
+from .linear import gemm, linear_backward
 from .rmsnorm import rmsnorm_backward, rmsnorm_forward
 
 
@@ -94,20 +94,18 @@ class ModelPlan:
         self.losses = g.buffer(M, "losses")                # (M,)
         self.fdxn, self.fgw = g.buffer(M * Dm, "final_dxn"), g.buffer(M * Dm, "final_gw")
         self.dh = [g.buffer(M * Dm, "dh_a"), g.buffer(M * Dm, "dh_b")]   # (M, Dm) ping-pong
-        shapes = [(Dm, V)] + (projection_shapes(self.dims.block) if self.layers else [])
-        split = g.buffer(backward_scratch_len(g, M, shapes), "linear_split_k")
         ops = list(self.forward_ops) + [
             g.op("cross_entropy", "cross_entropy_forward_backward", g.grid1d(M, "cross-entropy rows"),
                  [M, V, 1.0 / M], [self.logits, self.tgt, self.dlogits, self.losses]),
             # head backward: dxn = dlogits @ embedding; dE += dlogits^T xn; dbias
             *linear_backward(g, M, Dm, V, self.dlogits, 0, V, self.fxn, 0, Dm, w, E,
-                             o["lm_head_bias"], gr, dx=self.fdxn, dx_rs=Dm, scratch=split),
+                             o["lm_head_bias"], gr, dx=self.fdxn, dx_rs=Dm),
             *rmsnorm_backward(g, M, Dm, self.h[nl], w, o["final_norm"], self.fdxn, self.frstd,
                               self.dh[0], self.fgw, gr, self.eps),
         ]
         cur = 0
         if self.layers:
-            scratch = BlockScratch(g, self.dims.block, self.layers[0].s, split)
+            scratch = BlockScratch(g, self.dims.block, self.layers[0].s)
             for lay in reversed(self.layers):
                 ops += lay.backward_ops(self.dh[cur], self.dh[1 - cur], scratch)
                 cur = 1 - cur

@@ -12,8 +12,8 @@ import math
 import numpy as np
 
 from .._validate import check_discretization, check_eps
-from ..constants import DEFAULT_EPS
-from ..optim import DEFAULT_NO_DECAY, _matches
+from ..constants import DEFAULT_EPS, DEFAULT_NO_DECAY
+from ..optim import _matches
 from .adamw import AdamWOps
 from .device import arena_layout, gpu
 from .model import ModelPlan, check_batch, check_model

@@ -46,7 +46,7 @@ def test_constant_values():
 
 def test_no_second_definition_of_a_constant():
     """No module but constants.py assigns the names; no function has a literal 1e-6 default
-    for an ``eps``. (gpu/ is the GPU branch's: TODO(merge) once it imports DEFAULT_EPS.)"""
+    for an ``eps``."""
     names = {"A_LOG_MIN", "A_LOG_MAX", "DEFAULT_EPS", "DEFAULT_NO_DECAY"}
     found = []
     for rel, tree in _sources():
@@ -62,7 +62,7 @@ def test_no_second_definition_of_a_constant():
                 for leaf in ast.walk(t):
                     if isinstance(leaf, ast.Name) and leaf.id in names:
                         found.append(f"{rel}:{node.lineno} assigns {leaf.id}")
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not rel.startswith("gpu/"):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 args = node.args.args + node.args.kwonlyargs
                 defaults = ([None] * (len(node.args.args) - len(node.args.defaults))
                             + list(node.args.defaults) + list(node.args.kw_defaults))

@@ -2,9 +2,11 @@
  *
  * Each vectorised row kernel (n = 1000 values, so a vector body and a scalar tail run)
  * against the same formula evaluated one value at a time with the scalar helpers of
- * mx_math.h (float) or libm (double): bitwise equal in an ISO C build (no FP contraction),
- * within 4 ulp-ish (2e-6 relative) where the compiler may contract. The inputs span
- * [-30, 30] plus a few values beyond the exp clamps (+-100).
+ * mx_math.h (float) or libm (double): bitwise equal in an ISO C build without FMA,
+ * within 2e-6 (float) / 1e-14 (double) times max(|value|, 1) where the compiler may
+ * contract a*b+c into an FMA (GNU C modes, a target with FMA, Clang's runtime-dispatched
+ * clones; dz cancels near 1 + z (1 - sigmoid(z)) = 0, where an FMA changes the last bits
+ * of a small difference). The inputs span [-30, 30] plus values beyond the exp clamps.
  */
 #include <stdlib.h>
 #include "mx_activations.h"
@@ -12,8 +14,11 @@
 
 #define NV 1000
 
-#if defined(__FP_FAST_FMAF) || !defined(__STRICT_ANSI__)
-#define TOL_F 2e-6       /* the compiler may contract a*b+c into an FMA */
+#if defined(__FP_FAST_FMAF) || !defined(__STRICT_ANSI__) || \
+    (defined(MX_DISPATCH_ON) && defined(__clang__))
+/* the compiler may contract a*b+c into an FMA: GNU C modes, a target with FMA, or Clang's
+   AVX-512 / AVX2 clones of the kernels (Clang contracts within expressions by default) */
+#define TOL_F 2e-6
 #define TOL_D 1e-14
 #else
 #define TOL_F 0.0
@@ -21,10 +26,10 @@
 #endif
 
 static int close_f(float a, float b) {
-    return a == b || fabsf(a - b) <= (float)TOL_F * fmaxf(fabsf(b), 1e-30f);
+    return a == b || fabsf(a - b) <= (float)TOL_F * fmaxf(fabsf(b), 1.0f);
 }
 static int close_d(double a, double b) {
-    return a == b || fabs(a - b) <= TOL_D * fmax(fabs(b), 1e-300);
+    return a == b || fabs(a - b) <= TOL_D * fmax(fabs(b), 1.0);
 }
 
 int main(void) {
@@ -91,7 +96,7 @@ int main(void) {
     /* limits: silu(-100) = -0 or tiny, softplus(100) = 100, softplus(-100) = 0 */
     mx_softplus_forward_f(memcpy(o, x, sizeof o), NV);
     MX_CHECK(o[0] == 100.0f && o[1] == 0.0f, "softplus(+-100) = %a, %a", o[0], o[1]);
-    printf("row kernels: %d mismatches (tolerance %g float, %g double)\n", bad, TOL_F, TOL_D);
+    printf("row kernels: %d mismatches\n", bad);     /* same text on every target */
     printf("%s (%d failure%s)\n", mx_test_failures ? "FAILED" : "OK", mx_test_failures,
            mx_test_failures == 1 ? "" : "s");
     return mx_test_failures ? 1 : 0;

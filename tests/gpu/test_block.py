@@ -88,10 +88,12 @@ CONFIGS = [
 ]
 
 
+@pytest.mark.parametrize("single", [False, True], ids=["chunked", "single"])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "-".join(map(str, c)))
-def test_block_vs_cpu(cfg, monkeypatch):
+def test_block_vs_cpu(cfg, single, monkeypatch):
     Dm, D, N, K, R, B, L, T, disc = cfg
     monkeypatch.setattr(gpu_scan, "SCAN_CHUNK", T)
+    monkeypatch.setattr(gpu_scan, "SCAN_SINGLE_MIN", 0 if single else 1 << 62)
     params = rand_params(Dm, D, N, K, R, seed=sum(cfg[:7]))
     rng = np.random.default_rng(7)
     x = rng.standard_normal((B, L, Dm)).astype(np.float32)

@@ -29,7 +29,8 @@ def conv1d_backward_ref(dconv, xc, w):
     return dxc, dw, dconv.sum(axis=(0, 1))
 
 
-@pytest.mark.parametrize("B,L,D,K", [(1, 1, 1, 1), (2, 3, 5, 4), (3, 37, 40, 4), (1, 70, 33, 2)])
+@pytest.mark.parametrize("B,L,D,K", [(1, 1, 1, 1), (2, 3, 5, 4), (3, 37, 40, 4), (1, 70, 33, 2),
+                                     (3, 200, 40, 4)])   # M 600: 3 row blocks
 # Tolerance 2e-5 of the largest reference value: the golden rule (docs/semantics.md);
 # a single-element case may cancel O(1) terms to a small result.
 def test_conv1d_forward_backward(B, L, D, K):

@@ -22,13 +22,18 @@ from mamba_ext.gpu.linear import linear_backward, linear_forward  # noqa: E402
 SHAPES = [(1, 1, 1), (3, 5, 7), (65, 17, 129), (130, 48, 70), (37, 200, 3)]
 
 
-@pytest.fixture(params=[(2, True), (1, True), (1, False)],
-                ids=["2stages", "1stage", "plain"])
+@pytest.fixture(params=[(2, True, False), (1, True, False), (1, False, False), (1, True, True)],
+                ids=["2stages", "1stage", "plain", "split"])
 def stages(request, monkeypatch):
-    """Every tile loop: double-buffered (32 KiB of workgroup memory), the single-buffer
-    fallback for adapters with WebGPU's default 16 KiB, the plain loop (no prefetch)."""
+    """Every tile loop: double-buffered (32 KiB of workgroup memory), single buffer
+    with register prefetch, the plain loop (no prefetch); and split-K forced on every
+    product with a contraction of 32 or more (slices, then linear_split_sum)."""
     monkeypatch.setattr(lin, "_stages", lambda g: request.param[0])
     monkeypatch.setattr(lin, "PREFETCH", request.param[1])
+    if request.param[2]:
+        monkeypatch.setattr(lin, "SPLIT_ALL", True)
+        monkeypatch.setattr(lin, "MIN_SPLIT_K", 16)
+        monkeypatch.setattr(lin, "SPLIT_TARGET_GROUPS", 10 ** 6)
     return request.param
 
 
@@ -72,26 +77,40 @@ def test_linear_backward(M, I, O, stages):
 
 
 @pytest.mark.parametrize("M,I,O", [(130, 48, 70), (37, 200, 3), (600, 9, 130)])
-def test_linear_backward_split_k(M, I, O, monkeypatch):
-    """dW and db through split-K slices (forced small here) and their fixed-order sum."""
+def test_linear_split_k(M, I, O, monkeypatch):
+    """Products of few tiles run as split-K slices plus one fixed-order sum that applies
+    the epilogue: forward with bias and residual, dX with beta 0 and 1, dW with db."""
+    monkeypatch.setattr(lin, "SPLIT_ALL", True)
     monkeypatch.setattr(lin, "MIN_SPLIT_K", 16)
-    S = lin.split_count(g, O, I, M)
-    assert S > 1
     rng = np.random.default_rng(M + I + O)
-    x, W, dy = f32(rng, M, I), f32(rng, O, I, sd=I ** -0.5), f32(rng, M, O)
-    arena = np.concatenate([W.ravel(), f32(rng, O)])
-    gr0 = f32(rng, arena.size)
-    gr = upload(g, "gr", gr0)
-    scratch = g.buffer(lin.split_scratch_len(O, I, S), "split")
-    ops = linear_backward(g, M, I, O, upload(g, "dy", dy), 0, O, upload(g, "x", x), 0, I,
-                          upload(g, "w", arena), 0, W.size, gr, scratch=scratch)
-    assert [op.name for op in ops] == ["linear_backward", "linear_backward_sum"]
-    assert 1 < ops[0].grid[2] <= S          # slices of whole BK steps
+    x, W, dy, res = f32(rng, M, I), f32(rng, O, I, sd=I ** -0.5), f32(rng, M, O), f32(rng, M, O)
+    b = f32(rng, O)
+    arena = np.concatenate([W.ravel(), b])
+    bx, bw, bdy = upload(g, "x", x), upload(g, "w", arena), upload(g, "dy", dy)
+    x64, W64, dy64 = (a.astype(np.float64) for a in (x, W, dy))
+    y = g.buffer(M * O, "y")
+    ops = linear_forward(g, M, I, O, bx, 0, I, bw, 0, W.size, y, 0, O, res=upload(g, "res", res))
+    assert lin.split_count(g, M, O, I) == 1 or ops[-1].name == "linear_split_sum"
     run(g, ops)
-    got = read(g, gr, (arena.size,)) - gr0.astype(np.float64)
-    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
-    assert nerr(got[:W.size].reshape(O, I), dy64.T @ x64) <= 1e-4
-    assert nerr(got[W.size:], dy64.sum(0)) <= 1e-4
+    assert nerr(read(g, y, (M, O)), x64 @ W64.T + b + res) <= 1e-5
+    delta = g.buffer(M * O, "delta")                  # the softplus store through the sum
+    run(g, linear_forward(g, M, I, O, bx, 0, I, bw, 0, W.size, y, 0, O, softplus_out=delta))
+    pre = read(g, y, (M, O))
+    assert nerr(pre, x64 @ W64.T + b) <= 1e-5
+    assert nerr(read(g, delta, (M, O)), reference.softplus(pre.astype(np.float64))) <= 1e-6
+    dx0 = f32(rng, M, I)
+    gr0 = f32(rng, arena.size)
+    for beta in (0, 1):
+        dx, gr = upload(g, "dx", dx0), upload(g, "gr", gr0)
+        ops = linear_backward(g, M, I, O, bdy, 0, O, bx, 0, I, bw, 0, W.size, gr, dx=dx, dx_rs=I,
+                              dx_beta=beta)
+        dw_ops = [op for op in ops if op.name == "linear_backward"][-1]
+        assert dw_ops.grid[2] > 1                     # the dW product was split
+        run(g, ops)
+        assert nerr(read(g, dx, (M, I)), dy64 @ W64 + (dx0 if beta else 0)) <= 1e-5
+        got = read(g, gr, (arena.size,)) - gr0.astype(np.float64)
+        assert nerr(got[:W.size].reshape(O, I), dy64.T @ x64) <= 1e-4
+        assert nerr(got[W.size:], dy64.sum(0)) <= 1e-4
 
 
 def test_linear_forward_softplus_store():

@@ -58,9 +58,11 @@ def test_model_forward_no_layers_and_empty():
     assert G.model_forward(np.zeros((0, 3), np.int64), params).shape == (0, 3, 7)
 
 
+@pytest.mark.parametrize("single", [False, True], ids=["chunked", "single"])
 @pytest.mark.parametrize("disc", ["zoh", "euler"])
-def test_model_vs_cpu(disc, monkeypatch):
+def test_model_vs_cpu(disc, single, monkeypatch):
     monkeypatch.setattr(gpu_scan, "SCAN_CHUNK", 6)
+    monkeypatch.setattr(gpu_scan, "SCAN_SINGLE_MIN", 0 if single else 1 << 62)
     params = random_model(V=37, Dm=10, n_layers=2, D=20, N=5, K=3, R=2, seed=11)
     rng = np.random.default_rng(3)
     tok = rng.integers(0, 37, (2, 23))

@@ -21,6 +21,14 @@ g = require_gpu()
 from mamba_ext.gpu import scan as S  # noqa: E402
 
 
+@pytest.fixture(autouse=True, params=["chunked", "single"])
+def scan_mode(request, monkeypatch):
+    """Every test in both layouts: one workgroup per chunk (chunk and carry passes)
+    and one workgroup walking all chunks (override SINGLE)."""
+    monkeypatch.setattr(S, "SCAN_SINGLE_MIN", 0 if request.param == "single" else 1 << 62)
+    return request.param
+
+
 def make_case(B, L, D, N, R, seed, a_log=(-2.0, 1.5)):
     """float32 inputs of one scan: xproj (M, P), u, delta_pre (M, D), A_log (D, N),
     D_vec (D,), dy (M, D)."""
@@ -184,6 +192,16 @@ def test_scan_deterministic():
     c = make_case(*cfg[:5], seed=1)
     a, b = gpu_scan(c, *cfg), gpu_scan(c, *cfg)
     assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_scan_passes(scan_mode):
+    s = S.ScanShape(2, 40, 8, 4, 1, 8, True)
+    assert s.single == (scan_mode == "single")
+    bufs = [g.buffer(4, "b") for _ in range(7)]
+    ops = S.scan_forward(g, s, *bufs[:4], {"A_log": 0, "D_vec": 0}, *bufs[4:7], g.buffer(4, "y"))
+    assert [op.name for op in ops] == (["scan_forward_output"] if s.single else
+                                       ["scan_forward_chunk", "scan_forward_carry",
+                                        "scan_forward_output"])
 
 
 def test_scan_chunk_limits():

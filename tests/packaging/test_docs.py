@@ -125,14 +125,8 @@ def console_script() -> list[str]:
     """How to run ``mamba-ext``: the console script installed next to this interpreter
     (not one found elsewhere on PATH, which may belong to another installation)."""
     script = Path(sys.executable).parent / "mamba-ext"
-    if script.exists():
-        return [str(script)]
-    pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
-    assert "mamba-ext" not in pyproject, \
-        "pyproject declares the mamba-ext console script but it is not installed"
-    # TODO(merge): the console script comes with the Python helper's branch; until then
-    # the same entry point through -m.
-    return [sys.executable, "-m", "mamba_ext"]
+    assert script.exists(), f"the mamba-ext console script is not installed next to {sys.executable}"
+    return [str(script)]
 
 
 def run_command(cmd: str, cwd: Path, where: str) -> None:

@@ -17,29 +17,29 @@
 #include "mx_compat.h"
 #include "mx_math.h"
 
-#define MX_ACTIVATION_KERNELS(T, SFX, SIGMOID, SOFTPLUS, EXPM1)                          \
+#define MX_ACTIVATION_KERNELS(T, SFX, SIGMOID, SOFTPLUS, EXPM1, SIMD)                    \
 /* out (n,) = silu(conv (n,)); out may alias conv (no restrict) */                       \
 MX_KERNEL void mx_silu_forward_##SFX(T* out, const T* conv, ptrdiff_t n) {              \
-    MX_OMP_SIMD                                                                          \
+    MX_SIMD_IF(SIMD)                                                                     \
     for (ptrdiff_t i = 0; i < n; i++) out[i] = conv[i] * SIGMOID(conv[i]);              \
 }                                                                                        \
 /* delta (n,) = softplus(delta (n,)) in place (delta_pre in, delta out) */               \
 MX_KERNEL void mx_softplus_forward_##SFX(T* MX_RESTRICT delta, ptrdiff_t n) {           \
-    MX_OMP_SIMD                                                                          \
+    MX_SIMD_IF(SIMD)                                                                     \
     for (ptrdiff_t i = 0; i < n; i++)                                                    \
         delta[i] = SOFTPLUS(delta[i]);                                                   \
 }                                                                                        \
 /* gated (n,) = y (n,) * silu(z (n,)) */                                                 \
 MX_KERNEL void mx_gate_forward_##SFX(T* MX_RESTRICT gated, const T* MX_RESTRICT y,      \
                                      const T* MX_RESTRICT z, ptrdiff_t n) {              \
-    MX_OMP_SIMD                                                                          \
+    MX_SIMD_IF(SIMD)                                                                     \
     for (ptrdiff_t i = 0; i < n; i++) gated[i] = y[i] * z[i] * SIGMOID(z[i]);           \
 }                                                                                        \
 /* dy (n,) = dgated * silu(z); dz (n,) = dgated * y * silu'(z); dgated, y, z (n,) */     \
 MX_KERNEL void mx_gate_backward_##SFX(T* MX_RESTRICT dy, T* MX_RESTRICT dz,             \
         const T* MX_RESTRICT dgated, const T* MX_RESTRICT y, const T* MX_RESTRICT z,     \
         ptrdiff_t n) {                                                                   \
-    MX_OMP_SIMD                                                                          \
+    MX_SIMD_IF(SIMD)                                                                     \
     for (ptrdiff_t i = 0; i < n; i++) {                                                  \
         T s = SIGMOID(z[i]);                                                             \
         dy[i] = dgated[i] * z[i] * s;                                                    \
@@ -49,7 +49,7 @@ MX_KERNEL void mx_gate_backward_##SFX(T* MX_RESTRICT dy, T* MX_RESTRICT dz,     
 /* du (n,) *= silu'(conv (n,)): du becomes dconv */                                      \
 MX_KERNEL void mx_silu_backward_##SFX(T* MX_RESTRICT du, const T* MX_RESTRICT conv,     \
                                       ptrdiff_t n) {                                     \
-    MX_OMP_SIMD                                                                          \
+    MX_SIMD_IF(SIMD)                                                                     \
     for (ptrdiff_t i = 0; i < n; i++) {                                                  \
         T s = SIGMOID(conv[i]);                                                          \
         du[i] *= s * (1 + conv[i] * (1 - s));                                            \
@@ -59,11 +59,15 @@ MX_KERNEL void mx_silu_backward_##SFX(T* MX_RESTRICT du, const T* MX_RESTRICT co
    ddelta becomes ddelta_pre */                                                          \
 MX_KERNEL void mx_softplus_backward_##SFX(T* MX_RESTRICT ddelta,                        \
                                           const T* MX_RESTRICT delta, ptrdiff_t n) {     \
-    MX_OMP_SIMD                                                                          \
+    MX_SIMD_IF(SIMD)                                                                     \
     for (ptrdiff_t i = 0; i < n; i++) ddelta[i] *= -EXPM1(-delta[i]);                    \
 }
 
-MX_ACTIVATION_KERNELS(float, f, mx_sigmoidf, mx_softplusf, mx_expm1f)
-MX_ACTIVATION_KERNELS(double, d, mx_sigmoid, mx_softplus, expm1)
+/* SIMD 1 for float: the inline branch-free helpers vectorise (`omp simd`); 0 for double:
+   libm calls, which no compiler vectorises */
+MX_KERNELS_BEGIN
+MX_ACTIVATION_KERNELS(float, f, mx_sigmoidf, mx_softplusf, mx_expm1f, 1)
+MX_ACTIVATION_KERNELS(double, d, mx_sigmoid, mx_softplus, expm1, 0)
+MX_KERNELS_END
 
 #endif /* MX_ACTIVATIONS_H */

@@ -88,7 +88,9 @@ MX_KERNEL void mx_conv1d_backward_##SFX(T* MX_RESTRICT dxc, ptrdiff_t ld_dxc,   
         for (int j = 0; j < n; j++) dweight[(d0 + j) * K + k0 + kk] += dwt[kk][j];      \
 }
 
+MX_KERNELS_BEGIN
 MX_CONV1D_KERNELS(float, f)
 MX_CONV1D_KERNELS(double, d)
+MX_KERNELS_END
 
 #endif /* MX_CONV1D_H */

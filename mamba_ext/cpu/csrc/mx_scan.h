@@ -39,7 +39,7 @@ typedef ptrdiff_t mx_idx;
      em1 (n_steps, N, G) (or one (N, G) slot when hstep = 0) = expm1(delta*A);
      y (n_steps rows ld apart, G) = sum_n Cs*h + D_lane*u, D_lane (G,) the lanes' D_vec;
        y may be NULL. */
-#define MX_SCAN_KERNELS(T, SFX, EXPM1)                                                  \
+#define MX_SCAN_KERNELS(T, SFX, EXPM1, SIMD_EXPM1)                                      \
 MX_KERNEL void mx_scan_forward_chunk_##SFX(mx_idx n_steps, mx_idx N, int zoh,          \
         const T* MX_RESTRICT delta, const T* MX_RESTRICT u, mx_idx ld,                  \
         const T* MX_RESTRICT Bs, const T* MX_RESTRICT Cs, mx_idx ld_bc,                 \
@@ -59,7 +59,7 @@ MX_KERNEL void mx_scan_forward_chunk_##SFX(mx_idx n_steps, mx_idx N, int zoh,   
             const T* hp = h + s * hstep + n * MX_SCAN_G;   /* hp == hc if hstep == 0 */ \
             T* hc = h + (s + 1) * hstep + n * MX_SCAN_G;                                \
             T* MX_RESTRICT e = em1 + s * hstep + n * MX_SCAN_G;                         \
-            MX_OMP_SIMD                                                                 \
+            MX_SIMD_IF(SIMD_EXPM1)                                                      \
             for (int g = 0; g < MX_SCAN_G; g++) {                                       \
                 T em = EXPM1(ds[g] * a[g]), iag = ia[g];  /* plain loads, no masks */   \
                 T bb = (zoh ? em * iag : ds[g]) * b;                                    \
@@ -137,7 +137,11 @@ MX_KERNEL void mx_scan_backward_chunk_##SFX(mx_idx n_steps, mx_idx N, int zoh,  
     }                                                                                   \
 }
 
-MX_SCAN_KERNELS(float, f, mx_expm1f)
-MX_SCAN_KERNELS(double, d, expm1)
+/* SIMD_EXPM1 1 for float: the inline mx_expm1f vectorises (`omp simd`); 0 for double:
+   libm's expm1, which no compiler vectorises */
+MX_KERNELS_BEGIN
+MX_SCAN_KERNELS(float, f, mx_expm1f, 1)
+MX_SCAN_KERNELS(double, d, expm1, 0)
+MX_KERNELS_END
 
 #endif /* MX_SCAN_H */
