@@ -27,8 +27,13 @@
 #else
 #define MX_OMP_SIMD_SUM(v)
 #endif
+/* ... only where the loop body vectorises (SIMD 1: float, branch-free helpers; SIMD 0:
+   double, libm calls, which no compiler vectorises): as MX_SIMD_IF of mx_compat.h */
+#define MX_SIMD_SUM_IF(simd, v) MX_SIMD_SUM_IF_##simd(v)
+#define MX_SIMD_SUM_IF_1(v) MX_OMP_SIMD_SUM(v)
+#define MX_SIMD_SUM_IF_0(v)
 
-#define MX_RECURRENT_KERNELS(T, SFX, EXPM1)                                              \
+#define MX_RECURRENT_KERNELS(T, SFX, EXPM1, SIMD)                                            \
 /* conv (D,) = causal conv of one step; tail (D, K-1) shifted in place; xc, bias (D,),  \
    weight (D, K). conv may not alias the others. */                                     \
 MX_KERNEL void mx_conv_step_##SFX(T* MX_RESTRICT conv, T* MX_RESTRICT tail,            \
@@ -58,7 +63,7 @@ MX_KERNEL void mx_scan_step_##SFX(T* MX_RESTRICT y, T* MX_RESTRICT h,           
         const T* MX_RESTRICT ia = A_inv + d * N;                                         \
         T* MX_RESTRICT hd = h + d * N;                                                   \
         T acc = 0;                                                                       \
-        MX_OMP_SIMD_SUM(acc)                                                             \
+        MX_SIMD_SUM_IF(SIMD, acc)                                                        \
         for (ptrdiff_t n = 0; n < N; n++) {                                              \
             T em = EXPM1(dd * a[n]);                                                     \
             T bb = (zoh ? em * ia[n] : dd) * Bs[n];                                      \
@@ -70,8 +75,9 @@ MX_KERNEL void mx_scan_step_##SFX(T* MX_RESTRICT y, T* MX_RESTRICT h,           
     }                                                                                    \
 }
 
-MX_RECURRENT_KERNELS(float, f, mx_expm1f)
-MX_RECURRENT_KERNELS(double, d, expm1)
+MX_KERNELS_BEGIN
+MX_RECURRENT_KERNELS(float, f, mx_expm1f, 1)
+MX_RECURRENT_KERNELS(double, d, expm1, 0)
 
 /* IEEE half (bits) -> float, branch-free so the loops below vectorise, and with no
    subnormal float anywhere (a subnormal operand costs a microcode assist per vector):
@@ -118,12 +124,22 @@ MX_KERNEL void mx_linear_half_portable_f(float* MX_RESTRICT out, const float* MX
     }
 }
 
+MX_KERNELS_END
+
 /* x86-64 with GCC or Clang: the same product with the F16C conversion instruction (one
    instruction per 8 weights; ~2.5x the portable version, so float16 weights are read at
    memory speed), chosen at run time when the CPU has AVX2, F16C and FMA. */
 #if MX_GNUC_LIKE && defined(__x86_64__) && !defined(_WIN32) && !defined(MX_NO_DISPATCH)
+#include <cpuid.h>
 #include <immintrin.h>
 #define MX_HAVE_F16C_PATH 1
+/* AVX2 and FMA by the compiler's CPU model (it also checks that the OS saves the AVX
+   state); F16C by CPUID leaf 1, ECX bit 29 (Clang's __builtin_cpu_supports lacks it). */
+static MX_UNUSED int mx_cpu_has_f16c_path(void) {
+    unsigned int a, b, c, d;
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1u);
+}
 __attribute__((target("avx2,f16c,fma"))) static MX_UNUSED void mx_linear_half_f16c_f(
         float* MX_RESTRICT out, const float* MX_RESTRICT x, const uint16_t* MX_RESTRICT w,
         const float* MX_RESTRICT bias, ptrdiff_t B, ptrdiff_t IC, ptrdiff_t OC, ptrdiff_t o0,
@@ -162,8 +178,7 @@ static MX_UNUSED void mx_linear_half_f(float* MX_RESTRICT out, const float* MX_R
 #if MX_HAVE_F16C_PATH
     static int f16c = -1;          /* -1: not asked yet (a benign race: every thread agrees) */
     if (f16c < 0)
-        f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")
-               && __builtin_cpu_supports("fma");
+        f16c = mx_cpu_has_f16c_path();
     if (f16c) {
         mx_linear_half_f16c_f(out, x, w, bias, B, IC, OC, o0, o1);
         return;
