@@ -38,7 +38,8 @@ D_vec rows of the group) go to per-job slots (dBs/dCs per lane mod GB in a
 per-thread (T, 2N, GB) buffer, folded into the job's (L, 2N) slot after each chunk, so
 no per-thread buffer grows with L) and are summed after the parallel loop in a fixed
 order, so the gradients are bitwise reproducible and independent of the thread count
-(no critical sections).
+(no critical sections). With one channel group (D <= G) a job owns its sequence's
+dBs/dCs rows and adds into them directly: no (B, L, 2N) slots at all.
 
 Optional initial / final states (scan_forward_state, scan_backward_state): h0 is
 the state entering chunk 0 (so hstate chunk 0 = h0); the backward's carry starts
