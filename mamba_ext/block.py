@@ -46,7 +46,8 @@ from ._validate import (
 from .constants import DEFAULT_EPS
 from .cpu import block as _block
 
-__all__ = ["mamba1_forward", "mamba1_backward", "init_mamba1_params", "BlockCache"]
+__all__ = ["mamba1_forward", "mamba1_backward", "init_mamba1_params", "BlockCache", "INIT_SCHEMES",
+           "inverse_softplus"]
 
 
 def _fingerprint(arrays) -> tuple:
@@ -353,20 +354,63 @@ def mamba1_backward(dout: ArrayLike, params: Mapping[str, ArrayLike], cache: Blo
     return dx, grads
 
 
+INIT_SCHEMES = ("mamba", "legacy")
+"""Names of the initialisation schemes of :func:`init_mamba1_params` / ``init_model_params``:
+``"mamba"`` (the default, the reference implementations' rules) and ``"legacy"`` (the
+scheme of mamba_ext <= 0.2, kept so old runs reproduce)."""
+
+DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 1e-1, 1e-4
+"""The ``"mamba"`` scheme draws the initial step size delta log-uniformly in [DT_MIN, DT_MAX]
+per channel and clamps it below at DT_FLOOR (the reference's ``dt_min``, ``dt_max``,
+``dt_init_floor``)."""
+
+
+def inverse_softplus(delta: ArrayLike) -> np.ndarray:
+    """``y`` with ``softplus(y) = log1p(exp(y)) = delta`` (delta > 0), in float64:
+    ``y = delta + log(-expm1(-delta))`` (= log(exp(delta) - 1) without its cancellation
+    for small delta)."""
+    d = np.asarray(delta, dtype=np.float64)
+    return d + np.log(-np.expm1(-d))
+
+
+def check_init(init: str) -> str:
+    """``init`` must be one of :data:`INIT_SCHEMES` (ValueError naming it otherwise)."""
+    if not isinstance(init, str) or init not in INIT_SCHEMES:
+        raise ValueError(f"init: expected one of {list(INIT_SCHEMES)}, got {init!r}")
+    return init
+
+
 def init_mamba1_params(d_model: int, d_state: int = 16, d_conv: int = 4, expand: int = 2,
                        dt_rank: int | None = None, seed: int = 0,
-                       dtype: DTypeLike = np.float32) -> dict[str, np.ndarray]:
-    """Default parameters of one Mamba-1 block (dict of the 13 ``BLOCK_PARAM_NAMES``).
+                       dtype: DTypeLike = np.float32, *, init: str = "mamba",
+                       n_layers: int = 1) -> dict[str, np.ndarray]:
+    """Fresh parameters of one Mamba-1 block (dict of the 13 ``BLOCK_PARAM_NAMES``).
 
     Sizes: dInner D = expand * d_model, dtRank R = ceil(d_model / 16) unless given.
+    ``U(±b)`` is the uniform distribution on [-b, b].
 
-    * ``A_log[d, n] = log(n + 1)`` (so A = -(n + 1)), ``D_vec = 1``, ``normWeight = 1``.
-    * wInProj, wConv, wXProj, wOutProj ~ N(0, 0.02^2).
-    * dt_proj: ``wDtProj ~ U(-R^-0.5, R^-0.5)`` (Mamba's "random" dt init, dt_scale 1)
-      and ``bDtProj = 0``, so Delta starts at softplus(small) ~ log 2. (Mamba's reference
-      code instead sets bDtProj to the inverse softplus of dt ~ logU(1e-3, 1e-1); assign
-      that yourself if you want it.)
-    * All biases (bInProj, bConv, bXProj, bDtProj, bOutProj) are zero.
+    ``init="mamba"`` (default): the rules of the reference implementations (mamba_ssm's
+    ``Mamba.__init__`` and the ``_init_weights`` of its language model; Hugging Face's
+    ``MambaPreTrainedModel._init_weights`` uses the same dt and A rules):
+
+    * ``normWeight = 1``; ``A_log[d, n] = log(n + 1)`` (A = -(n + 1), S4D-real);
+      ``D_vec = 1``.
+    * wInProj ~ U(±Dm^-0.5), wXProj ~ U(±D^-0.5) (PyTorch's ``nn.Linear`` default,
+      ``kaiming_uniform(a=sqrt 5)``, which the reference keeps); bInProj = bXProj = 0.
+    * wConv ~ U(±K^-0.5) and bConv ~ U(±K^-0.5) (``nn.Conv1d``'s default for a
+      depthwise conv, fan-in K; transformers zeros bConv instead).
+    * wDtProj ~ U(±R^-0.5) (``dt_init="random"``, ``dt_scale=1``); the step size starts
+      at ``delta0 = max(exp(U(log DT_MIN, log DT_MAX)), DT_FLOOR)`` per channel, i.e.
+      log-uniform in [1e-3, 1e-1], through ``bDtProj = inverse_softplus(delta0)``, so
+      ``softplus(bDtProj) = delta0`` (exactly in float64; to float32 rounding of the bias).
+    * wOutProj ~ U(±D^-0.5) / sqrt(n_layers) (the GPT-2 depth rescale of the residual
+      branch, ``rescale_prenorm_residual`` with one residual per layer; ``n_layers`` is the
+      depth of the model this block goes into); bOutProj = 0.
+
+    ``init="legacy"``: the scheme of mamba_ext <= 0.2 (same values for the same seed):
+    wInProj, wConv, wXProj, wOutProj ~ N(0, 0.02^2), ``wDtProj ~ U(±R^-0.5)``, every bias
+    0 (bDtProj too, so delta starts at softplus(~0) ~ log 2), A_log and D_vec as above;
+    ``n_layers`` is not used.
 
     ``seed`` seeds ``numpy.random.default_rng``; values are drawn in float64 and
     rounded to ``dtype`` (float32 or float64).
@@ -379,6 +423,8 @@ def init_mamba1_params(d_model: int, d_state: int = 16, d_conv: int = 4, expand:
     else:
         check_size("dt_rank", dt_rank)
     check_size("dInner = expand * d_model", int(expand) * int(d_model))
+    check_init(init)
+    n_layers = check_size("n_layers", n_layers)
     dtype = np.dtype(dtype)
     if dtype not in FLOAT_DTYPES:
         raise TypeError(f"dtype: expected float32 or float64, got {dtype}")
@@ -389,10 +435,24 @@ def init_mamba1_params(d_model: int, d_state: int = 16, d_conv: int = 4, expand:
         check_count(n, s)
     rng = np.random.default_rng(seed)
     p = {n: np.zeros(s) for n, s in shapes.items()}
-    for n in ("wInProj", "wConv", "wXProj", "wOutProj"):
-        p[n] = rng.normal(0.0, 0.02, shapes[n])
-    bound = dims.R ** -0.5
-    p["wDtProj"] = rng.uniform(-bound, bound, shapes["wDtProj"])
+    if init == "legacy":
+        for n in ("wInProj", "wConv", "wXProj", "wOutProj"):
+            p[n] = rng.normal(0.0, 0.02, shapes[n])
+        bound = dims.R ** -0.5
+        p["wDtProj"] = rng.uniform(-bound, bound, shapes["wDtProj"])
+    else:
+        def uniform(name, fan_in):
+            b = fan_in ** -0.5
+            return rng.uniform(-b, b, shapes[name])
+        p["wInProj"] = uniform("wInProj", dims.Dm)
+        p["wConv"] = uniform("wConv", dims.K)
+        p["bConv"] = uniform("bConv", dims.K)
+        p["wXProj"] = uniform("wXProj", dims.D)
+        p["wDtProj"] = uniform("wDtProj", dims.R)
+        lo, hi = np.log(DT_MIN), np.log(DT_MAX)
+        delta0 = np.maximum(np.exp(rng.uniform(lo, hi, dims.D)), DT_FLOOR)   # (D,)
+        p["bDtProj"] = inverse_softplus(delta0)
+        p["wOutProj"] = uniform("wOutProj", dims.D) / np.sqrt(n_layers)
     p["A_log"] = np.broadcast_to(np.log(np.arange(1, dims.N + 1, dtype=np.float64)),
                                  shapes["A_log"]).copy()
     p["D_vec"] = np.ones(dims.D)

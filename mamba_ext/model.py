@@ -142,9 +142,39 @@ def _n_threads(n_threads: int | None) -> int:
     return block_threads(n_threads)
 
 
-def model_forward(tokens: ArrayLike, params: Mapping[str, ArrayLike], *, eps: float = DEFAULT_EPS,
-                  discretization: str = "zoh", n_threads: int | None = None) -> np.ndarray:
+def _model_state(arrays, dims: ModelDims, B: int, h0, conv_state, return_state: bool):
+    """The state arguments of the compiled model (``_state_table`` in model.pyx):
+    ``None`` when no state is given or wanted, else ``(h0, conv_state, h_last, conv_tail)``
+    with h_last / conv_tail pre-filled with the incoming state (what an empty window
+    returns) and overwritten by the kernels."""
+    if h0 is None and conv_state is None and not return_state:
+        return None
+    from .block import _check_state
+    b, nl, dtype = dims.block, dims.n_layers, arrays["embedding"].dtype
+    h_shape, c_shape = (nl, B, b.D, b.N), (nl, B, b.D, b.K - 1)
+    if h0 is not None:
+        h0 = _check_state("h0", h0, dtype, h_shape, "(n_layers, batch, dInner, dState)")
+    if conv_state is not None:
+        conv_state = _check_state("conv_state", conv_state, dtype, c_shape,
+                                  "(n_layers, batch, dInner, dConv-1)")
+    h_last = np.zeros(h_shape, dtype) if h0 is None else h0.copy()
+    conv_tail = np.zeros(c_shape, dtype) if conv_state is None else conv_state.copy()
+    return (h0, conv_state, h_last, conv_tail)
+
+
+def model_forward(tokens: ArrayLike, params: Mapping[str, ArrayLike], *, h0: ArrayLike | None = None,
+                  conv_state: ArrayLike | None = None, return_state: bool = False,
+                  eps: float = DEFAULT_EPS, discretization: str = "zoh",
+                  n_threads: int | None = None) -> np.ndarray | tuple:
     """Logits ``(B, L, V)`` of the model for integer ``tokens`` ``(B, L)``.
+
+    State passing, per layer (the block API's ``h0`` / ``conv_state`` / ``return_state``,
+    stacked over the layers): ``h0`` (n_layers, B, D, N) is each layer's scan state before
+    step 0 and ``conv_state`` (n_layers, B, D, K-1) each layer's conv history (xc of the K-1
+    steps before ``tokens``, oldest first); default zeros. ``return_state=True`` returns
+    ``(logits, (h_last, conv_tail))`` of those shapes, the state after the last step: a long
+    sequence run window by window, each window given the previous one's state, gives the
+    logits of one run over the whole sequence (to float rounding).
 
     ``eps`` is the epsilon of every RMSNorm, a finite number > 0 (``DEFAULT_EPS`` = 1e-6
     by default; Hugging Face
@@ -159,18 +189,23 @@ def model_forward(tokens: ArrayLike, params: Mapping[str, ArrayLike], *, eps: fl
     tok = check_tokens("tokens", tokens, dims.V)
     eps = check_eps(eps)
     B, L = tok.shape
+    states = _model_state(arrays, dims, B, h0, conv_state, return_state)
     logits = np.empty((B, L, dims.V), dtype=arrays["embedding"].dtype)
     if B * L:
         _model.forward(logits, tok, arrays["embedding"], arrays["final_norm"],
                        arrays["lm_head_bias"], _layer_lists(arrays, dims.n_layers),
-                       _sizes(dims, B, L), eps, disc, _n_threads(n_threads))
+                       _sizes(dims, B, L), eps, disc, _n_threads(n_threads), states=states)
+    if return_state:
+        return logits, (states[2], states[3])
     return logits
 
 
 def model_loss_and_grads(tokens: ArrayLike, targets: ArrayLike, params: Mapping[str, ArrayLike],
-                         checkpointing: bool = False, *, eps: float = DEFAULT_EPS,
-                         discretization: str = "zoh", loss_scale: float = 1.0,
-                         n_threads: int | None = None) -> tuple[float, dict[str, np.ndarray]]:
+                         checkpointing: bool = False, *, h0: ArrayLike | None = None,
+                         conv_state: ArrayLike | None = None, return_state: bool = False,
+                         eps: float = DEFAULT_EPS, discretization: str = "zoh",
+                         loss_scale: float = 1.0,
+                         n_threads: int | None = None) -> tuple:
     """Mean cross-entropy and its gradient with respect to every parameter.
 
     Returns ``(loss, grads)``: ``loss`` a Python float (accumulated in double,
@@ -183,6 +218,14 @@ def model_loss_and_grads(tokens: ArrayLike, targets: ArrayLike, params: Mapping[
     multiplies the gradient seed dLoss/dlogits (mixed-precision loss scaling):
     every gradient comes out multiplied by it. ``eps`` and ``discretization``
     as in :func:`model_forward`.
+
+    ``h0``, ``conv_state``, ``return_state`` as in :func:`model_forward` (then the result is
+    ``(loss, grads, (h_last, conv_tail))``): training on a long sequence window by window,
+    each window starting from the state the previous one returned. The gradients are those
+    of this window's loss with the carried state held constant: truncated backpropagation
+    through time. The loss still depends on everything before (through the state), but
+    no gradient flows back into earlier windows, and none is returned for ``h0`` /
+    ``conv_state``.
     """
     from .cpu import model as _model
     disc = check_discretization(discretization)
@@ -197,12 +240,16 @@ def model_loss_and_grads(tokens: ArrayLike, targets: ArrayLike, params: Mapping[
     if B * L == 0:
         raise ValueError(f"tokens: shape {tok.shape} has no positions; the mean cross-entropy "
                          f"needs batch >= 1 and seqLen >= 1")
+    states = _model_state(arrays, dims, B, h0, conv_state, return_state)
     grads = {k: np.zeros_like(a) for k, a in arrays.items()}
     loss = _model.loss_and_grads(tok, tgt, arrays["embedding"], arrays["final_norm"],
                                  arrays["lm_head_bias"], _layer_lists(arrays, dims.n_layers),
                                  grads["embedding"], grads["final_norm"], grads["lm_head_bias"],
                                  _layer_lists(grads, dims.n_layers), _sizes(dims, B, L), eps,
-                                 disc, scale, bool(checkpointing), _n_threads(n_threads))
+                                 disc, scale, bool(checkpointing), _n_threads(n_threads),
+                                 states=states)
+    if return_state:
+        return float(loss), grads, (states[2], states[3])
     return float(loss), grads
 
 
@@ -248,15 +295,18 @@ def model_workspace_bytes(params: Mapping[str, ArrayLike], batch: int, seq_len: 
 
 def init_model_params(vocab_size: int, d_model: int, n_layers: int, d_state: int = 16,
                       d_conv: int = 4, expand: int = 2, dt_rank: int | None = None, seed: int = 0,
-                      dtype: DTypeLike = np.float32) -> dict[str, np.ndarray]:
+                      dtype: DTypeLike = np.float32, *, init: str = "mamba") -> dict[str, np.ndarray]:
     """Fresh model parameters (dict in :func:`MODEL_PARAM_NAMES` order).
 
-    Each layer comes from :func:`mamba_ext.init_mamba1_params` with a seed derived
-    from ``(seed, layer index)``; ``embedding ~ N(0, 0.02^2)`` (so the initial
-    logits are ~0 and the loss starts near ln(vocab_size)), ``final_norm = 1``,
-    ``lm_head_bias = 0``.
+    Each layer comes from :func:`mamba_ext.init_mamba1_params` with the scheme ``init``
+    (``"mamba"``, the default: the reference implementations' rules, the output projection
+    rescaled by 1/sqrt(n_layers); ``"legacy"``: the scheme of mamba_ext <= 0.2, same values
+    for the same seed) and a seed derived from ``(seed, layer index)``;
+    ``embedding ~ N(0, 0.02^2)`` in both schemes (so the initial logits are ~0 and the loss
+    starts near ln(vocab_size)), ``final_norm = 1``, ``lm_head_bias = 0``.
     """
-    from .block import init_mamba1_params
+    from .block import check_init, init_mamba1_params
+    check_init(init)
     V = check_size("vocab_size", vocab_size)
     Dm = check_size("d_model", d_model)
     nl = check_size("n_layers", n_layers, lo=0, hi=MAX_LAYERS)
@@ -275,7 +325,8 @@ def init_model_params(vocab_size: int, d_model: int, n_layers: int, d_state: int
     for i, sq in enumerate(layer_seqs):
         layer_seed = int(sq.generate_state(1, dtype=np.uint32)[0])
         blk = init_mamba1_params(Dm, d_state=d_state, d_conv=d_conv, expand=expand,
-                                 dt_rank=dt_rank, seed=layer_seed, dtype=dtype)
+                                 dt_rank=dt_rank, seed=layer_seed, dtype=dtype, init=init,
+                                 n_layers=nl)
         for name in BLOCK_PARAM_NAMES:
             params[f"layer{i}.{name}"] = np.ascontiguousarray(blk[name], dtype=dtype)
     return params

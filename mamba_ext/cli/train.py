@@ -31,8 +31,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=d.steps, help="total steps (also when resuming)")
     p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (warmup + cosine)")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of the weights and of the batches")
+    p.add_argument("--init", choices=("mamba", "legacy"), default=d.init,
+                   help="weight initialisation: 'mamba' (the reference implementations' rules: "
+                        "delta log-uniform in [1e-3, 1e-1], out_proj scaled by 1/sqrt(n_layers)) or "
+                        "'legacy' (mamba_ext <= 0.2); docs/api.md")
+    p.add_argument("--init-from", default=None, metavar="PATH",
+                   help="fine-tune a Hugging Face Mamba folder (config.json, safetensors, "
+                        "tokenizer.json): its sizes, weights and tokenizer; --data is then UTF-8 text; "
+                        "the run also writes DIR/hf/, which transformers loads")
     p.add_argument("--amp", action="store_true",
                    help="fp16 mixed precision (fp16 weights/grads, fp32 master, dynamic loss scale)")
+    p.add_argument("--carry-state", action="store_true",
+                   help="train on contiguous windows, each step starting from the scan and conv "
+                        "state the previous one ended in (truncated BPTT; docs/cli.md)")
     p.add_argument("--checkpointing", action="store_true",
                    help="activation checkpointing: recompute block caches in backward (less memory)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="N",
@@ -58,6 +69,14 @@ def main(argv=None) -> int:
     if resume is not None and not os.path.isfile(resume):
         print(f"error: --resume: no checkpoint at {resume}", file=sys.stderr)
         return 2
+    if args.init_from is not None and resume is not None:
+        print("error: --init-from and --resume cannot be combined (a resumed run keeps its config)",
+              file=sys.stderr)
+        return 2
+    if args.init_from is not None and not os.path.isdir(args.init_from):
+        print(f"error: --init-from: {args.init_from} is not a folder (expected a Hugging Face "
+              f"save_pretrained folder)", file=sys.stderr)
+        return 2
     out = args.out or (os.path.dirname(os.path.abspath(resume)) if resume
                        else os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")))
     log = lambda s: print(s, file=sys.stderr)
@@ -72,7 +91,8 @@ def main(argv=None) -> int:
                       d_state=args.d_state, seq_len=args.seq_len, batch=args.batch,
                       steps=args.steps, lr=args.lr, seed=args.seed, amp=args.amp,
                       checkpointing=args.checkpointing, checkpoint_every=args.checkpoint_every,
-                      device=args.device, threads=args.threads)
+                      device=args.device, threads=args.threads, init=args.init,
+                      init_from=args.init_from, carry_state=args.carry_state)
     try:
         cfg.validated()
     except (TypeError, ValueError) as e:     # name the option, not the config field

@@ -71,3 +71,23 @@ cdef int model_loss_and_grads(double* loss,
                               const floating* lm_head_bias, const floating** layer_params,
                               const model_dims* d, double loss_scale, int checkpointing,
                               int n_threads) noexcept nogil
+
+# model_forward / model_loss_and_grads with state passing per layer: `states` is NULL
+# (same as the functions above) or a table of 4 * n_layers pointers; layer i's are
+# states[4i + 0] h0 (B, D, N), [4i + 1] conv_state (B, D, K-1) (read), [4i + 2] h_last
+# (B, D, N), [4i + 3] conv_tail (B, D, K-1) (written), each NULL or a buffer as in
+# block_forward_state (block.pxd). The gradients treat h0 and conv_state as constants
+# (truncated backpropagation through time).
+cdef int model_forward_state(floating* logits, const int64_t* tokens,
+                             const floating* embedding, const floating* final_norm,
+                             const floating* lm_head_bias, const floating** layer_params,
+                             void** states, const model_dims* d, int n_threads) noexcept nogil
+
+cdef int model_loss_and_grads_state(double* loss,
+                                    floating* g_embedding, floating* g_final_norm,
+                                    floating* g_lm_head_bias, floating** g_layer_params,
+                                    const int64_t* tokens, const int64_t* targets,
+                                    const floating* embedding, const floating* final_norm,
+                                    const floating* lm_head_bias, const floating** layer_params,
+                                    void** states, const model_dims* d, double loss_scale,
+                                    int checkpointing, int n_threads) noexcept nogil

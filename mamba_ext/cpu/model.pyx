@@ -34,7 +34,7 @@ import numpy as np
 from mamba_ext.cpu.types cimport floating, idx_t
 from mamba_ext.cpu.constants cimport DEFAULT_EPS
 from mamba_ext.cpu.block cimport (mamba_dims, MAMBA_NPARAMS, block_cache_len,
-                               block_forward, block_backward)
+                               block_forward_state, block_backward_state)
 from mamba_ext.cpu.linear cimport linear_forward, linear_backward
 from mamba_ext.cpu.rmsnorm cimport rmsnorm_forward, rmsnorm_backward
 
@@ -82,11 +82,26 @@ cdef void embedding_backward(floating* dembedding, const floating* dh, const int
             dembedding[tokens[r] * Dm + c] += dh[r * Dm + c]
 
 
+# State passing of the whole model: `states` is NULL (every layer starts from zeros, no
+# state returned) or a table of 4 * n_layers pointers, layer i's at 4i + (STATE_H0,
+# STATE_CONV, STATE_H_LAST, STATE_CONV_TAIL), each NULL or a buffer of block_forward_state:
+# h0, h_last (B, D, N); conv_state, conv_tail (B, D, K-1) (block.pxd).
+cdef enum:
+    STATE_H0 = 0
+    STATE_CONV = 1
+    STATE_H_LAST = 2
+    STATE_CONV_TAIL = 3
+
+
+cdef inline void* _state(void** states, idx_t i, int k) noexcept nogil:
+    return NULL if states == NULL else states[4 * i + k]
+
+
 cdef int _forward_trunk(floating* hs, floating* caches, idx_t cache_stride,
                         floating* xn, floating* rstd, floating* logits,
                         const int64_t* tokens, const floating* embedding,
                         const floating* final_norm, const floating* lm_head_bias,
-                        const floating** layer_params, const model_dims* d,
+                        const floating** layer_params, void** states, const model_dims* d,
                         int n_threads) noexcept nogil:
     # hs ((n_layers+1), M, Dm); caches: layer i writes caches + i*cache_stride
     # (cache_stride 0: all layers share one buffer); xn (M, Dm); rstd (M,); logits (M, V)
@@ -95,8 +110,13 @@ cdef int _forward_trunk(floating* hs, floating* caches, idx_t cache_stride,
     cdef idx_t i
     embedding_forward(hs, tokens, embedding, M, Dm)
     for i in range(d.n_layers):
-        if block_forward(hs + (i + 1) * M * Dm, caches + i * cache_stride, hs + i * M * Dm,
-                         layer_params + i * MAMBA_NPARAMS, &d.block, n_threads) != 0:
+        if block_forward_state(hs + (i + 1) * M * Dm, caches + i * cache_stride,
+                               <floating*>_state(states, i, STATE_H_LAST),
+                               <floating*>_state(states, i, STATE_CONV_TAIL), hs + i * M * Dm,
+                               layer_params + i * MAMBA_NPARAMS,
+                               <const floating*>_state(states, i, STATE_H0),
+                               <const floating*>_state(states, i, STATE_CONV),
+                               &d.block, n_threads) != 0:
             return MODEL_ERR_NOMEM
     rmsnorm_forward(xn, rstd, hs + d.n_layers * M * Dm, final_norm, M, Dm, d.block.eps)
     linear_forward(logits, xn, embedding, lm_head_bias, M, Dm, d.V)
@@ -107,6 +127,14 @@ cdef int model_forward(floating* logits, const int64_t* tokens,
                        const floating* embedding, const floating* final_norm,
                        const floating* lm_head_bias, const floating** layer_params,
                        const model_dims* d, int n_threads) noexcept nogil:
+    return model_forward_state(logits, tokens, embedding, final_norm, lm_head_bias,
+                               layer_params, NULL, d, n_threads)
+
+
+cdef int model_forward_state(floating* logits, const int64_t* tokens,
+                             const floating* embedding, const floating* final_norm,
+                             const floating* lm_head_bias, const floating** layer_params,
+                             void** states, const model_dims* d, int n_threads) noexcept nogil:
     cdef idx_t M = d.block.B * d.block.L
     cdef idx_t Dm = d.block.Dm
     cdef idx_t cl = block_cache_len(&d.block) if d.n_layers > 0 else 0
@@ -125,7 +153,7 @@ cdef int model_forward(floating* logits, const int64_t* tokens,
     cdef floating* xn = cache + cl
     cdef floating* rstd = xn + M * Dm
     status = _forward_trunk(hs, cache, 0, xn, rstd, logits, tokens, embedding, final_norm,
-                            lm_head_bias, layer_params, d, n_threads)
+                            lm_head_bias, layer_params, states, d, n_threads)
     free(ws)
     return status
 
@@ -170,6 +198,22 @@ cdef int model_loss_and_grads(double* loss,
                               const floating* lm_head_bias, const floating** layer_params,
                               const model_dims* d, double loss_scale, int checkpointing,
                               int n_threads) noexcept nogil:
+    return model_loss_and_grads_state(loss, g_embedding, g_final_norm, g_lm_head_bias,
+                                      g_layer_params, tokens, targets, embedding, final_norm,
+                                      lm_head_bias, layer_params, NULL, d, loss_scale,
+                                      checkpointing, n_threads)
+
+
+cdef int model_loss_and_grads_state(double* loss,
+                                    floating* g_embedding, floating* g_final_norm,
+                                    floating* g_lm_head_bias, floating** g_layer_params,
+                                    const int64_t* tokens, const int64_t* targets,
+                                    const floating* embedding, const floating* final_norm,
+                                    const floating* lm_head_bias, const floating** layer_params,
+                                    void** states, const model_dims* d, double loss_scale,
+                                    int checkpointing, int n_threads) noexcept nogil:
+    # states: as _forward_trunk; the gradients treat the carried state as a constant
+    # (truncated backpropagation through time: no dLoss/dh0 is formed)
     cdef idx_t M = d.block.B * d.block.L
     cdef idx_t Dm = d.block.Dm
     cdef idx_t V = d.V
@@ -203,7 +247,7 @@ cdef int model_loss_and_grads(double* loss,
     cdef idx_t cache_stride = 0 if checkpointing else cl
 
     status = _forward_trunk(hs, caches, cache_stride, xn, rstd, logits, tokens, embedding,
-                            final_norm, lm_head_bias, layer_params, d, n_threads)
+                            final_norm, lm_head_bias, layer_params, states, d, n_threads)
     if status == MODEL_OK:
         cross_entropy_forward_backward(row_loss, logits, targets, M, V,
                                        loss_scale / <double>M, n_threads)
@@ -222,14 +266,19 @@ cdef int model_loss_and_grads(double* loss,
         while i >= 0:
             if checkpointing and i != nl - 1:
                 # recompute layer i's cache from its kept input (output discarded)
-                if block_forward(scratch, caches, hs + i * M * Dm,
-                                 layer_params + i * MAMBA_NPARAMS, &d.block, n_threads) != 0:
+                if block_forward_state(scratch, caches, NULL, NULL, hs + i * M * Dm,
+                                       layer_params + i * MAMBA_NPARAMS,
+                                       <const floating*>_state(states, i, STATE_H0),
+                                       <const floating*>_state(states, i, STATE_CONV),
+                                       &d.block, n_threads) != 0:
                     status = MODEL_ERR_NOMEM
                     break
             memset(db, 0, M * Dm * sizeof(floating))
-            if block_backward(db, g_layer_params + i * MAMBA_NPARAMS, da,
-                              caches + i * cache_stride, layer_params + i * MAMBA_NPARAMS,
-                              &d.block, n_threads) != 0:
+            if block_backward_state(db, g_layer_params + i * MAMBA_NPARAMS, NULL, NULL, da,
+                                    NULL, NULL, caches + i * cache_stride,
+                                    layer_params + i * MAMBA_NPARAMS,
+                                    <const floating*>_state(states, i, STATE_CONV),
+                                    &d.block, n_threads) != 0:
                 status = MODEL_ERR_NOMEM
                 break
             tmp = da
@@ -294,12 +343,37 @@ def workspace_bytes(sizes, bint checkpointing, size_t itemsize):
     return model_workspace_bytes(&d, checkpointing, itemsize)
 
 
+cdef void** _state_table(object states, idx_t n_layers) except? NULL:
+    # states: None, or (h0, conv_state, h_last, conv_tail), each None or an array
+    # (n_layers, B, D, N) / (n_layers, B, D, K-1), C-contiguous (checked by model.py)
+    # -> malloc'd table of 4 * n_layers pointers (layer i's slices), or NULL
+    cdef idx_t i
+    cdef int k
+    cdef void** t
+    if states is None:
+        return NULL
+    t = <void**>malloc((4 * n_layers if n_layers > 0 else 1) * sizeof(void*))
+    if t == NULL:
+        raise MemoryError("mamba_ext: cannot allocate the state pointer table")
+    for k in range(4):
+        for i in range(n_layers):
+            t[4 * i + k] = NULL if states[k] is None else _ptr(states[k][i])
+    return t
+
+
 def forward(cnp.ndarray logits, cnp.ndarray tokens, cnp.ndarray embedding,
             cnp.ndarray final_norm, cnp.ndarray lm_head_bias, list layers,
-            sizes, double eps, int discretization, int n_threads):
-    """logits (B, L, V) written in place."""
+            sizes, double eps, int discretization, int n_threads, states=None):
+    """logits (B, L, V) written in place; states: see _state_table (h_last, conv_tail
+    written)."""
     cdef model_dims d = _dims(sizes, eps, discretization)
     cdef void** t = _ptr_table(layers)
+    cdef void** st
+    try:
+        st = _state_table(states, d.n_layers)
+    except MemoryError:
+        free(t)
+        raise
     cdef int status
     cdef bint is32 = embedding.dtype == np.float32
     cdef void* out = _ptr(logits)
@@ -309,12 +383,14 @@ def forward(cnp.ndarray logits, cnp.ndarray tokens, cnp.ndarray embedding,
     cdef void* bias = _ptr(lm_head_bias)
     with nogil:
         if is32:
-            status = model_forward(<float*>out, tok, <const float*>emb, <const float*>fn,
-                                   <const float*>bias, <const float**>t, &d, n_threads)
+            status = model_forward_state(<float*>out, tok, <const float*>emb, <const float*>fn,
+                                         <const float*>bias, <const float**>t, st, &d, n_threads)
         else:
-            status = model_forward(<double*>out, tok, <const double*>emb, <const double*>fn,
-                                   <const double*>bias, <const double**>t, &d, n_threads)
+            status = model_forward_state(<double*>out, tok, <const double*>emb, <const double*>fn,
+                                         <const double*>bias, <const double**>t, st, &d,
+                                         n_threads)
     free(t)
+    free(st)
     _raise_status(status)
 
 
@@ -323,15 +399,23 @@ def loss_and_grads(cnp.ndarray tokens, cnp.ndarray targets, cnp.ndarray embeddin
                    cnp.ndarray g_embedding, cnp.ndarray g_final_norm,
                    cnp.ndarray g_lm_head_bias, list g_layers,
                    sizes, double eps, int discretization, double loss_scale,
-                   bint checkpointing, int n_threads):
-    """Returns the mean loss; the g_* arrays (zeroed by the caller) accumulate."""
+                   bint checkpointing, int n_threads, states=None):
+    """Returns the mean loss; the g_* arrays (zeroed by the caller) accumulate;
+    states: see _state_table (h_last, conv_tail written)."""
     cdef model_dims d = _dims(sizes, eps, discretization)
     cdef void** t = _ptr_table(layers)
     cdef void** gt
+    cdef void** st = NULL
     try:
         gt = _ptr_table(g_layers)
     except MemoryError:
         free(t)
+        raise
+    try:
+        st = _state_table(states, d.n_layers)
+    except MemoryError:
+        free(t)
+        free(gt)
         raise
     cdef int status
     cdef double loss = 0.0
@@ -346,18 +430,19 @@ def loss_and_grads(cnp.ndarray tokens, cnp.ndarray targets, cnp.ndarray embeddin
     cdef void* gbias = _ptr(g_lm_head_bias)
     with nogil:
         if is32:
-            status = model_loss_and_grads(&loss, <float*>gemb, <float*>gfn, <float*>gbias,
-                                          <float**>gt, tok, tgt, <const float*>emb,
-                                          <const float*>fn, <const float*>bias,
-                                          <const float**>t, &d, loss_scale, checkpointing,
-                                          n_threads)
+            status = model_loss_and_grads_state(&loss, <float*>gemb, <float*>gfn, <float*>gbias,
+                                                <float**>gt, tok, tgt, <const float*>emb,
+                                                <const float*>fn, <const float*>bias,
+                                                <const float**>t, st, &d, loss_scale,
+                                                checkpointing, n_threads)
         else:
-            status = model_loss_and_grads(&loss, <double*>gemb, <double*>gfn, <double*>gbias,
-                                          <double**>gt, tok, tgt, <const double*>emb,
-                                          <const double*>fn, <const double*>bias,
-                                          <const double**>t, &d, loss_scale, checkpointing,
-                                          n_threads)
+            status = model_loss_and_grads_state(&loss, <double*>gemb, <double*>gfn,
+                                                <double*>gbias, <double**>gt, tok, tgt,
+                                                <const double*>emb, <const double*>fn,
+                                                <const double*>bias, <const double**>t, st, &d,
+                                                loss_scale, checkpointing, n_threads)
     free(t)
     free(gt)
+    free(st)
     _raise_status(status)
     return loss

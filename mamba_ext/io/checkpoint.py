@@ -54,8 +54,32 @@ _DTYPES = {
     "U64": np.dtype("<u8"), "U32": np.dtype("<u4"), "U16": np.dtype("<u2"), "U8": np.dtype("u1"),
     "BOOL": np.dtype("?"),
 }
+# bfloat16 has no NumPy dtype: its 16-bit patterns are held in this one-field structured
+# dtype (2 bytes, a type of its own, so it never mixes with uint16 data). load() returns BF16
+# tensors up-cast to float32 (exact: a bfloat16 is the top half of a float32);
+# to_bfloat16() makes such an array for save().
+BF16 = np.dtype([("bf16", "<u2")])
+_DTYPES["BF16"] = BF16
 _CODES = {dt: code for code, dt in _DTYPES.items()}
-FLOAT_CODES = ("F16", "F32", "F64")
+FLOAT_CODES = ("F16", "BF16", "F32", "F64")
+
+
+def to_bfloat16(a: ArrayLike) -> np.ndarray:
+    """Float array -> array of dtype :data:`BF16` (for :func:`save`): each value rounded to
+    the nearest bfloat16, ties to even, from its float32 rounding; NaN stays NaN, values past
+    the bfloat16 range become +-Inf (as torch's ``.to(torch.bfloat16)``)."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    rounded = bits.astype(np.uint64) + 0x7FFF + ((bits >> 16) & 1)   # round half to even
+    top = (rounded >> 16).astype(np.uint16)
+    top[nan] = ((bits[nan] >> 16) | 0x0040).astype(np.uint16)          # a quiet NaN
+    return top.view(BF16)
+
+
+def from_bfloat16(a: np.ndarray) -> np.ndarray:
+    """Array of dtype :data:`BF16` -> float32, exactly."""
+    u16 = np.ascontiguousarray(a).view("<u2").astype(np.uint32)
+    return (u16 << 16).view(np.float32)
 
 
 def _code(name: str, a: np.ndarray) -> str:
@@ -313,7 +337,7 @@ def load(path: StrPath, require_checksum: bool = True) -> tuple[dict[str, np.nda
     for name in header:                    # the file's order
         begin, end, dt, shape = where[name]
         a = np.frombuffer(data[begin:end], dtype=dt).reshape(shape)
-        tensors[name] = a.astype(dt.newbyteorder("="), copy=True)
+        tensors[name] = from_bfloat16(a) if dt == BF16 else a.astype(dt.newbyteorder("="), copy=True)
     return tensors, meta
 
 

@@ -19,6 +19,10 @@ with ``config.json`` and ``model.safetensors`` (or shards listed in
     backbone.norm_f.weight              (Dm,)       -> final_norm
     lm_head.weight (optional, tied)     (V, Dm)     must equal the embedding; lm_head_bias = 0
 
+Weights may be stored in float32, float64, float16 or bfloat16 (``load_hf`` up-casts the half
+formats exactly); ``save_hf`` writes float32, float16 or bfloat16, in one file or in shards,
+and can copy the ``tokenizer.json`` of the folder a model came from.
+
 Why the conv taps flip: transformers runs ``nn.Conv1d(padding=K-1)`` (cross-correlation),
 whose tap ``K-1`` multiplies the current step; our tap 0 does (docs/semantics.md).
 
@@ -235,8 +239,11 @@ def params_to_hf(params: Mapping[str, ArrayLike], config: Mapping[str, Any],
 def load_hf(path: StrPath, dtype: DTypeLike = np.float32) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Load a ``save_pretrained`` folder -> ``(params, config)`` (see :func:`params_from_hf`).
 
-    Reads ``model.safetensors`` or the shards of ``model.safetensors.index.json``
-    (float32/float16/float64 tensors).
+    Reads ``model.safetensors`` or the shards of ``model.safetensors.index.json``.
+    Tensors may be float32, float64, float16 or bfloat16 (the dtypes checkpoints are
+    published in); float16 and bfloat16 weights are up-cast exactly (every value of those
+    formats is a float32 value) and the model runs in ``dtype`` (float32 or float64).
+    ``config["source_dtype"]`` names the stored dtype(s), e.g. ``"bfloat16"``.
     """
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
@@ -260,16 +267,50 @@ def load_hf(path: StrPath, dtype: DTypeLike = np.float32) -> tuple[dict[str, np.
                                 + (f"found {other}: re-save with safe_serialization=True" if other else
                                    "expected the safetensors layout of save_pretrained"))
     tensors: dict[str, np.ndarray] = {}
+    stored = set()
     for fname in files:
         part, _ = checkpoint.load(fname, require_checksum=False)
+        stored |= set(_stored_dtypes(fname))
         for key, a in part.items():
             if a.dtype.kind != "f":
                 raise ValueError(f"{fname}: tensor {key!r}: field 'dtype': {a.dtype} is not a float "
-                                 f"dtype (F16, F32 or F64); mamba_ext never converts integers to weights")
+                                 f"dtype (F16, BF16, F32 or F64); mamba_ext never converts integers "
+                                 f"to weights")
             if key in tensors:
                 raise ValueError(f"{fname}: tensor {key!r} is also in another shard")
             tensors[key] = a
-    return params_from_hf(tensors, hf_config, dtype=dtype)
+    params, cfg = params_from_hf(tensors, hf_config, dtype=dtype)
+    cfg["source_dtype"] = ",".join(sorted(stored))
+    return params, cfg
+
+
+_DTYPE_NAMES = {"F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64"}
+
+
+def _stored_dtypes(fname: str) -> list[str]:
+    """Names of the float dtypes in a safetensors header (already checked by load)."""
+    with open(fname, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    return [_DTYPE_NAMES[e["dtype"]] for k, e in header.items()
+            if k != "__metadata__" and e["dtype"] in _DTYPE_NAMES]
+
+
+def load_tokenizer(path: StrPath) -> Any:
+    """The ``tokenizers.Tokenizer`` of a Hugging Face folder (its ``tokenizer.json``);
+    needs the ``tokenizers`` package."""
+    fname = os.path.join(os.fspath(path), "tokenizer.json")
+    if not os.path.isfile(fname):
+        raise FileNotFoundError(f"{path}: no tokenizer.json (the tokenizer of the checkpoint)")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ImportError("reading tokenizer.json needs the 'tokenizers' package "
+                          "(pip install tokenizers)") from None
+    try:
+        return Tokenizer.from_file(fname)
+    except Exception as e:       # tokenizers raises its own Exception type
+        raise ValueError(f"{fname}: not a tokenizer the 'tokenizers' package reads ({e})") from None
 
 
 def _read_json(fname: str) -> dict[str, Any]:
@@ -284,17 +325,87 @@ def _read_json(fname: str) -> dict[str, Any]:
     return value
 
 
-def save_hf(path: StrPath, params: Mapping[str, ArrayLike], config: Mapping[str, Any],
-            approximate_discretization: bool = False) -> dict[str, Any]:
-    """Write ``config.json`` + ``model.safetensors`` (float32) that
-    ``MambaForCausalLM.from_pretrained`` loads; returns the HF config dict.
+SAVE_DTYPES = {"float32": ("F32", "float32"), "float16": ("F16", "float16"),
+               "bfloat16": ("BF16", "bfloat16")}
+INDEX_NAME = "model.safetensors.index.json"
 
-    Files are written atomically; the folder is created if needed.
+
+def _export(name: str, a: np.ndarray, dtype: str) -> np.ndarray:
+    """One tensor in the exported dtype; float16 refuses values it cannot hold."""
+    if dtype == "bfloat16":
+        return checkpoint.to_bfloat16(a)
+    if dtype == "float16":
+        big = np.abs(a).max(initial=0.0)
+        if big > np.finfo(np.float16).max:
+            raise ValueError(f"{name}: |values| up to {big:.4g} exceed float16's largest value "
+                             f"{np.finfo(np.float16).max:g}; export as bfloat16 or float32")
+        return a.astype(np.float16)
+    return a.astype(np.float32)
+
+
+def save_hf(path: StrPath, params: Mapping[str, ArrayLike], config: Mapping[str, Any],
+            approximate_discretization: bool = False, *, dtype: str = "float32",
+            max_shard_size: int | None = None, tokenizer: StrPath | None = None) -> dict[str, Any]:
+    """Write a folder that ``MambaForCausalLM.from_pretrained`` loads; returns the HF config.
+
+    ``config.json`` and the weights in ``dtype``: ``"float32"`` (default), ``"float16"``
+    (refused if a value exceeds its range) or ``"bfloat16"`` (round to nearest even);
+    ``config.json`` records it as ``torch_dtype``. ``max_shard_size`` (bytes): when the
+    weights are larger, they go to ``model-0000i-of-0000n.safetensors`` shards (whole tensors,
+    in key order, each shard at most that size unless one tensor alone is larger) listed in
+    ``model.safetensors.index.json`` (the layout of ``save_pretrained``); otherwise to one
+    ``model.safetensors``. The files of the other layout left by an earlier save are removed.
+    ``tokenizer``: a folder whose ``tokenizer.json`` is copied along (e.g. the checkpoint a
+    model was fine-tuned from). Files are written atomically; the folder is created if needed.
     """
+    if dtype not in SAVE_DTYPES:
+        raise ValueError(f"dtype: expected one of {sorted(SAVE_DTYPES)}, got {dtype!r}")
+    if max_shard_size is not None:
+        max_shard_size = check_size("max_shard_size", max_shard_size)
+    tok_text = None
+    if tokenizer is not None:
+        load_tokenizer(tokenizer)            # refuse a missing or unreadable one before writing
+        with open(os.path.join(os.fspath(tokenizer), "tokenizer.json"), "rb") as f:
+            tok_text = f.read()
     tensors, hf_config = params_to_hf(params, config, approximate_discretization)
+    hf_config["torch_dtype"] = SAVE_DTYPES[dtype][1]
+    out = {k: _export(k, np.asarray(v), dtype) for k, v in tensors.items()}
     os.makedirs(path, exist_ok=True)
-    checkpoint.save(os.path.join(path, "model.safetensors"),
-                    {k: v.astype(np.float32) for k, v in tensors.items()}, {"format": "pt"})
+    total = sum(a.nbytes for a in out.values())
+    shards: list[list[str]] = [[]]
+    if max_shard_size is not None and total > max_shard_size:
+        size = 0
+        for k in out:
+            if shards[-1] and size + out[k].nbytes > max_shard_size:
+                shards.append([])
+                size = 0
+            shards[-1].append(k)
+            size += out[k].nbytes
+    else:
+        shards[0] = list(out)
+    _remove_layout(path)
+    if len(shards) == 1:
+        checkpoint.save(os.path.join(path, "model.safetensors"), out, {"format": "pt"})
+    else:
+        weight_map = {}
+        for i, keys in enumerate(shards):
+            name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            checkpoint.save(os.path.join(path, name), {k: out[k] for k in keys}, {"format": "pt"})
+            weight_map.update({k: name for k in keys})
+        index = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+        checkpoint.atomic_write(os.path.join(path, INDEX_NAME), lambda f: f.write(index.encode()))
     text = json.dumps(hf_config, indent=2).encode("utf-8")
     checkpoint.atomic_write(os.path.join(path, "config.json"), lambda f: f.write(text))
+    if tok_text is not None:
+        checkpoint.atomic_write(os.path.join(path, "tokenizer.json"), lambda f: f.write(tok_text))
     return hf_config
+
+
+def _remove_layout(path) -> None:
+    """Remove the weight files of an earlier save_hf into ``path`` (one file or shards), so
+    that the folder holds exactly one layout."""
+    import re
+    shard = re.compile(r"model-[0-9]{5}-of-[0-9]{5}\.safetensors\Z")
+    for name in os.listdir(path):
+        if name in ("model.safetensors", INDEX_NAME) or shard.match(name):
+            os.unlink(os.path.join(path, name))

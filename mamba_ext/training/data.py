@@ -57,7 +57,8 @@ def load_corpus(path=None, max_bytes: int = DEFAULT_MAX_BYTES) -> np.ndarray:
 
 
 class ByteBatches:
-    """Random (tokens, targets) windows of a byte corpus.
+    """Random (tokens, targets) windows of a byte corpus (or of any integer token ids:
+    ``train --init-from`` gives the ids of a Hugging Face tokenizer).
 
     The last ``val_fraction`` of the corpus is held out for :meth:`val_batches`
     (when the corpus is long enough to hold out at least one batch window).
@@ -65,7 +66,8 @@ class ByteBatches:
 
     def __init__(self, data: np.ndarray, seq_len: int, batch: int, seed: int = 0,
                  val_fraction: float = 0.02):
-        data = np.asarray(data, dtype=np.uint8).reshape(-1)
+        arr = np.asarray(data)        # token ids (any integer dtype) or bytes
+        data = (arr if arr.dtype.kind in "ui" else np.asarray(data, dtype=np.uint8)).reshape(-1)
         self.seq_len, self.batch, self.seed = int(seq_len), int(batch), int(seed)
         if self.seq_len < 1 or self.batch < 1:
             raise ValueError(f"seq_len and batch must be >= 1, got {seq_len}, {batch}")
@@ -97,3 +99,38 @@ class ByteBatches:
         hi = self.val.size - self.seq_len - 1
         starts = np.linspace(0, hi, n_batches * self.batch).astype(np.int64)
         return [self._windows(self.val, s) for s in starts.reshape(n_batches, self.batch)]
+
+
+class ContiguousBatches(ByteBatches):
+    """Contiguous windows for training with the state carried across steps
+    (``train --carry-state``, truncated backpropagation through time).
+
+    The training part of the corpus is cut into ``batch`` streams of equal length; step
+    ``k`` reads window ``k mod n_windows`` of every stream (``seq_len`` tokens and their
+    next-token targets), so row ``b`` of step ``k`` continues row ``b`` of step ``k-1``, and
+    the scan and conv state the model reached at the end of one step is the right state to
+    start the next from. When the streams are used up the next pass starts again at their
+    beginnings: :meth:`starts_pass` is then true and the carried state is reset to zeros.
+    The held-out batches are those of :class:`ByteBatches`.
+    """
+
+    def __init__(self, data: np.ndarray, seq_len: int, batch: int, seed: int = 0,
+                 val_fraction: float = 0.02):
+        super().__init__(data, seq_len, batch, seed, val_fraction)
+        self.stream_len = self.train.size // self.batch
+        self.n_windows = (self.stream_len - 1) // self.seq_len
+        if self.n_windows < 1:
+            raise ValueError(f"data: {self.train.size} training tokens make {self.batch} streams of "
+                             f"{self.stream_len}; seq_len {self.seq_len} needs streams of at least "
+                             f"{self.seq_len + 1} (lower --batch or --seq-len)")
+
+    def get(self, step: int):
+        """``(tokens, targets)`` int64 (batch, seq_len): window ``step mod n_windows`` of
+        every stream."""
+        k = int(step) % self.n_windows
+        starts = np.arange(self.batch, dtype=np.int64) * self.stream_len + k * self.seq_len
+        return self._windows(self.train, starts)
+
+    def starts_pass(self, step: int) -> bool:
+        """Whether step ``step`` reads the first window of the streams (state reset)."""
+        return int(step) % self.n_windows == 0

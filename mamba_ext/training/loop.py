@@ -26,8 +26,10 @@ import numpy as np
 from .._validate import MAX_DIM, MAX_ELEMENTS, check_eps, check_n_threads, check_size
 from ..constants import DEFAULT_EPS
 from ..io import checkpoint as ckpt_io
+from ..block import check_init
 from ..model import MAX_LAYERS, init_model_params, model_forward, model_loss_and_grads
-from .data import DEFAULT_MAX_BYTES, VOCAB_SIZE, ByteBatches, load_corpus
+from . import hf_init
+from .data import DEFAULT_MAX_BYTES, VOCAB_SIZE, ByteBatches, ContiguousBatches, load_corpus
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
 PLOT_NAME = "loss.png"
@@ -61,6 +63,12 @@ class TrainConfig:
     checkpoint_every: int = 100
     device: str = "cpu"
     threads: int | None = None       # CPU threads of the kernels (None: OpenMP default)
+    init: str = "mamba"              # weight initialisation (mamba_ext.block.INIT_SCHEMES)
+    init_from: str | None = None     # a Hugging Face folder to fine-tune (training/hf_init.py)
+    vocab_size: int = VOCAB_SIZE     # 256 bytes, or the checkpoint's vocabulary (init_from)
+    dt_rank: int | None = None       # None: ceil(d_model / 16)
+    discretization: str = "zoh"      # "euler" when fine-tuning a Hugging Face checkpoint
+    carry_state: bool = False        # contiguous windows, state carried across steps (TBPTT)
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
@@ -69,6 +77,7 @@ class TrainConfig:
         if not isinstance(d, dict):
             raise ValueError(f"config: expected a JSON object, got {type(d).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
+        d = _with_absent_fields(d)
         unknown = sorted(set(d) - names)
         missing = sorted(names - set(d))
         if unknown or missing:
@@ -91,8 +100,14 @@ class TrainConfig:
                 raise ValueError(f"config.{name}: expected a finite number in [{lo}, {hi}], got {v}")
             setattr(self, name, float(v))
 
-        if self.data is not None and not isinstance(self.data, str):
-            raise TypeError(f"config.data: expected None or a path, got {self.data!r}")
+        for name in ("data", "init_from"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise TypeError(f"config.{name}: expected None or a path, got {getattr(self, name)!r}")
+        integer("vocab_size", 1, MAX_ELEMENTS)
+        if self.dt_rank is not None:
+            integer("dt_rank", 1)
+        if self.discretization not in ("zoh", "euler"):
+            raise ValueError(f"config.discretization: expected 'zoh' or 'euler', got {self.discretization!r}")
         integer("max_bytes", 1, MAX_ELEMENTS)
         for name in ("d_model", "d_state", "d_conv", "expand", "seq_len", "batch"):
             integer(name, 1)
@@ -115,9 +130,13 @@ class TrainConfig:
                            and 0.0 <= b < 1.0 for b in self.betas)):
             raise ValueError(f"config.betas: expected two numbers in [0, 1), got {self.betas!r}")
         self.betas = tuple(float(b) for b in self.betas)
-        for name in ("amp", "checkpointing"):
+        for name in ("amp", "checkpointing", "carry_state"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"config.{name}: expected true or false, got {getattr(self, name)!r}")
+        try:
+            check_init(self.init)
+        except ValueError as e:
+            raise ValueError(f"config.{e}") from None
         if self.device not in ("cpu", "gpu"):
             raise ValueError(f"config.device: expected 'cpu' or 'gpu', got {self.device!r}")
         if self.threads is not None:
@@ -133,6 +152,17 @@ class TrainConfig:
         return d
 
 
+# Fields added after checkpoints were already being written: the value a checkpoint
+# without the field means (what the code of that time did).
+_ABSENT_MEANS = {"init": "legacy", "init_from": None, "vocab_size": VOCAB_SIZE, "dt_rank": None,
+                 "discretization": "zoh", "carry_state": False}
+
+
+def _with_absent_fields(d: dict) -> dict:
+    """``d`` with the fields of :data:`_ABSENT_MEANS` it lacks filled in."""
+    return {**_ABSENT_MEANS, **d}
+
+
 def lr_at(cfg: TrainConfig, step: int) -> float:
     """Linear warmup over ``warmup`` steps, then cosine decay to ``lr * min_lr_frac``."""
     if step < cfg.warmup:
@@ -144,7 +174,7 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
 
 
 def amp_step(tokens, targets, params, opt, scaler, *, grad_clip=1.0, checkpointing=False,
-             eps=DEFAULT_EPS, n_threads=None, reduce=None):
+             eps=DEFAULT_EPS, n_threads=None, reduce=None, discretization="zoh"):
     """One mixed-precision training step; returns ``(loss, applied)``.
 
     Forward/backward on ``fp16_view(params)`` (fp16-rounded copies of the fp32
@@ -160,6 +190,7 @@ def amp_step(tokens, targets, params, opt, scaler, *, grad_clip=1.0, checkpointi
     from ..optim import clip_grad_norm
     loss, grads = model_loss_and_grads(tokens, targets, fp16_view(params),
                                        checkpointing=checkpointing, eps=eps,
+                                       discretization=discretization,
                                        loss_scale=scaler.scale, n_threads=n_threads)
     grads = {k: np.asarray(round_fp16(g), dtype=params[k].dtype) for k, g in grads.items()}
     overflow = bool(scaler.check(grads))
@@ -212,44 +243,51 @@ def _set_lr(opt, lr: float) -> None:
     opt.lr = lr
 
 
-def evaluate(params, batches, eps=DEFAULT_EPS, n_threads=None) -> float | None:
+def evaluate(params, batches, eps=DEFAULT_EPS, n_threads=None, discretization="zoh") -> float | None:
     """Mean loss over the fixed held-out batches (None if there are none)."""
     vals = batches.val_batches()
     if not vals:
         return None
     total = 0.0
     for tok, tgt in vals:
-        logits = model_forward(tok, params, eps=eps, n_threads=n_threads).astype(np.float64)
+        logits = model_forward(tok, params, eps=eps, discretization=discretization,
+                               n_threads=n_threads).astype(np.float64)
         m = logits.max(-1, keepdims=True)
         lse = m[..., 0] + np.log(np.exp(logits - m).sum(-1))
         total += float(np.mean(lse - np.take_along_axis(logits, tgt[..., None], -1)[..., 0]))
     return total / len(vals)
 
 
-def save_state(path, cfg, step, params, opt, scaler, losses, dist=None) -> None:
+def save_state(path, cfg, step, params, opt, scaler, losses, dist=None, carry=None) -> None:
     """``opt``: an AdamW or the GPU ResidentTrainer; both give the same
     ``state_dict()`` format, so CPU and GPU checkpoints hold the same keys.
     ``dist``: distributed run; only its root writes, adding the data position
-    of every rank."""
+    of every rank. ``carry``: the state carried into the next step (``--carry-state``),
+    ``(h, conv)`` or None, stored as arrays ``carry.h0`` / ``carry.conv_state``."""
     if dist is not None and not dist.is_root:
         return
     extra = {"scaler": scaler.state_dict() if scaler is not None else None}
     if dist is not None:
         extra["distributed"] = dist.data_state(step)
     opt_state = opt.state_dict() if opt is not None else None
+    arrays = {"losses": np.asarray(losses, np.float64)}
+    if carry is not None:
+        arrays.update({CARRY_ARRAYS[0]: carry[0], CARRY_ARRAYS[1]: carry[1]})
     ckpt_io.save_checkpoint(path, params, step=step, config=cfg.to_dict(),
-                            optimizer_state=opt_state,
-                            extra=extra, arrays={"losses": np.asarray(losses, np.float64)})
+                            optimizer_state=opt_state, extra=extra, arrays=arrays)
 
 
 def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, bar,
-          dist=None) -> int:
+          dist=None, carry=None) -> int:
     """Steps ``start .. end-1``; appends to ``losses``; returns the number of steps
-    skipped (AMP overflow, or the optimizer's NaN guard: a non-finite gradient)."""
+    skipped (AMP overflow, or the optimizer's NaN guard: a non-finite gradient).
+    ``carry`` (``--carry-state``): a one-element list holding the state ``(h, conv)`` the
+    next step starts from (None: zeros), updated after every step."""
     from ..optim import clip_grad_norm
     tokens_per_step = cfg.batch * cfg.seq_len * (1 if dist is None else dist.size)
     skipped = 0
     reduce = None if dist is None else dist.reduce
+    frozen = hf_init.frozen_names(params) if cfg.init_from is not None else []
     for step in range(start, end):
         tok, tgt = batches.get(step)
         lr = lr_at(cfg, step)
@@ -266,12 +304,24 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
             before = opt.skipped
             loss, applied = amp_step(tok, tgt, params, opt, scaler, grad_clip=cfg.grad_clip,
                                      checkpointing=cfg.checkpointing, eps=cfg.eps,
-                                     n_threads=cfg.threads, reduce=reduce)
+                                     n_threads=cfg.threads, reduce=reduce,
+                                     discretization=cfg.discretization)
             skipped += (not applied) or opt.skipped != before
         else:
             _set_lr(opt, lr)
-            loss, grads = model_loss_and_grads(tok, tgt, params, checkpointing=cfg.checkpointing,
-                                               eps=cfg.eps, n_threads=cfg.threads)
+            kw = {}
+            if carry is not None:        # truncated BPTT: the state enters as a constant
+                if batches.starts_pass(step):
+                    carry[0] = None
+                h0, conv = carry[0] if carry[0] is not None else (None, None)
+                kw = {"h0": h0, "conv_state": conv, "return_state": True}
+            loss, grads, *new_state = model_loss_and_grads(
+                tok, tgt, params, checkpointing=cfg.checkpointing, eps=cfg.eps,
+                discretization=cfg.discretization, n_threads=cfg.threads, **kw)
+            if carry is not None:
+                carry[0] = new_state[0]
+            for name in frozen:          # no Hugging Face counterpart: kept at 0 (hf_init.py)
+                grads[name][...] = 0
             if reduce is not None:
                 grads, loss, _ = reduce(grads, loss, False)
             if cfg.grad_clip:
@@ -287,7 +337,8 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
                 if dist is None or dist.is_root:
                     save_state(path, cfg, step + 1, trainer.params(), trainer, None, losses, dist)
             else:
-                save_state(path, cfg, step + 1, params, opt, scaler, losses, dist)
+                save_state(path, cfg, step + 1, params, opt, scaler, losses, dist,
+                           carry=None if carry is None else carry[0])
     return skipped
 
 
@@ -306,9 +357,9 @@ def expected_param_shapes(cfg: TrainConfig) -> dict[str, tuple[int, ...]]:
     ``init_model_params``: dt_rank = ceil(d_model / 16), vocab 256)."""
     from .._validate import BLOCK_PARAM_NAMES, BlockDims, block_param_shapes
     dims = BlockDims(Dm=cfg.d_model, D=cfg.expand * cfg.d_model, N=cfg.d_state, K=cfg.d_conv,
-                     R=-(-cfg.d_model // 16))
-    shapes = {"embedding": (VOCAB_SIZE, cfg.d_model), "final_norm": (cfg.d_model,),
-              "lm_head_bias": (VOCAB_SIZE,)}
+                     R=cfg.dt_rank or -(-cfg.d_model // 16))
+    V = cfg.vocab_size
+    shapes = {"embedding": (V, cfg.d_model), "final_norm": (cfg.d_model,), "lm_head_bias": (V,)}
     block = block_param_shapes(dims)
     for i in range(cfg.n_layers):
         shapes.update({f"layer{i}.{n}": block[n] for n in BLOCK_PARAM_NAMES})
@@ -354,7 +405,8 @@ def load_training_checkpoint(path) -> dict:
             raise ValueError(f"{fname}: tensor 'param.{name}': holds NaN or Inf")
         params[name] = np.ascontiguousarray(a)
     arrays = ck["arrays"]
-    unknown = sorted("array." + k for k in set(arrays) - {"losses"})
+    carry = _checked_carry(fname, cfg, arrays)
+    unknown = sorted("array." + k for k in set(arrays) - {"losses"} - set(CARRY_ARRAYS))
     if unknown:
         raise ValueError(f"{fname}: unknown tensor(s) {unknown}")
     losses = arrays.get("losses", np.zeros(0))
@@ -371,7 +423,27 @@ def load_training_checkpoint(path) -> dict:
         raise ValueError(f"{fname}: field '__metadata__.extra.scaler': expected an object or null")
     return {"config": cfg, "params": params, "step": step, "losses": [float(v) for v in losses],
             "optimizer_state": ck["optimizer_state"], "scaler_state": scaler_state,
-            "extra": extra}
+            "extra": extra, "carry": carry}
+
+
+CARRY_ARRAYS = ("carry.h0", "carry.conv_state")
+
+
+def _checked_carry(fname, cfg, arrays):
+    """The carried state of a ``--carry-state`` checkpoint: ``(h, conv)`` float32 of the
+    shapes of the model and batch, or None (none stored: the next step starts from zeros)."""
+    got = [arrays.get(k) for k in CARRY_ARRAYS]
+    if all(a is None for a in got):
+        return None
+    D = cfg.expand * cfg.d_model
+    shapes = ((cfg.n_layers, cfg.batch, D, cfg.d_state), (cfg.n_layers, cfg.batch, D, cfg.d_conv - 1))
+    for k, a, shape in zip(CARRY_ARRAYS, got, shapes):
+        if not cfg.carry_state or a is None or a.dtype != np.float32 or a.shape != shape \
+                or not np.isfinite(a).all():
+            raise ValueError(f"{fname}: tensor 'array.{k}': expected finite float32 of shape "
+                             f"{list(shape)} in a --carry-state run, got "
+                             f"{None if a is None else (str(a.dtype), list(a.shape))}")
+    return tuple(np.ascontiguousarray(a) for a in got)
 
 
 def _restore(fname, what, load, state) -> None:
@@ -422,20 +494,34 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
         start = state["step"]
         losses = state["losses"]
         log(f"resuming from {resume} at step {start}")
+    if state is None and cfg.init_from is not None:
+        cfg = hf_init.config_from_hf(cfg)
     cfg = cfg.validated()
+    if cfg.init_from is not None and (cfg.amp or cfg.device != "cpu"):
+        raise ValueError("--init-from: fine-tuning runs on the CPU without --amp (for now)")
     stop = None if stop_after is None else check_size("stop_after", stop_after, lo=0, hi=MAX_ELEMENTS)
 
-    corpus = load_corpus(cfg.data, cfg.max_bytes)
-    if dist is None:
+    if cfg.init_from is not None:
+        corpus = hf_init.corpus_tokens(cfg, cfg.max_bytes)
+    else:
+        corpus = load_corpus(cfg.data, cfg.max_bytes)
+    if cfg.carry_state and (dist is not None or cfg.amp or cfg.device != "cpu"):
+        raise ValueError("--carry-state: runs on the CPU, without --amp and without MPI (for now)")
+    if cfg.carry_state:
+        batches = ContiguousBatches(corpus, cfg.seq_len, cfg.batch, cfg.seed)
+    elif dist is None:
         batches = ByteBatches(corpus, cfg.seq_len, cfg.batch, cfg.seed)
     else:
         batches = dist.shard(corpus, cfg.seq_len, cfg.batch, cfg.seed, start,
                              state["extra"].get("distributed") if state is not None else None)
     if state is not None:
         params = state["params"]
+    elif cfg.init_from is not None:
+        params = hf_init.initial_params(cfg)
     else:
         params = init_model_params(VOCAB_SIZE, cfg.d_model, cfg.n_layers, d_state=cfg.d_state,
-                                   d_conv=cfg.d_conv, expand=cfg.expand, seed=cfg.seed)
+                                   d_conv=cfg.d_conv, expand=cfg.expand, seed=cfg.seed,
+                                   init=cfg.init)
     if dist is not None:
         dist.start(cfg.to_dict(), params)
     n_params = sum(a.size for a in params.values())
@@ -472,13 +558,14 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
                          state["scaler_state"])
 
     path = os.path.join(out_dir, CHECKPOINT_NAME)
+    carry = [state["carry"] if state is not None else None] if cfg.carry_state else None
     bar = _Progress(progress, cfg.steps, start)
     t0 = time.perf_counter()
     skipped = 0
     end = max(start, cfg.steps if stop is None else min(cfg.steps, stop))
     try:
         skipped = _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, bar,
-                        dist)
+                        dist, carry)
     except KeyboardInterrupt:
         # the step in flight may have half-updated the weights: keep the last
         # complete checkpoint rather than saving this state
@@ -496,13 +583,14 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
             return {"losses": losses, "final_loss": float(np.mean(losses[-50:])) if losses else
                     float("nan"), "wall_s": wall, "steps": cfg.steps, "skipped_steps": skipped,
                     "checkpoint": path, "params": params}
-    save_state(path, cfg, end, params, opt, scaler, losses, dist)
+    save_state(path, cfg, end, params, opt, scaler, losses, dist,
+               carry=None if carry is None else carry[0])
     from .plot import write_loss_curve
     plot_path = os.path.join(out_dir, PLOT_NAME)
-    write_loss_curve(plot_path, losses, reference=math.log(VOCAB_SIZE),
-                     reference_label=f"ln({VOCAB_SIZE}) = uniform guess")
+    write_loss_curve(plot_path, losses, reference=math.log(cfg.vocab_size),
+                     reference_label=f"ln({cfg.vocab_size}) = uniform guess")
     with np.errstate(all="ignore"):
-        val = evaluate(params, batches, cfg.eps, cfg.threads)
+        val = evaluate(params, batches, cfg.eps, cfg.threads, cfg.discretization)
         final = float(np.mean(losses[-50:])) if losses else float("nan")
     ranks = 1 if dist is None else dist.size
     tps = done * ranks * cfg.batch * cfg.seq_len / wall if wall > 0 else 0.0
@@ -524,10 +612,13 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
     ckpt_io.atomic_write(os.path.join(out_dir, SUMMARY_NAME), lambda f: f.write(text.encode()))
     log(f"done: {done} steps in {wall:.1f} s, {tps:,.0f} tokens/s; "
         f"loss {losses[0] if losses else float('nan'):.3f} -> {final:.3f} (mean of last 50 steps; "
-        f"ln(256) = {math.log(VOCAB_SIZE):.3f})"
+        f"ln({cfg.vocab_size}) = {math.log(cfg.vocab_size):.3f})"
         + (f", held-out loss {val:.3f}" if val is not None else "")
         + (f", {skipped} steps skipped" if skipped or cfg.amp else ""))
     log(f"checkpoint: {path}\nloss curve: {plot_path}")
+    if cfg.init_from is not None:
+        summary["hf"] = hf_init.write_hf(out_dir, cfg, params)
+        log(f"Hugging Face folder: {summary['hf']}")
     if failure:
         raise TrainingFailed(f"training failed: {failure} (summary: {os.path.join(out_dir, SUMMARY_NAME)})",
                              summary)

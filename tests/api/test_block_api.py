@@ -123,7 +123,7 @@ def test_init_params(dtype):
         assert p[n].shape == shapes[n] and p[n].dtype == dtype, n
     np.testing.assert_allclose(p["A_log"], np.log(np.arange(1, N + 1))[None, :].repeat(D, 0), rtol=1e-6)
     assert np.all(p["D_vec"] == 1) and np.all(p["normWeight"] == 1)
-    for n in ("bInProj", "bConv", "bXProj", "bOutProj"):
+    for n in ("bInProj", "bXProj", "bOutProj"):     # bConv, bDtProj: tests/api/test_init.py
         assert np.all(p[n] == 0), n
     for n in ("wInProj", "wConv", "wXProj", "wDtProj", "wOutProj"):
         assert 0 < np.std(p[n]) < 1, n

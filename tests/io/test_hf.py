@@ -346,3 +346,157 @@ def test_exported_model_loads_in_transformers_with_same_logits(tmp_path):
     state = init_state(p, 3, **CONFIG)
     ours = np.stack([step(tokens[:, t], p, state)[0] for t in range(7)], axis=1)
     _assert_close("logits", ours, theirs)
+
+
+# ---- checkpoints as they are published: float16 / bfloat16, shards (issue 14, part 2) ------
+
+@pytest.mark.parametrize("torch_dtype", ["bfloat16", "float16"])
+def test_half_precision_sharded_transformers_checkpoint_loads_up_cast(tmp_path, torch_dtype):
+    _require_transformers()
+    import torch
+    model = _random_hf_model(5, 23, 8, 2, 4, 4, 2, "auto", False, True, 1e-5)
+    half = model.to(getattr(torch, torch_dtype))
+    half.save_pretrained(tmp_path / "hf", max_shard_size="1KB")
+    assert (tmp_path / "hf" / "model.safetensors.index.json").is_file()     # really sharded
+    params, cfg = load_hf(tmp_path / "hf")
+    assert cfg["source_dtype"] == torch_dtype
+    want, _ = params_from_hf({k: v.float().numpy() for k, v in half.state_dict().items()},
+                             half.config.to_dict())
+    for k in want:          # the up-cast is exact: every half value is a float32 value
+        assert params[k].dtype == np.float32
+        np.testing.assert_array_equal(params[k], want[k], err_msg=k)
+
+
+def test_checkpoint_load_reads_bf16_and_names_it(tmp_path):
+    import safetensors.numpy  # noqa: F401  (the test extra has it; it writes no BF16 itself)
+    from mamba_ext.io import checkpoint
+    x = np.array([[1.0, -2.5, 3.0e38, 1e-3], [np.inf, 0.0, -0.0, 65504.0]], np.float32)
+    checkpoint.save(tmp_path / "b.safetensors", {"w": checkpoint.to_bfloat16(x)})
+    back, _ = checkpoint.load(tmp_path / "b.safetensors")
+    assert back["w"].dtype == np.float32
+    assert back["w"][0, 0] == 1.0 and back["w"][0, 1] == -2.5 and np.isinf(back["w"][1, 0])
+    np.testing.assert_allclose(back["w"][0, 3], 1e-3, rtol=2 ** -8)
+    header = json.loads((tmp_path / "b.safetensors").read_bytes()[8:][:200].split(b"}}")[0] + b"}}")
+    assert header["w"]["dtype"] == "BF16"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_save_hf_dtype_and_shards_load_in_transformers(tmp_path, dtype):
+    _require_transformers()
+    import torch
+    from transformers import MambaForCausalLM
+    p = _our_random_params(8, V=29, Dm=8, D=16, N=4, K=3, R=2, n_layers=3)
+    save_hf(tmp_path / "one", p, CONFIG, dtype=dtype)            # one file
+    save_hf(tmp_path / "many", p, CONFIG, dtype=dtype, max_shard_size=1500)
+    files = sorted(os.listdir(tmp_path / "many"))
+    assert "model.safetensors.index.json" in files and "model.safetensors" not in files
+    assert sum(f.startswith("model-0") for f in files) > 2
+    one, _ = load_hf(tmp_path / "one")
+    many, cfg = load_hf(tmp_path / "many")
+    assert cfg["source_dtype"] == dtype
+    tdt = getattr(torch, dtype)
+    for k in p:       # what was written is the dtype's rounding of our values, in either layout
+        want = torch.from_numpy(np.ascontiguousarray(p[k], np.float32)).to(tdt).float().numpy()
+        if k.endswith("A_log"):
+            want = np.clip(want, -10, 5)
+        np.testing.assert_array_equal(one[k], many[k], err_msg=k)
+        np.testing.assert_array_equal(many[k], want, err_msg=k)
+    model = MambaForCausalLM.from_pretrained(tmp_path / "many")
+    assert model.dtype == tdt
+    sd = model.state_dict()
+    np.testing.assert_array_equal(sd["backbone.embeddings.weight"].float().numpy(), many["embedding"])
+    # saving again in one file removes the shards of the earlier save
+    save_hf(tmp_path / "many", p, CONFIG, dtype=dtype)
+    assert sorted(os.listdir(tmp_path / "many")) == ["config.json", "model.safetensors"]
+
+
+def test_save_hf_refuses_float16_overflow_and_unknown_dtype(tmp_path):
+    p = _our_random_params(8)
+    p["layer0.wInProj"][0, 0] = 7.0e4
+    with pytest.raises(ValueError, match="float16"):
+        save_hf(tmp_path / "x", p, CONFIG, dtype="float16")
+    with pytest.raises(ValueError, match="dtype"):
+        save_hf(tmp_path / "x", p, CONFIG, dtype="int8")
+    save_hf(tmp_path / "x", p, CONFIG, dtype="bfloat16")        # bfloat16 has the range
+
+
+# ---- a real Hugging Face folder end to end: sample --hf, train --init-from ---------------
+
+TEXTS = ["def add(a, b):\n    return a + b\n", "class Point:\n    def __init__(self, x, y):\n"
+         "        self.x = x\n        self.y = y\n", "for i in range(10):\n    print(i * i)\n"]
+
+
+def _byte_level_tokenizer():
+    """A tiny byte-level BPE tokenizer trained here, offline, on a few strings."""
+    tk = optional("tokenizers", "pip install tokenizers (the test extra has it)")
+    tok = tk.Tokenizer(tk.models.BPE())
+    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tk.decoders.ByteLevel()
+    trainer = tk.trainers.BpeTrainer(vocab_size=300, show_progress=False,
+                                     initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(TEXTS * 5, trainer)
+    return tok
+
+
+@pytest.fixture
+def hf_folder(tmp_path):
+    _require_transformers()
+    tok = _byte_level_tokenizer()
+    V = tok.get_vocab_size()
+    model = _random_hf_model(11, V, 16, 2, 4, 4, 2, "auto", False, True, 1e-5, emb_std=0.1)
+    model.save_pretrained(tmp_path / "hf")
+    tok.save(str(tmp_path / "hf" / "tokenizer.json"))
+    return tmp_path / "hf", model, tok
+
+
+def test_sample_hf_uses_the_checkpoint_tokenizer(hf_folder, capsys):
+    import torch
+
+    from mamba_ext.__main__ import main
+    path, model, tok = hf_folder
+    prompt = "def add(a, b):"
+    assert main(["sample", "--hf", str(path), "--prompt", prompt, "--tokens", "12",
+                 "--temperature", "0"]) == 0
+    text = capsys.readouterr().out
+    ids = tok.encode(prompt).ids
+    with torch.no_grad():
+        theirs = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
+                                min_new_tokens=0)[0].tolist()
+    assert text == tok.decode(theirs) + "\n"
+    assert text.startswith(prompt) and len(text) > len(prompt) + 1
+
+
+def test_train_init_from_fine_tunes_and_exports_a_folder_transformers_loads(hf_folder, tmp_path, capsys):
+    import torch
+    from transformers import MambaForCausalLM
+
+    from mamba_ext import model_forward
+    from mamba_ext.__main__ import main
+    from mamba_ext.training.loop import load_training_checkpoint
+    path, model, tok = hf_folder
+    corpus = tmp_path / "corpus.py"
+    corpus.write_text("".join(TEXTS) * 30)
+    out = tmp_path / "run"
+    assert main(["train", "--init-from", str(path), "--data", str(corpus), "--steps", "6",
+                 "--seq-len", "16", "--batch", "2", "--lr", "3e-3", "--out", str(out), "--quiet"]) == 0
+    ck = load_training_checkpoint(out / "checkpoint.safetensors")
+    cfg = ck["config"]
+    assert (cfg.vocab_size, cfg.d_model, cfg.n_layers, cfg.discretization) == (
+        tok.get_vocab_size(), 16, 2, "euler")
+    start, _ = load_hf(path)
+    params = ck["params"]
+    assert not np.array_equal(params["layer0.wInProj"], start["layer0.wInProj"])    # it trained
+    assert not params["lm_head_bias"].any() and not params["layer1.bXProj"].any()    # frozen at 0
+    # the exported folder: transformers loads it and computes our logits; the tokenizer is there
+    hf_out = out / "hf"
+    assert (hf_out / "tokenizer.json").read_bytes() == (path / "tokenizer.json").read_bytes()
+    tuned = MambaForCausalLM.from_pretrained(hf_out).float().eval()
+    ids = np.array([tok.encode("class Point:").ids])
+    with torch.no_grad():
+        theirs = tuned(torch.tensor(ids), use_cache=False).logits.numpy()
+    ours = model_forward(ids, params, eps=cfg.eps, discretization="euler")
+    _assert_close("logits", ours, theirs)
+    # and sample reads the run with that tokenizer
+    capsys.readouterr()
+    assert main(["sample", "--checkpoint", str(out), "--prompt", "def", "--tokens", "5"]) == 0
+    assert capsys.readouterr().out.startswith("def")
