@@ -2,6 +2,7 @@
 
     state = init_state(params, batch, eps=DEFAULT_EPS, discretization="zoh")
     logits, state = step(token_ids, params, state)     # token_ids (B,) -> logits (B, V)
+    out = generate(params, prompt, n_tokens, temperature=0.8, top_k=40, top_p=0.95, rng=rng)
 
 After feeding tokens ``t_0 .. t_j`` one by one, ``logits`` equals row ``j`` of
 ``model_forward`` on the whole sequence (same eps, same discretization). Per layer the
@@ -9,36 +10,52 @@ state is the scan state ``h`` (B, D, N) and the conv tail (B, D, K-1): the in_pr
 of the last K-1 steps, oldest first (zeros = the zero history of the full forward). Each
 step costs O(layers * B * (Dm*D + D*N + V*Dm)), independent of the position.
 
+The step is compiled (``mamba_ext.cpu.recurrent.Stepper``: BLAS projections over the
+batch, the conv/scan step in C, the state updated in place); :func:`generate` feeds a
+prompt through the chunked block forward (``h0``/``conv_state`` in, ``h_last``/
+``conv_tail`` out: the prefill), then steps. The float64 NumPy reference of the same maths
+is ``mamba_ext.testing.reference`` (the tests compare against it at every position).
+
 Maths per step (docs/semantics.md, one time step; row = one batch element):
 RMSNorm -> in_proj -> causal conv over [tail, x] -> SiLU -> x_proj -> dt_proj + softplus ->
 a_bar = exp(delta*A), b_bar = (a_bar-1)/A * B (zoh, via expm1) or delta*B (euler) ->
 h = a_bar*h + b_bar*u -> y = C.h + D*u -> y*SiLU(z) -> out_proj + residual; final RMSNorm,
-tied head. Everything runs in the params' dtype (float32 state for float32 params).
+tied head. Everything runs in the params' dtype (float32 state for float32 params);
+``weights_dtype="float16"`` stores the projection matrices and the embedding as float16
+(converted once; float32 activations, state and accumulation), halving the bytes read
+per token.
 
-Size letters: B batch, Dm dModel, D dInner, N dState, K dConv, R dtRank, V vocab.
+Size letters: B batch, L seqLen, Dm dModel, D dInner, N dState, K dConv, R dtRank, V vocab.
 """
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, DTypeLike
 
 from ._validate import (
+    BLOCK_PARAM_NAMES,
     MAX_ELEMENTS,
     check_count,
     check_discretization,
     check_eps,
+    check_n_threads,
     check_size,
     check_tokens,
 )
-from .constants import DEFAULT_EPS
+from .constants import A_LOG_MAX, A_LOG_MIN, DEFAULT_EPS
+from .cpu import block as _block
+from .cpu.recurrent import HALF_ARRAYS, LAYER_ARRAYS, Stepper
 from .model import check_model_params
 from .testing import reference as ref
 
-__all__ = ["RecurrentState", "init_state", "step", "generate"]
+__all__ = ["RecurrentState", "init_state", "step", "generate", "sample_logits", "filter_logits", "STOPPED"]
+
+# generate(..., stop=...): positions of a sequence after its stop sequence hold this
+STOPPED = -1
 
 
 class RecurrentState:
@@ -55,7 +72,10 @@ class RecurrentState:
         self.h: list[np.ndarray] = []
         self.conv: list[np.ndarray] = []
         self.position = 0
-        self._seen = None     # (the caller's arrays, per-layer validated dicts, other arrays)
+        # (the caller's arrays, per-layer validated dicts, all arrays, prepared weights
+        # per weights_dtype): see _validated
+        self._seen = None
+        self._stepper = None  # (key, compiled Stepper over these very h / conv arrays)
 
     def copy(self) -> "RecurrentState":
         s = RecurrentState(self.batch, self.eps, self.discretization)
@@ -88,8 +108,74 @@ def _validated(params: Mapping[str, ArrayLike], state: RecurrentState) -> tuple[
     layers = [{k[len(f"layer{i}."):]: v for k, v in arrays.items() if k.startswith(f"layer{i}.")}
               for i in range(n_layers)]
     # hold the caller's objects, so the identity test above cannot be fooled by id reuse
-    state._seen = (dict(params), layers, arrays)
+    state._seen = (dict(params), layers, arrays, {})
+    state._stepper = None
     return layers, arrays
+
+
+def _check_weights_dtype(weights_dtype, dtype: np.dtype) -> bool:
+    """True for float16 weight storage; False for the params' own dtype (None or its name)."""
+    if weights_dtype is None:
+        return False
+    try:
+        wd = np.dtype(weights_dtype)
+    except TypeError:
+        wd = None
+    if wd == np.float16:
+        if dtype != np.float32:
+            raise ValueError(f"weights_dtype: float16 weights need float32 params, got {dtype}")
+        return True
+    if wd == dtype:
+        return False
+    raise ValueError(f"weights_dtype: expected None, 'float16' or the params' dtype {dtype}, "
+                     f"got {weights_dtype!r}")
+
+
+def _prepared(layers: list, arrays: dict, half: bool) -> tuple:
+    """The arrays of the compiled step: ``(embedding, final_norm, lm_head_bias, per-layer
+    tuples in LAYER_ARRAYS order)``, with A and 1/A computed once (as the chunked scan
+    does: in double, rounded to the params' dtype) and, when ``half``, the projection
+    matrices and the embedding as float16 bits (uint16), converted once."""
+    dt = arrays["embedding"].dtype
+
+    def store(name, a):
+        if not half:
+            return a
+        with np.errstate(over="ignore"):
+            a16 = a.astype(np.float16)
+        if not np.isfinite(a16).all():
+            raise ValueError(f"weights_dtype: {name} has values beyond the float16 range "
+                             f"(|x| > 65504); use float32 weights")
+        return a16.view(np.uint16)
+
+    out = []
+    for i, p in enumerate(layers):
+        A = (-np.exp(np.clip(p["A_log"].astype(np.float64), A_LOG_MIN, A_LOG_MAX))).astype(dt)
+        named = dict(p, A=A, A_inv=np.ascontiguousarray(dt.type(1) / A))
+        out.append(tuple(store(f"layer{i}.{n}", named[n]) if n in HALF_ARRAYS else named[n]
+                         for n in LAYER_ARRAYS))
+    return (store("embedding", arrays["embedding"]), arrays["final_norm"],
+            arrays["lm_head_bias"], out)
+
+
+def _stepper(params: Mapping[str, ArrayLike], state: RecurrentState, weights_dtype,
+             n_threads) -> tuple[Stepper, dict]:
+    """The compiled stepper of ``params`` over ``state``'s arrays (built once, reused while
+    the params, the weights dtype and the thread count stay the same); and ``arrays``."""
+    layers, arrays = _validated(params, state)
+    half = _check_weights_dtype(weights_dtype, arrays["embedding"].dtype)
+    nt = check_n_threads(n_threads)
+    key = (half, nt)
+    if state._stepper is not None and state._stepper[0] == key:
+        return state._stepper[1], arrays
+    cache = state._seen[3]
+    if half not in cache:
+        cache[half] = _prepared(layers, arrays, half)
+    emb, final_norm, bias, layer_arrays = cache[half]
+    st = Stepper(state.batch, emb, final_norm, bias, layer_arrays, state.h, state.conv,
+                 state.eps, state.discretization == "zoh", half, nt)
+    state._stepper = (key, st)
+    return st, arrays
 
 
 def init_state(params: Mapping[str, ArrayLike], batch: int, *, eps: float = DEFAULT_EPS,
@@ -109,106 +195,235 @@ def init_state(params: Mapping[str, ArrayLike], batch: int, *, eps: float = DEFA
     return state
 
 
-def _block_step(x: np.ndarray, p: dict, h: np.ndarray, tail: np.ndarray, eps: float,
-                discretization: str) -> np.ndarray:
-    """One block, one time step. x (B, Dm) -> out (B, Dm); updates h and tail in place.
-
-    The steps are those of the float64 reference (``mamba_ext.testing.reference``, which
-    keeps the dtype it is given), applied to one time step: this is the one-token
-    recurrence, not the chunked scan of the compiled forward. (A compiled step is
-    issue 12's.)
-    """
-    D = p["D_vec"].shape[0]
-    N = p["A_log"].shape[1]
-    R = p["wDtProj"].shape[1]
-    xn = ref.rmsnorm(x, p["normWeight"], eps)                     # 1. xn (B, Dm)
-    xz = ref.linear_forward(xn, p["wInProj"], p["bInProj"])       # 2. (B, 2D)
-    xc, z = xz[:, :D], xz[:, D:]                                  #    xc, z (B, D)
-    # 3. the conv over [tail, xc]: tail (B, D, K-1) oldest first is the reference's
-    #    conv_state (B, K-1, D) transposed
-    conv = ref.conv1d_forward(xc[:, None, :], p["wConv"], p["bConv"],
-                              tail.transpose(0, 2, 1))[:, 0]      #    conv (B, D)
-    window = np.concatenate([tail, xc[:, :, None]], axis=2)       #    (B, D, K)
-    tail[...] = window[:, :, 1:]
-    u = ref.silu(conv)                                            # 4. u (B, D)
-    xproj = ref.linear_forward(u, p["wXProj"], p["bXProj"])       # 5. xproj (B, P)
-    dt_low, Bs, Cs = xproj[:, :R], xproj[:, R:R + N], xproj[:, R + N:]
-    delta = ref.softplus(ref.linear_forward(dt_low, p["wDtProj"], p["bDtProj"]))  # 6. (B, D)
-    A = ref.a_of(p["A_log"])                                      # 7. A (D, N)
-    y, h[...] = ref.scan_step(h, u, delta, A, Bs, Cs, discretization)  # 8-10. y (B, D)
-    gated = ref.gate_forward(y + p["D_vec"] * u, z)               # 11. (B, D)
-    return ref.linear_forward(gated, p["wOutProj"], p["bOutProj"]) + x  # 12. + residual
-
-
-def step(token_ids: ArrayLike, params: Mapping[str, ArrayLike],
-         state: RecurrentState) -> tuple[np.ndarray, RecurrentState]:
+def step(token_ids: ArrayLike, params: Mapping[str, ArrayLike], state: RecurrentState, *,
+         weights_dtype: DTypeLike | None = None,
+         n_threads: int | None = None) -> tuple[np.ndarray, RecurrentState]:
     """Feed one token per sequence: ``token_ids`` (B,) ints -> ``(logits (B, V), state)``.
 
     ``state`` is updated in place and returned (use ``state.copy()`` to branch).
+    ``weights_dtype``: None (the params' dtype) or ``"float16"`` (float32 params only:
+    float16 projection and embedding weights, float32 accumulation; converted once per
+    state and params). ``n_threads``: None (OpenMP default) or the thread count of the
+    conv/scan step and the float16 products (BLAS keeps its own).
     """
-    layers, arrays = _validated(params, state)
-    emb = arrays["embedding"]
-    V = emb.shape[0]
+    st, arrays = _stepper(params, state, weights_dtype, n_threads)
+    V = arrays["embedding"].shape[0]
     ids = np.asarray(token_ids)
     if ids.ndim != 1 or ids.shape[0] != state.batch:
         raise ValueError(f"token_ids: expected shape ({state.batch},) (one id per sequence of the "
                          f"state), got {ids.shape}")
-    ids = check_tokens("token_ids", ids[:, None], vocab_size=V)[:, 0]
-    x = emb[ids]                                                  # x (B, Dm)
-    for p, h, tail in zip(layers, state.h, state.conv):
-        x = _block_step(x, p, h, tail, state.eps, state.discretization)
-    xn = ref.rmsnorm(x, arrays["final_norm"], state.eps)
-    logits = xn @ emb.T + arrays["lm_head_bias"]                  # logits (B, V)
+    ids = check_tokens("token_ids", ids[:, None], vocab_size=V)[:, 0].copy()
+    logits = np.empty((state.batch, V), arrays["final_norm"].dtype)     # logits (B, V)
+    st.step(ids, logits)
     state.position += 1
     return logits, state
 
 
-def generate(params: Mapping[str, ArrayLike], prompt: ArrayLike, n_tokens: int, *,
-             eps: float = DEFAULT_EPS, discretization: str = "zoh", temperature: float = 0.0,
-             rng: np.random.Generator | None = None) -> np.ndarray:
-    """Continue ``prompt`` (B, L>=1) ints by ``n_tokens`` tokens -> (B, n_tokens) int64.
+def _prefill(tokens: np.ndarray, hs: list, convs: list, layers: list, arrays: dict, eps: float,
+             discretization: str, n_threads: int) -> np.ndarray:
+    """Feed ``tokens`` (B, L) through the chunked block forward, from and to the state
+    ``hs`` (B, D, N) / ``convs`` (B, D, K-1) per layer (updated in place); returns the
+    logits (B, V) of the last position. One GEMM per projection over all B*L rows, so
+    a prompt costs far less than L steps."""
+    B, L = tokens.shape
+    emb = arrays["embedding"]
+    Dm = emb.shape[1]
+    disc = check_discretization(discretization)
+    x = emb[tokens]                                                   # x (B, L, Dm)
+    for i, p in enumerate(layers):
+        D, K = p["wConv"].shape
+        sizes = (B, L, Dm, D, p["A_log"].shape[1], K, p["wDtProj"].shape[1])
+        out = np.empty_like(x)                                        # out (B, L, Dm)
+        cache = np.empty(_block.cache_len(sizes), x.dtype)
+        h_last, tail = np.empty_like(hs[i]), np.empty_like(convs[i])  # (B, D, N), (B, D, K-1)
+        _block.forward(x, [p[n] for n in BLOCK_PARAM_NAMES], out, cache, sizes, eps, disc,
+                       n_threads, h0=hs[i], conv_state=convs[i], h_last=h_last, conv_tail=tail)
+        hs[i][...] = h_last
+        convs[i][...] = tail
+        x = out
+    return ref.rmsnorm(x[:, -1], arrays["final_norm"], eps) @ emb.T + arrays["lm_head_bias"]
 
-    ``temperature`` 0 is greedy (argmax); otherwise sample from softmax(logits / T) with
-    ``rng`` (a ``numpy.random.Generator``). The prompt is fed through :func:`step` too,
-    so the whole call is linear in L + n_tokens.
-    """
-    prompt = check_tokens("prompt", prompt)
-    if prompt.shape[1] < 1:
-        raise ValueError(f"prompt: expected at least one token per sequence, got shape {prompt.shape}")
-    n_tokens = check_size("n_tokens", n_tokens, lo=0, hi=MAX_ELEMENTS)
-    check_count("the output (batch, n_tokens)", (prompt.shape[0], n_tokens))
+
+def _check_sampling(temperature, top_k, top_p) -> tuple[float, int, float]:
     if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, numbers.Real):
         raise TypeError(f"temperature: expected a finite number >= 0, got {type(temperature).__name__} "
                         f"{temperature!r}")
     temperature = float(temperature)
     if not (temperature >= 0 and math.isfinite(temperature)):
         raise ValueError(f"temperature: expected a finite number >= 0, got {temperature}")
+    if isinstance(top_k, (bool, np.bool_)) or not isinstance(top_k, (int, np.integer)):
+        raise TypeError(f"top_k: expected an integer >= 0 (0: off), got {type(top_k).__name__} {top_k!r}")
+    if top_k < 0:
+        raise ValueError(f"top_k: expected an integer >= 0 (0: off), got {top_k}")
+    if isinstance(top_p, (bool, np.bool_)) or not isinstance(top_p, numbers.Real):
+        raise TypeError(f"top_p: expected a number in (0, 1], got {type(top_p).__name__} {top_p!r}")
+    top_p = float(top_p)
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p: expected a number in (0, 1] (1: off), got {top_p}")
+    return temperature, int(top_k), top_p
+
+
+def _is_ragged(prompt) -> bool:
+    """A sequence of 1-D prompts (rather than one (B, L) array-like)."""
+    return not isinstance(prompt, np.ndarray) and isinstance(prompt, Sequence) \
+        and len(prompt) > 0 and np.ndim(prompt[0]) == 1
+
+
+def _check_prompts(prompt) -> list[np.ndarray]:
+    """A (B, L) int array, or a sequence of B 1-D int sequences of any lengths (>= 1)."""
+    if not _is_ragged(prompt):
+        arr = check_tokens("prompt", prompt)
+        if arr.shape[1] < 1:
+            raise ValueError(f"prompt: expected at least one token per sequence, got shape {arr.shape}")
+        return list(arr)
+    out = []
+    for b, p in enumerate(prompt):
+        a = np.asarray(p)
+        if a.size < 1:          # before the dtype check: an empty list is float64 to NumPy
+            raise ValueError(f"prompt[{b}]: expected at least one token")
+        out.append(check_tokens(f"prompt[{b}]", a[None])[0])
+    return out
+
+
+def _check_stop(stop) -> list[np.ndarray]:
+    if stop is None:
+        return []
+    if isinstance(stop, np.ndarray) or not isinstance(stop, Sequence):
+        raise TypeError(f"stop: expected a sequence of token-id sequences, got {type(stop).__name__}")
+    out = []
+    for j, s in enumerate(stop):
+        a = np.asarray(s)
+        if a.size < 1:          # before the dtype check: an empty list is float64 to NumPy
+            raise ValueError(f"stop[{j}]: expected at least one token")
+        out.append(check_tokens(f"stop[{j}]", a[None])[0])
+    return out
+
+
+def filter_logits(logits: np.ndarray, temperature: float, top_k: int = 0,
+                  top_p: float = 1.0) -> np.ndarray:
+    """Scores (B, V) float64 of :func:`sample_logits` before the draw: logits (B, V) /
+    ``temperature`` (> 0), then top-k (keep the k highest scores, ties with the k-th
+    included; 0: off), then top-p (keep the smallest set of highest-probability tokens
+    whose softmax mass exceeds top_p, at least one; 1: off); removed tokens get -inf.
+    The order and the tie rules are those of Hugging Face's TemperatureLogitsWarper,
+    TopKLogitsWarper and TopPLogitsWarper."""
+    z = np.asarray(logits, np.float64) / temperature                 # z (B, V)
+    V = z.shape[1]
+    if 0 < top_k < V:
+        kth = np.partition(z, V - top_k, axis=-1)[:, V - top_k:V - top_k + 1]
+        z = np.where(z < kth, -np.inf, z)
+    if top_p < 1:
+        order = np.argsort(z, axis=-1, kind="stable")                # ascending, as HF
+        zs = np.take_along_axis(z, order, axis=-1)
+        ps = np.exp(zs - zs[:, -1:])
+        cum = np.cumsum(ps / ps.sum(axis=-1, keepdims=True), axis=-1)
+        drop_sorted = cum <= 1 - top_p
+        drop_sorted[:, -1] = False                                   # keep at least one
+        drop = np.empty_like(drop_sorted)
+        np.put_along_axis(drop, order, drop_sorted, axis=-1)
+        z = np.where(drop, -np.inf, z)
+    return z
+
+
+def sample_logits(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
+                  rng: np.random.Generator | None) -> np.ndarray:
+    """Next ids (B,) from logits (B, V) with the Hugging Face ``generate`` meanings:
+    temperature 0 is greedy (argmax, top_k/top_p unused); otherwise one draw per row
+    from the softmax of :func:`filter_logits` (inverse CDF of ``rng.random``)."""
+    if temperature == 0:
+        return np.argmax(logits, axis=-1)
+    z = filter_logits(logits, temperature, top_k, top_p)
+    prob = np.exp(z - z.max(axis=-1, keepdims=True))
+    cdf = np.cumsum(prob, axis=-1)                                   # cdf (B, V)
+    r = rng.random(z.shape[0])[:, None] * cdf[:, -1:]
+    return np.minimum((cdf <= r).sum(axis=-1), z.shape[1] - 1)
+
+
+def generate(params: Mapping[str, ArrayLike], prompt: ArrayLike | Sequence[ArrayLike], n_tokens: int, *,
+             eps: float = DEFAULT_EPS, discretization: str = "zoh", temperature: float = 0.0,
+             top_k: int = 0, top_p: float = 1.0, stop: Sequence[ArrayLike] | None = None,
+             rng: np.random.Generator | None = None, weights_dtype: DTypeLike | None = None,
+             n_threads: int | None = None) -> np.ndarray:
+    """Continue each prompt by ``n_tokens`` tokens -> (B, n_tokens) int64.
+
+    ``prompt``: a (B, L>=1) int array, or a sequence of B 1-D int sequences of any
+    lengths >= 1 (all continued together, as one batch). Each prompt is fed through the
+    chunked block forward (the prefill), then the sequences step together.
+    Sampling (:func:`sample_logits`, Hugging Face ``generate`` meanings): ``temperature``
+    0 is greedy (argmax, top_k/top_p unused); otherwise top-k then top-p filtering of
+    softmax(logits / temperature), drawn with ``rng`` (a ``numpy.random.Generator``).
+    ``stop``: token-id sequences; a sequence stops right after generating one of them
+    (matched against the end of prompt + output, as HF's stop strings); the stop tokens
+    are kept in the output (as HF does) and the positions after them hold ``STOPPED``
+    (-1). ``weights_dtype`` / ``n_threads``: as in :func:`step` (the prefill always uses
+    the params' own weights).
+    """
+    prompts = _check_prompts(prompt)
+    n_tokens = check_size("n_tokens", n_tokens, lo=0, hi=MAX_ELEMENTS)
+    B = len(prompts)
+    check_count("the output (batch, n_tokens)", (B, n_tokens))
+    temperature, top_k, top_p = _check_sampling(temperature, top_k, top_p)
+    stops = _check_stop(stop)
     if temperature > 0 and rng is None:
         rng = np.random.default_rng()
-    B = prompt.shape[0]
     state = init_state(params, B, eps=eps, discretization=discretization)
+    st, arrays = _stepper(params, state, weights_dtype, n_threads)
+    V = arrays["embedding"].shape[0]
+    if len({p.size for p in prompts}) == 1 and not _is_ragged(prompt):
+        check_tokens("prompt", np.stack(prompts), vocab_size=V)     # names (batch, time)
+    for b, p in enumerate(prompts):
+        bad = np.flatnonzero((p < 0) | (p >= V))
+        if bad.size:
+            raise ValueError(f"prompt[{b}]: token id {int(p[bad[0]])} at position {bad[0]} is out "
+                             f"of range [0, {V})")
+    for j, s in enumerate(stops):
+        check_tokens(f"stop[{j}]", s[None], vocab_size=V)
+    out = np.full((B, n_tokens), STOPPED, np.int64)
+    if n_tokens == 0:
+        return out
+    layers, _ = _validated(params, state)
+    nt = check_n_threads(n_threads)
     with np.errstate(over="ignore", invalid="ignore"):   # overflow is reported below, once
-        for t in range(prompt.shape[1]):
-            logits, state = step(prompt[:, t], params, state)
-        return _continue(logits, state, params, prompt.shape[1], n_tokens, temperature, rng)
+        if len({p.size for p in prompts}) == 1:           # one batched prefill
+            logits = _prefill(np.stack(prompts), state.h, state.conv, layers, arrays, state.eps,
+                              discretization, nt)
+        else:                                            # ragged: one prefill per row
+            logits = np.concatenate([
+                _prefill(p[None], [h[b:b + 1] for h in state.h], [c[b:b + 1] for c in state.conv],
+                         layers, arrays, state.eps, discretization, nt)
+                for b, p in enumerate(prompts)])
+        logits = np.ascontiguousarray(logits, arrays["final_norm"].dtype)   # (B, V)
+        state.position = max(p.size for p in prompts)
+        if temperature == 0 and not stops:               # the whole loop in C
+            bad = st.greedy(logits, out)
+            if bad >= 0:
+                _not_finite(min(p.size for p in prompts) + bad - 1)
+            return out
+        return _continue(st, logits, out, prompts, stops, temperature, top_k, top_p, rng)
 
 
-def _continue(logits, state, params, L, n_tokens, temperature, rng):
-    """The sampling loop of :func:`generate` after the prompt (L tokens)."""
-    B = logits.shape[0]
-    out = np.empty((B, n_tokens), np.int64)
+def _not_finite(position: int):
+    raise ValueError(f"params: the logits of position {position} are not finite; "
+                     f"the weights cannot be sampled from (a diverged model?)")
+
+
+def _continue(st, logits, out, prompts, stops, temperature, top_k, top_p, rng):
+    """The sampling loop of :func:`generate` after the prefill; ``out`` (B, n) filled."""
+    B, n_tokens = out.shape
+    live = np.ones(B, bool)
+    keep = max((s.size for s in stops), default=1)       # the longest stop sequence
+    tails = [list(p[-keep:]) for p in prompts]           # last tokens of prompt + output
     for j in range(n_tokens):
-        if not np.isfinite(logits).all():
-            raise ValueError(f"params: the logits of position {L + j - 1} are not finite; "
-                             f"the weights cannot be sampled from (a diverged model?)")
-        if temperature == 0:
-            nxt = np.argmax(logits, axis=-1)
-        else:
-            z = logits.astype(np.float64) / temperature
-            prob = np.exp(z - z.max(axis=-1, keepdims=True))
-            prob /= prob.sum(axis=-1, keepdims=True)
-            nxt = np.array([rng.choice(prob.shape[1], p=pr) for pr in prob])
-        out[:, j] = nxt
+        if not np.isfinite(logits[live]).all():
+            _not_finite(min(p.size for p in prompts) + j - 1)
+        nxt = sample_logits(logits, temperature, top_k, top_p, rng)
+        out[live, j] = nxt[live]
+        for b in np.flatnonzero(live) if stops else ():
+            tails[b] = tails[b][1 - keep:] + [int(nxt[b])] if keep > 1 else [int(nxt[b])]
+            if any(len(tails[b]) >= s.size and tails[b][-s.size:] == list(s) for s in stops):
+                live[b] = False
+        if not live.any():
+            break
         if j + 1 < n_tokens:
-            logits, state = step(nxt, params, state)
+            st.step(np.ascontiguousarray(nxt, np.int64), logits)
     return out

@@ -3,8 +3,10 @@
 CPU (default): ``mamba_ext.bench.cpu`` — median time of mamba1_forward + mamba1_backward,
 tokens/s, peak RSS, cache bytes, the GEMM+exp bound and the PyTorch eager baseline.
 ``--device gpu``: ``mamba_ext.bench.gpu`` — the WGSL kernels, their bandwidth and the
-PyTorch CUDA baselines. ``--generation``: ``mamba_ext.bench.generation`` — the recurrent
-step() against re-running the forward for every token.
+PyTorch CUDA baselines. ``--generation``: ``mamba_ext.bench.generation`` — generation
+tokens/s of the compiled recurrent step at batch 1 and larger batches, float32 and float16
+weights, against the memory-bandwidth cap; prefill tokens/s; and step() against
+re-running the forward for every token.
 """
 from __future__ import annotations
 
@@ -31,8 +33,12 @@ def build_parser():
     p.add_argument("--markdown", action="store_true",
                    help="CPU: print the table as Markdown (the GPU tables always are)")
     p.add_argument("--generation", action="store_true",
-                   help="recurrent generation speed (step()) vs re-running the forward, at --tokens tokens")
-    p.add_argument("--tokens", type=int, default=1000, help="tokens for --generation")
+                   help="generation speed (compiled recurrent step, prefill, bandwidth cap)")
+    p.add_argument("--tokens", type=int, default=256,
+                   help="tokens per timed generation for --generation (at most 64 at 130m)")
+    p.add_argument("--models", default="tiny,130m",
+                   help="--generation models: comma-separated from tiny (2 x 64, vocab 512), "
+                        "130m (24 x 768, vocab 50280)")
     return p
 
 
@@ -46,8 +52,12 @@ def main(argv=None) -> int:
     if args.generation:
         if args.tokens < 1:
             ap.error("--tokens must be >= 1")
-        from ..bench.generation import bench_generation
-        bench_generation(n_tokens=args.tokens, n_threads=args.threads or 1)
+        from ..bench.generation import MODELS, bench_generation
+        models = [m for m in args.models.split(",") if m]
+        if not models or any(m not in MODELS for m in models):
+            ap.error(f"--models: expected names from {sorted(MODELS)}, got {args.models!r}")
+        bench_generation(n_tokens=args.tokens, models=models, repeats=args.repeat or 3,
+                         n_threads=args.threads)
         return 0
     if args.device == "gpu":
         if args.dtype != "float32":

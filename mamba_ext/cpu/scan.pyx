@@ -35,9 +35,11 @@ The states inside a chunk are recomputed from the stored chunk-entry state by
 the same code as the forward, so they are bitwise the forward's states.
 Per-job gradients of shared tensors (dBs/dCs rows of sequence b, dA_log and
 D_vec rows of the group) go to per-job slots (dBs/dCs per lane mod GB in a
-per-thread (L, 2N, GB) buffer, folded to the job's (L, 2N) slot at its end) and are
-summed after the parallel loop in a fixed order, so the gradients are bitwise
-reproducible and independent of the thread count (no critical sections).
+per-thread (T, 2N, GB) buffer, folded into the job's (L, 2N) slot after each chunk, so
+no per-thread buffer grows with L) and are summed after the parallel loop in a fixed
+order, so the gradients are bitwise reproducible and independent of the thread count
+(no critical sections). With one channel group (D <= G) a job owns its sequence's
+dBs/dCs rows and adds into them directly: no (B, L, 2N) slots at all.
 
 Optional initial / final states (scan_forward_state, scan_backward_state): h0 is
 the state entering chunk 0 (so hstate chunk 0 = h0); the backward's carry starts
@@ -300,20 +302,23 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
     cdef floating sum, al
     if B * D == 0 or L == 0:
         return 0
-    # partBC (B, ng, L, 2N): dBs | dCs terms of each job, summed over its lanes;
+    # partBC (B, ng, L, 2N): dBs | dCs terms of each job, summed over its lanes; none
+    # when ng == 1 (one job per sequence: it adds its rows into dBs / dCs directly);
     # partAD (B, ng, N+1, G): each job's dAacc (N, G) and dDacc (G,)
-    part = <floating*>scratch(B * ng * (L * 2 * N + (N + 1) * G), sizeof(floating))
+    cdef idx_t nbc = B * ng * L * 2 * N if ng > 1 else 0
+    part = <floating*>scratch(nbc + B * ng * (N + 1) * G, sizeof(floating))
     if part == NULL:
         return -1
     partBC = part
-    partAD = part + B * ng * L * 2 * N
+    partAD = part + nbc
     nt = <int>min(<idx_t>nt, B * ng)
     with parallel(num_threads=nt):
         # per thread: AT, invAT, carry, dAacc (N, G); dDacc, Dv (G,); dl, uu, dyy, dul, dDl
         # (T, G) (lane copies for a partial group); h (T+1, N, G); em1 (T, N, G);
-        # dBC (L, 2N, GB): the job's dBs | dCs terms per lane mod GB.
+        # dBC (T, 2N, GB): one chunk's dBs | dCs terms per lane mod GB, folded into the
+        # job's slot of partBC after the chunk (independent of L: issue 12).
         buf = <floating*>scratch((4 * N + 2 + 5 * T + (2 * T + 1) * N) * G
-                                 + 2 * L * N * MX_SCAN_GB, sizeof(floating))
+                                 + 2 * T * N * MX_SCAN_GB, sizeof(floating))
         if buf == NULL:
             failp[0] = 1
         AT = buf
@@ -335,7 +340,6 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
                 b = job // ng
                 d0 = (job % ng) * G
                 nl = <int>min(G, D - d0)
-                memset(dBC, 0, 2 * L * N * MX_SCAN_GB * sizeof(floating))
                 load_AT(AT, invAT, Dv, A_log + d0 * N, D_vec + d0, N, nl)
                 memset(carry, 0, (2 * N + 1) * G * sizeof(floating))  # carry, dAacc, dDacc
                 if dh_last != NULL:   # the adjoint entering from after step L-1
@@ -360,14 +364,28 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
                         pdl, puu, pdy, pdu, pdD, ld = dl, uu, dyy, dul, dDl, G
                     chunk_fwd(tn, N, zoh, pdl, puu, ld, Bs + r0 * ld_bc, Cs + r0 * ld_bc,
                               ld_bc, AT, invAT, N * G, h, em1, <floating*>NULL, Dv)
+                    memset(dBC, 0, 2 * tn * N * MX_SCAN_GB * sizeof(floating))
                     if floating is float:
                         mx_scan_backward_chunk_f(tn, N, zoh, pdl, puu, pdy, ld, Bs + r0 * ld_bc,
                                             Cs + r0 * ld_bc, ld_bc, AT, invAT, Dv, h, em1,
-                                            carry, dBC + t0 * 2 * N * MX_SCAN_GB, dAacc, dDacc, pdu, pdD)
+                                            carry, dBC, dAacc, dDacc, pdu, pdD)
                     else:
                         mx_scan_backward_chunk_d(tn, N, zoh, pdl, puu, pdy, ld, Bs + r0 * ld_bc,
                                             Cs + r0 * ld_bc, ld_bc, AT, invAT, Dv, h, em1,
-                                            carry, dBC + t0 * 2 * N * MX_SCAN_GB, dAacc, dDacc, pdu, pdD)
+                                            carry, dBC, dAacc, dDacc, pdu, pdD)
+                    # the chunk's rows of the job's slot: dBC summed over its GB lanes
+                    # (ng == 1: the job owns these rows of dBs / dCs and adds into them)
+                    pbc = partBC + (job * L + t0) * 2 * N
+                    for k in range(tn * 2 * N):
+                        sum = 0
+                        for g in range(MX_SCAN_GB):
+                            sum = sum + dBC[k * MX_SCAN_GB + g]
+                        if ng > 1:
+                            pbc[k] = sum
+                        elif k % (2 * N) < N:
+                            dBs[(r0 + k // (2 * N)) * ld_bc + k % (2 * N)] += sum
+                        else:
+                            dCs[(r0 + k // (2 * N)) * ld_bc + k % (2 * N) - N] += sum
                     if nl < G:
                         for s in range(tn):
                             for g in range(nl):
@@ -375,16 +393,10 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
                                 ddelta[(r0 + s) * D + d0 + g] += dDl[s * G + g]
                 if dh0 != NULL:       # carry = a_bar[0] * dh[0] = dLoss/dh0
                     state_add(dh0 + (b * D + d0) * N, carry, N, nl)
-                # the job's slots: dBC summed over its GB lanes; dAacc, dDacc copied
-                pbc = partBC + job * L * 2 * N
-                for k in range(L * 2 * N):
-                    sum = 0
-                    for g in range(MX_SCAN_GB):
-                        sum = sum + dBC[k * MX_SCAN_GB + g]
-                    pbc[k] = sum
+                # the job's slot of dAacc, dDacc (its dBs | dCs rows were folded per chunk)
                 memcpy(partAD + job * (N + 1) * G, dAacc, (N + 1) * G * sizeof(floating))
         mx_aligned_free(buf)
-    if not failed:
+    if not failed and ng > 1:
         # dBs/dCs row r of sequence b: sum over the channel groups j = 0 .. ng-1
         for r in prange(B * L, schedule='static', num_threads=nt, nogil=True):
             b = r // L
@@ -396,6 +408,7 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
                     dBs[r * ld_bc + k] += sum
                 else:
                     dCs[r * ld_bc + k - N] += sum
+    if not failed:
         # dA_log (zero where the clamp is active), D_vec: sum over the sequences b = 0 .. B-1
         for j in range(ng):
             d0 = j * G

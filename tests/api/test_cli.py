@@ -55,9 +55,10 @@ def test_command_help_shows_every_default(command, capsys):
 
 
 def test_generation_benchmark_runs(capsys):
-    assert main(["bench", "--generation", "--tokens", "8"]) == 0
+    assert main(["bench", "--generation", "--tokens", "8", "--models", "tiny", "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     assert "generation benchmark" in out and "recurrent step()" in out and "faster" in out
+    assert "float16 weights" in out and "prefill 512" in out and "cap" in out
 
 
 def test_cli_modules_are_thin():

@@ -24,7 +24,7 @@ typedef ptrdiff_t mx_idx;
 /* G = 64 lanes (four AVX-512 vectors) took ~25% less scan time than 16 at size c. */
 #define MX_SCAN_G 64
 /* dBs/dCs terms are kept per lane of one 16-lane slice: the G lanes are folded to
-   MX_SCAN_GB (vertical adds) before they are stored, so the per-thread (L, 2N, GB)
+   MX_SCAN_GB (vertical adds) before they are stored, so the per-thread (T, 2N, GB)
    buffer stays G/GB times smaller. */
 #define MX_SCAN_GB 16
 

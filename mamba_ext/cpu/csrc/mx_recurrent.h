@@ -1,0 +1,190 @@
+/* mx_recurrent.h - the per-row loops of the one-token recurrent step (generation),
+ * float (_f) and double (_d), and the float16-weight matrix-vector product.
+ *
+ * Size letters: D dInner, N dState, K dConv, IC input columns, OC output columns,
+ * B rows (one per sequence of the batch). The driver is mamba_ext/cpu/recurrent.pyx.
+ *
+ * One time step of one sequence, per channel d (docs/semantics.md, steps 3 and 8-10):
+ *   conv = bias + w[d,0] xc + sum_{k=1..K-1} w[d,k] tail[d, K-1-k]   (tail oldest first)
+ *   tail <- [tail[1:], xc]
+ *   em = expm1(delta A), h = (1 + em) h + (zoh ? em / A : delta) Bs u, y = Cs.h + D_vec u
+ * the same single exponential per (d, n) as the chunked scan (csrc/mx_scan.h), so the
+ * step and the full forward round alike.
+ */
+#ifndef MX_RECURRENT_H
+#define MX_RECURRENT_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include "mx_compat.h"
+#include "mx_math.h"
+
+/* `omp simd reduction(+:v)`: a vectorised sum (plain C may not reorder float adds). */
+#if defined(_OPENMP) && !(defined(_MSC_VER) && !defined(__clang__))
+#define MX_OMP_SIMD_SUM(v) MX_PRAGMA(omp simd reduction(+:v))
+#else
+#define MX_OMP_SIMD_SUM(v)
+#endif
+/* ... only where the loop body vectorises (SIMD 1: float, branch-free helpers; SIMD 0:
+   double, libm calls, which no compiler vectorises): as MX_SIMD_IF of mx_compat.h */
+#define MX_SIMD_SUM_IF(simd, v) MX_SIMD_SUM_IF_##simd(v)
+#define MX_SIMD_SUM_IF_1(v) MX_OMP_SIMD_SUM(v)
+#define MX_SIMD_SUM_IF_0(v)
+
+#define MX_RECURRENT_KERNELS(T, SFX, EXPM1, SIMD)                                            \
+/* conv (D,) = causal conv of one step; tail (D, K-1) shifted in place; xc, bias (D,),  \
+   weight (D, K). conv may not alias the others. */                                     \
+MX_KERNEL void mx_conv_step_##SFX(T* MX_RESTRICT conv, T* MX_RESTRICT tail,            \
+        const T* MX_RESTRICT xc, const T* MX_RESTRICT weight, const T* MX_RESTRICT bias, \
+        ptrdiff_t D, ptrdiff_t K)                                                        \
+{                                                                                        \
+    for (ptrdiff_t d = 0; d < D; d++) {                                                  \
+        const T* w = weight + d * K;                                                     \
+        T* tl = tail + d * (K - 1);                                                      \
+        T acc = bias[d] + w[0] * xc[d];                                                  \
+        for (ptrdiff_t k = 1; k < K; k++) acc += w[k] * tl[K - 1 - k];                   \
+        for (ptrdiff_t j = 0; j + 1 < K - 1; j++) tl[j] = tl[j + 1];                     \
+        if (K > 1) tl[K - 2] = xc[d];                                                    \
+        conv[d] = acc;                                                                   \
+    }                                                                                    \
+}                                                                                        \
+/* One scan step of one sequence: h (D, N) updated in place; y (D,) = Cs.h + D_vec u;   \
+   u, delta, D_vec (D,); A, A_inv (D, N); Bs, Cs (N,). */                               \
+MX_KERNEL void mx_scan_step_##SFX(T* MX_RESTRICT y, T* MX_RESTRICT h,                  \
+        const T* MX_RESTRICT u, const T* MX_RESTRICT delta, const T* MX_RESTRICT A,      \
+        const T* MX_RESTRICT A_inv, const T* MX_RESTRICT Bs, const T* MX_RESTRICT Cs,    \
+        const T* MX_RESTRICT D_vec, ptrdiff_t D, ptrdiff_t N, int zoh)                   \
+{                                                                                        \
+    for (ptrdiff_t d = 0; d < D; d++) {                                                  \
+        const T dd = delta[d], ud = u[d];                                                \
+        const T* MX_RESTRICT a = A + d * N;                                              \
+        const T* MX_RESTRICT ia = A_inv + d * N;                                         \
+        T* MX_RESTRICT hd = h + d * N;                                                   \
+        T acc = 0;                                                                       \
+        MX_SIMD_SUM_IF(SIMD, acc)                                                        \
+        for (ptrdiff_t n = 0; n < N; n++) {                                              \
+            T em = EXPM1(dd * a[n]);                                                     \
+            T bb = (zoh ? em * ia[n] : dd) * Bs[n];                                      \
+            T hn = (1 + em) * hd[n] + bb * ud;                                           \
+            hd[n] = hn;                                                                  \
+            acc += Cs[n] * hn;                                                           \
+        }                                                                                \
+        y[d] = acc + D_vec[d] * ud;                                                      \
+    }                                                                                    \
+}
+
+MX_KERNELS_BEGIN
+MX_RECURRENT_KERNELS(float, f, mx_expm1f, 1)
+MX_RECURRENT_KERNELS(double, d, expm1, 0)
+
+/* IEEE half (bits) -> float, branch-free so the loops below vectorise, and with no
+   subnormal float anywhere (a subnormal operand costs a microcode assist per vector):
+   a normal half is its bits shifted into place with the exponent rebased by 127 - 15;
+   a subnormal half is its mantissa times 2^-24 (an exact int -> float conversion);
+   exponent 31 (inf/NaN) keeps an all-ones float exponent. */
+MX_INLINE float mx_half_to_float(uint16_t hb) {
+    uint32_t h = hb, e = h & 0x7c00u, em = (h & 0x7fffu) << 13, bits;
+    float sub = (float)(int32_t)(h & 0x3ffu) * 5.9604644775390625e-8f;   /* 2^-24 */
+    uint32_t sub_bits;
+    float f;
+    memcpy(&sub_bits, &sub, sizeof sub_bits);
+    bits = e == 0x7c00u ? (em | 0x7f800000u) : (e == 0 ? sub_bits : em + 0x38000000u);
+    bits |= (h & 0x8000u) << 16;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* out (n,) = float(w (n,)) : one row of a float16 table (the embedding lookup). */
+MX_KERNEL void mx_half_row_to_float(float* MX_RESTRICT out, const uint16_t* MX_RESTRICT w,
+                                    ptrdiff_t n) {
+    MX_OMP_SIMD
+    for (ptrdiff_t i = 0; i < n; i++) out[i] = mx_half_to_float(w[i]);
+}
+
+/* Output columns [o0, o1) of out (B, OC) = x (B, IC) @ w (OC, IC)^T + bias (OC,) (bias may
+   be NULL), w float16 bits, float32 accumulation. Each weight row is read once from
+   memory for all B rows (generation reads every weight once per token: the row is
+   the unit of memory traffic). Portable version: the conversion is integer work per
+   weight, so it runs about as fast as a float32 product (not faster). */
+MX_KERNEL void mx_linear_half_portable_f(float* MX_RESTRICT out, const float* MX_RESTRICT x,
+        const uint16_t* MX_RESTRICT w, const float* MX_RESTRICT bias,
+        ptrdiff_t B, ptrdiff_t IC, ptrdiff_t OC, ptrdiff_t o0, ptrdiff_t o1)
+{
+    for (ptrdiff_t o = o0; o < o1; o++) {
+        const uint16_t* MX_RESTRICT wr = w + o * IC;
+        for (ptrdiff_t b = 0; b < B; b++) {
+            const float* MX_RESTRICT xr = x + b * IC;
+            float acc = 0;
+            MX_OMP_SIMD_SUM(acc)
+            for (ptrdiff_t i = 0; i < IC; i++) acc += mx_half_to_float(wr[i]) * xr[i];
+            out[b * OC + o] = acc + (bias ? bias[o] : 0.0f);
+        }
+    }
+}
+
+MX_KERNELS_END
+
+/* x86-64 with GCC or Clang: the same product with the F16C conversion instruction (one
+   instruction per 8 weights; ~2.5x the portable version, so float16 weights are read at
+   memory speed), chosen at run time when the CPU has AVX2, F16C and FMA. */
+#if MX_GNUC_LIKE && defined(__x86_64__) && !defined(_WIN32) && !defined(MX_NO_DISPATCH)
+#include <cpuid.h>
+#include <immintrin.h>
+#define MX_HAVE_F16C_PATH 1
+/* AVX2 and FMA by the compiler's CPU model (it also checks that the OS saves the AVX
+   state); F16C by CPUID leaf 1, ECX bit 29 (Clang's __builtin_cpu_supports lacks it). */
+static MX_UNUSED int mx_cpu_has_f16c_path(void) {
+    unsigned int a, b, c, d;
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && ((c >> 29) & 1u);
+}
+__attribute__((target("avx2,f16c,fma"))) static MX_UNUSED void mx_linear_half_f16c_f(
+        float* MX_RESTRICT out, const float* MX_RESTRICT x, const uint16_t* MX_RESTRICT w,
+        const float* MX_RESTRICT bias, ptrdiff_t B, ptrdiff_t IC, ptrdiff_t OC, ptrdiff_t o0,
+        ptrdiff_t o1)
+{
+    for (ptrdiff_t o = o0; o < o1; o++) {
+        const uint16_t* MX_RESTRICT wr = w + o * IC;
+        for (ptrdiff_t b = 0; b < B; b++) {
+            const float* MX_RESTRICT xr = x + b * IC;
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();   /* two FMA chains */
+            float lanes[8], acc;
+            ptrdiff_t i = 0;
+            for (; i + 16 <= IC; i += 16) {
+                a0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wr + i))),
+                                     _mm256_loadu_ps(xr + i), a0);
+                a1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(wr + i + 8))),
+                                     _mm256_loadu_ps(xr + i + 8), a1);
+            }
+            _mm256_storeu_ps(lanes, _mm256_add_ps(a0, a1));
+            acc = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
+                + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+            for (; i < IC; i++) acc += mx_half_to_float(wr[i]) * xr[i];
+            out[b * OC + o] = acc + (bias ? bias[o] : 0.0f);
+        }
+    }
+}
+#else
+#define MX_HAVE_F16C_PATH 0
+#endif
+
+/* mx_linear_half_portable_f's contract, on the fastest path the CPU has. */
+static MX_UNUSED void mx_linear_half_f(float* MX_RESTRICT out, const float* MX_RESTRICT x,
+        const uint16_t* MX_RESTRICT w, const float* MX_RESTRICT bias,
+        ptrdiff_t B, ptrdiff_t IC, ptrdiff_t OC, ptrdiff_t o0, ptrdiff_t o1)
+{
+#if MX_HAVE_F16C_PATH
+    static int f16c = -1;          /* -1: not asked yet (a benign race: every thread agrees) */
+    if (f16c < 0)
+        f16c = mx_cpu_has_f16c_path();
+    if (f16c) {
+        mx_linear_half_f16c_f(out, x, w, bias, B, IC, OC, o0, o1);
+        return;
+    }
+#endif
+    mx_linear_half_portable_f(out, x, w, bias, B, IC, OC, o0, o1);
+}
+
+#endif /* MX_RECURRENT_H */
