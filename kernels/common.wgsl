@@ -32,25 +32,25 @@ fn dsilu(x: f32) -> f32 {
     return s * (1.0 + x * (1.0 - s));
 }
 
-// exp(x) - 1 without the cancellation of exp(x) - 1 near 0 (WGSL has no expm1).
+// exp(x) - 1 without the cancellation of exp(x) - 1 near 0 (WGSL has no expm1),
+// four at a time; ex = exp(x), already computed by every caller that has it.
 // |x| < 0.5: Taylor series to x^10/10! (truncation < 3e-10 relative);
 // otherwise |exp(x) - 1| > 0.39 and the subtraction loses nothing.
-fn expm1_f(x: f32) -> f32 {
-    if (abs(x) < 0.5) {
-        var s = 1.0 / 3628800.0;
-        s = s * x + 1.0 / 362880.0;
-        s = s * x + 1.0 / 40320.0;
-        s = s * x + 1.0 / 5040.0;
-        s = s * x + 1.0 / 720.0;
-        s = s * x + 1.0 / 120.0;
-        s = s * x + 1.0 / 24.0;
-        s = s * x + 1.0 / 6.0;
-        s = s * x + 0.5;
-        s = s * x + 1.0;
-        return s * x;
-    }
-    return exp(x) - 1.0;
+fn expm1_v4(x: vec4<f32>, ex: vec4<f32>) -> vec4<f32> {
+    var s = vec4<f32>(1.0 / 3628800.0);
+    s = fma(s, x, vec4<f32>(1.0 / 362880.0));
+    s = fma(s, x, vec4<f32>(1.0 / 40320.0));
+    s = fma(s, x, vec4<f32>(1.0 / 5040.0));
+    s = fma(s, x, vec4<f32>(1.0 / 720.0));
+    s = fma(s, x, vec4<f32>(1.0 / 120.0));
+    s = fma(s, x, vec4<f32>(1.0 / 24.0));
+    s = fma(s, x, vec4<f32>(1.0 / 6.0));
+    s = fma(s, x, vec4<f32>(0.5));
+    s = fma(s, x, vec4<f32>(1.0));
+    return select(ex - 1.0, s * x, abs(x) < vec4<f32>(0.5));
 }
+
+fn expm1_f(x: f32) -> f32 { return expm1_v4(vec4<f32>(x), vec4<f32>(exp(x))).x; }
 
 // log(1 + e) for e >= 0 (WGSL has no log1p; GPU log is only absolutely accurate
 // near 1). e < 0.1: alternating series to e^9 (truncation < 1e-10 relative).
@@ -74,22 +74,27 @@ fn log1p_pos(e: f32) -> f32 {
 fn softplus(x: f32) -> f32 { return max(x, 0.0) + log1p_pos(exp(-abs(x))); }
 
 // (x e^x - expm1(x)) / x^2: d/dA of the ZOH factor expm1(delta A)/A is
-// delta^2 * zoh_dfactor(delta A). Series sum_{k>=2} (k-1)/k! x^(k-2) for
+// delta^2 * zoh_dfactor(delta A); four at a time, with ex = exp(x) and
+// em1 = expm1(x) from the caller. Series sum_{k>=2} (k-1)/k! x^(k-2) for
 // |x| < 0.5 (the direct form cancels there).
+fn zoh_dfactor_v4(x: vec4<f32>, ex: vec4<f32>, em1: vec4<f32>) -> vec4<f32> {
+    var s = vec4<f32>(1.0 / 403200.0);
+    s = fma(s, x, vec4<f32>(1.0 / 45360.0));
+    s = fma(s, x, vec4<f32>(1.0 / 5760.0));
+    s = fma(s, x, vec4<f32>(1.0 / 840.0));
+    s = fma(s, x, vec4<f32>(1.0 / 144.0));
+    s = fma(s, x, vec4<f32>(1.0 / 30.0));
+    s = fma(s, x, vec4<f32>(1.0 / 8.0));
+    s = fma(s, x, vec4<f32>(1.0 / 3.0));
+    s = fma(s, x, vec4<f32>(0.5));
+    let small = abs(x) < vec4<f32>(0.5);
+    let xs = select(x, vec4<f32>(1.0), small);      // no 0/0 in the unselected lanes
+    return select((xs * ex - em1) / (xs * xs), s, small);
+}
+
 fn zoh_dfactor(x: f32) -> f32 {
-    if (abs(x) < 0.5) {
-        var s = 1.0 / 403200.0;
-        s = s * x + 1.0 / 45360.0;
-        s = s * x + 1.0 / 5760.0;
-        s = s * x + 1.0 / 840.0;
-        s = s * x + 1.0 / 144.0;
-        s = s * x + 1.0 / 30.0;
-        s = s * x + 1.0 / 8.0;
-        s = s * x + 1.0 / 3.0;
-        s = s * x + 0.5;
-        return s;
-    }
-    return (x * exp(x) - expm1_f(x)) / (x * x);
+    let ex = exp(x);
+    return zoh_dfactor_v4(vec4<f32>(x), vec4<f32>(ex), expm1_v4(vec4<f32>(x), vec4<f32>(ex))).x;
 }
 
 // True for +-inf and NaN (WGSL has no isfinite).

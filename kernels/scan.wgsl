@@ -3,7 +3,7 @@
 //
 // Size letters: B batch, L seqLen, D dInner, N dState, R dtRank, P = R + 2N,
 // M = B*L rows, SCAN_CHUNK steps per chunk (Params.chunk), C = ceil(L / SCAN_CHUNK)
-// chunks, G channel groups (workgroups along D).
+// chunks, G channel groups (workgroups along D), SG = ceil(N / 16) state groups.
 //
 // Per (b, d, n), with A = -exp(clamp(A_log, a_log_min, a_log_max)) and x_t = delta_t * A:
 //   a_t = exp(x_t),  b_t = coef_t * Bs_t,  coef_t = expm1(x_t)/A (ZOH) | delta_t (Euler)
@@ -14,46 +14,60 @@
 //   scan_forward_carry   per (b,d,n) over chunks: hstate[c] = state entering chunk c
 //                        (hstate[0] = 0, hstate[c+1] = achunk[c] hstate[c] + hchunk[c])
 //   scan_forward_output  every chunk again from hstate[c], writing y
-//   (SINGLE: scan_forward_output alone walks the chunks in order, writing hstate,
-//   achunk and y; the backward's chunk and carry passes are skipped the same way)
 // Backward (g_t = dLoss/dh_t = Cs_t dy_t + a_{t+1} g_{t+1}):
 //   scan_backward_chunk  every chunk from zero beyond its end: gchunk[c] = a_first * g_first
 //   scan_backward_carry  gcarry[c] = carry into the last step of chunk c
 //                        (gcarry[C-1] = 0, gcarry[c] = gchunk[c+1] + achunk[c+1] gcarry[c+1])
-//   scan_backward_grads  every chunk: states recomputed forward from hstate[c]
-//                        (kept in a private array of SCAN_CHUNK <= 64), then backward
-//                        with the carry gcarry[c]; writes du, ddelta_pre (softplus
-//                        backward fused), partial sums of dBs/dCs per channel group
-//                        and of dA per (b, chunk)
+//   scan_backward_grads  every chunk: the states are walked forward from hstate[c]
+//                        keeping one checkpoint per block of TS steps, then the blocks
+//                        from the last: states recomputed from the checkpoint into
+//                        registers, then the steps backward with the carry gcarry[c];
+//                        writes du, ddelta_pre (softplus backward fused), dA per
+//                        (b, chunk) and the partial sums of dBs/dCs per channel group
 //   scan_backward_sum_bc     dBs, dCs = sums of the channel-group partials -> dxproj columns
 //   scan_backward_sum_a_log  dA_log += A * sum of dA partials, exactly 0 at/beyond the clamp
+// With one chunk (C = 1) the host skips the chunk and carry passes: chunk 0 starts
+// from a zero state and the last chunk from a zero carry, without reading either.
 // All reductions are fixed-order sums (no float atomics): deterministic.
 //
-// Workgroup layout of the chunk kernels: WG invocations = CPW = WG/N channels
-// x N states (n = li % N, channel d = group*CPW + li / N); grid (G, C, B) with
-// G = ceil(D / CPW). Invocations past D (or past CPW*N) take part in barriers
-// but contribute zero. Reductions over n (y, du, ddelta) and over the CPW
-// channels (dBs, dCs) go through workgroup memory, once per block of TB steps.
+// Workgroup layout of the chunk kernels (why: the sums over n of y, du and ddelta
+// stay in one invocation's registers, with no barrier per step): invocation li =
+// channel dl = li / SG, state group s = li % SG; it holds the states
+// n = 16 s + 4 q + k (q < NV vec4 registers, k < 4) of channel d = G_index * CPW + dl,
+// CPW = WG / SG channels per workgroup; grid (G, C, B), G = ceil(D / CPW). Lanes
+// past D or past N take part in barriers and contribute zero. The Bs | Cs columns
+// of a block of TS steps are staged in workgroup memory (one coalesced load, read
+// back as broadcast vec4). With SG > 1 the sums over a channel's state groups go
+// through workgroup memory; dBs, dCs (sums over the CPW channels) always do, every
+// RB steps.
 //
-// Bindings (0 is the uniform Params in every entry point). xproj (M, P) holds
-// dt_low = xproj[:, 0:R], Bs = xproj[:, R:R+N], Cs = xproj[:, R+N:P]; w is the
-// parameter arena (A_log (D, N) at alog_off, D_vec (D,) at dvec_off); g the
-// gradient arena. Chunk tensors hchunk, achunk, hstate, gchunk, gcarry, da_part
-// are (B, C, D, N).
-// | entry                   | binding: name shape access                                     |
-// |-------------------------|----------------------------------------------------------------|
-// | scan_forward_chunk      | 1 xproj (M,P) r; 2 u (M,D) r; 3 delta (M,D) r; 4 w r;            |
-// |                         | 5 hchunk rw; 6 achunk rw                                         |
-// | scan_forward_carry      | 1 hchunk r; 2 achunk r; 3 hstate rw                              |
-// | scan_forward_output     | 1 xproj r; 2 u r; 3 delta r; 4 w r; 5 hstate rw (written when    |
-// |                         | SINGLE); 6 y (M,D) rw; 7 achunk rw (written when SINGLE)         |
-// | scan_backward_chunk     | 1 xproj r; 2 delta r; 3 w r; 4 dy (M,D) r; 5 gchunk rw           |
-// | scan_backward_carry     | 1 gchunk r; 2 achunk r; 3 gcarry rw                              |
-// | scan_backward_grads     | 1 xproj r; 2 u r; 3 delta r; 4 delta_pre (M,D) r; 5 w r; 6 dy r; |
-// |                         | 7 hstate r; 8 gcarry r; 9 du (M,D) rw (scan part of dLoss/du);   |
-// |                         | 10 ddelta_pre (M,D) rw; 11 dbc_part (G,M,2N) rw; 12 da_part rw   |
-// | scan_backward_sum_bc    | 1 dbc_part r; 2 dxproj (M,P) rw (columns R..P overwritten)       |
-// | scan_backward_sum_a_log | 1 da_part r; 2 w r; 3 g rw (A_log at alog_off, +=)               |
+// Bindings (0 is the uniform Params in every entry point; one table for all, an
+// entry binds the ones it names). xproj (M, P) holds dt_low = xproj[:, 0:R],
+// Bs = xproj[:, R:R+N], Cs = xproj[:, R+N:P]; w is the parameter arena (A_log (D, N)
+// at alog_off, D_vec (D,) at dvec_off). ck1..ck3 are (B, C, D, N) chunk tensors.
+// | binding | name      | shape     | forward_chunk | forward_carry | forward_output |
+// |---------|-----------|-----------|---------------|---------------|----------------|
+// | 1       | xproj     | (M, P)    | r             |               | r              |
+// | 2       | u         | (M, D)    | r             |               | r              |
+// | 3       | delta     | (M, D)    | r             |               | r              |
+// | 4       | w         | arena     | r             |               | r              |
+// | 7       | ck1       | (B,C,D,N) | hchunk w      | hchunk r      | hstate r       |
+// | 8       | ck2       | (B,C,D,N) | achunk w      | achunk r      |                |
+// | 9       | ck3       | (B,C,D,N) |               | hstate w      |                |
+// | 10      | out1      | (M, D)    |               |               | y w            |
+// | binding | name      | shape     | backward_chunk | backward_carry | backward_grads    |
+// | 1..4    | xproj, u, delta, w     | xproj delta w r |            | all r             |
+// | 5       | dy        | (M, D)    | r              |                | r                 |
+// | 6       | delta_pre | (M, D)    |                |                | r                 |
+// | 7       | ck1       | (B,C,D,N) | gchunk w       | gchunk r       | hstate r          |
+// | 8       | ck2       | (B,C,D,N) |                | achunk r       | gcarry r          |
+// | 9       | ck3       | (B,C,D,N) |                | gcarry w       | da_part w         |
+// | 10      | out1      | (M, D)    |                |                | du w (scan part)  |
+// | 11      | out2      | (M, D)    |                |                | ddelta_pre w      |
+// | 12      | dbc_part  | (G,M,2N)  |                |                | w                 |
+// scan_backward_sum_bc: 12 dbc_part r, 10 out1 = dxproj (M, P) rw (columns R..P
+// overwritten). scan_backward_sum_a_log: 9 ck3 = da_part r, 4 w r, 10 out1 = the
+// gradient arena rw (A_log at alog_off, +=).
 
 struct Params {
     B: u32, L: u32, D: u32, N: u32, R: u32, P: u32,
@@ -68,97 +82,161 @@ override a_log_max: f32;
 // A = -exp(clamp(A_log, A_LOG_MIN, A_LOG_MAX)).
 fn a_of(a_log: f32) -> f32 { return -exp(clamp(a_log, a_log_min, a_log_max)); }
 
-override WG: u32 = 128u;
-// Steps per block of scan_forward_output / scan_backward_grads: per-step contributions
-// of a block are kept in workgroup memory (TB * SROW floats per array) and
-// reduced once per block, so the sequential loop has no barrier inside.
-override TB: u32 = 16u;
-// Longest chunk scan_backward_grads can hold in its private history array
-// (the Python side keeps SCAN_CHUNK <= TMAX).
-const TMAX: u32 = 64u;
-// SINGLE: one workgroup walks all C chunks of its channels in order (grid (G, 1, B)):
-// scan_forward_output then also writes hstate and achunk, and scan_backward_grads
-// carries g from chunk to chunk, so the chunk and carry passes are not dispatched.
-// Chosen when B x D x N gives enough invocations to fill the GPU without
-// splitting time; otherwise one workgroup per chunk (grid (G, C, B)).
-override SINGLE: bool = false;
+// Layout (set by mamba_ext/gpu/scan.py, ScanShape): WG = CPW * SG invocations;
+// NV vec4 of states per invocation (ceil(N / 4) when SG = 1, else 4); TS steps
+// per staged block (scan_backward_grads: also per recomputed block, TS <= TSMAX);
+// RB steps per dBs/dCs reduction round (TS % RB == 0).
+override WG: u32 = 32u;
+override SG: u32 = 1u;
+override NV: u32 = 4u;
+override TS: u32 = 4u;
+override RB: u32 = 2u;
+const TSMAX: u32 = 8u;     // recomputed steps held in registers (hist)
+const CKMAX: u32 = 16u;    // checkpoints per chunk (the host keeps chunk <= CKMAX * TS)
+const RS: u32 = 35u;       // floats per (step, invocation) row of red: dBs 16 | dCs 16 |
+                           // du | ddelta | pad (35 is odd: the rows' stores hit distinct banks)
 
 @group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> xproj: array<f32>;
+@group(0) @binding(2) var<storage, read> u: array<f32>;
+@group(0) @binding(3) var<storage, read> delta: array<f32>;
+@group(0) @binding(4) var<storage, read> w: array<f32>;
+@group(0) @binding(5) var<storage, read> dy: array<f32>;
+@group(0) @binding(6) var<storage, read> delta_pre: array<f32>;
+@group(0) @binding(7) var<storage, read_write> ck1: array<f32>;
+@group(0) @binding(8) var<storage, read_write> ck2: array<f32>;
+@group(0) @binding(9) var<storage, read_write> ck3: array<f32>;
+@group(0) @binding(10) var<storage, read_write> out1: array<f32>;
+@group(0) @binding(11) var<storage, read_write> out2: array<f32>;
+@group(0) @binding(12) var<storage, read_write> dbc_part: array<f32>;
 
-// Per-step contributions in workgroup memory: step row (t - tb) of SROW floats,
-// channel dl at dl * (N + 1), state n at + n (SROW = CPW * (N + 1), set by the
-// host). The pad of one float per channel spreads the readers that sum the N
-// states of their channel over different banks.
-override SROW: u32 = 129u;
-var<workgroup> s1: array<f32, TB * SROW>;   // (TB, SROW)
-var<workgroup> s2: array<f32, TB * SROW>;   // (TB, SROW)
-var<workgroup> s3: array<f32, TB * SROW>;   // (TB, SROW)
-var<workgroup> s4: array<f32, TB * SROW>;   // (TB, SROW)
+// (TS, 2, SG, 4) vec4: Bs (0) | Cs (1) of a block of TS steps, 16 states per group
+// (zero past N and past the block's last step).
+var<workgroup> bc: array<vec4<f32>, TS * 2u * SG * 4u>;
+// (TS, WG) partial y of each invocation (scan_forward_output, SG > 1).
+var<workgroup> ysum: array<f32, TS * WG>;
+// (RB, WG, RS) per-step contributions of scan_backward_grads, see RS.
+var<workgroup> red: array<f32, RB * WG * RS>;
 
-// Slot of invocation li's value of step row tr (li = channel dl * N + state n).
-fn sslot(tr: u32, li: u32) -> u32 { return tr * SROW + (li / p.N) * (p.N + 1u) + li % p.N; }
+// This invocation's A, 1/A and running state, (4,) vec4 each (states n = 16 s + 4 q + k).
+var<private> Av: array<vec4<f32>, 4>;
+var<private> rA: array<vec4<f32>, 4>;
+var<private> hv: array<vec4<f32>, 4>;
 
-struct Lane { n: u32, d: u32, on: bool, b: u32, c: u32, t0: u32, t1: u32 }
+struct Lane { dl: u32, s: u32, d: u32, on: bool, b: u32, c: u32 }
 
 fn lane(li: u32, wid: vec3<u32>) -> Lane {
     var l: Lane;
-    let cpw = WG / p.N;
-    l.n = li % p.N;
-    let dl = li / p.N;
-    l.d = wid.x * cpw + dl;
-    l.on = dl < cpw && l.d < p.D;
+    l.dl = li / SG;
+    l.s = li % SG;
+    l.d = wid.x * (WG / SG) + l.dl;
+    l.on = l.d < p.D;
     l.c = wid.y;
     l.b = wid.z;
-    l.t0 = wid.y * p.chunk;
-    l.t1 = min(l.t0 + p.chunk, p.L);
     return l;
 }
+
+// State n of register q, component k.
+fn state_of(l: Lane, q: u32, k: u32) -> u32 { return l.s * 16u + 4u * q + k; }
 
 // Index of (b, c, d, n) in a (B, C, D, N) chunk tensor.
 fn cidx(b: u32, c: u32, d: u32, n: u32) -> u32 {
     return ((b * p.C + c) * p.D + d) * p.N + n;
 }
 
-// ZOH / Euler input factor coef = b_t / Bs_t.
-fn coef_of(delta: f32, A: f32) -> f32 {
-    if (p.zoh == 1u) { return expm1_f(delta * A) / A; }
-    return delta;
+// Av, rA of this lane (A = -1 in padded lanes, whose Bs = Cs = 0 keep them at zero).
+fn load_a(l: Lane) {
+    for (var q = 0u; q < 4u; q++) {
+        var a = vec4<f32>(-1.0);
+        for (var k = 0u; k < 4u; k++) {
+            let n = state_of(l, q, k);
+            if (l.on && q < NV && n < p.N) { a[k] = a_of(w[p.alog_off + l.d * p.N + n]); }
+        }
+        Av[q] = a;
+        rA[q] = 1.0 / a;
+    }
+}
+
+// Stage Bs, Cs of steps [tb, te) of batch row b into bc (called between barriers).
+fn stage_bc(li: u32, b: u32, tb: u32, te: u32) {
+    let per = 32u * SG;                       // floats per step
+    for (var e = li; e < TS * per; e += WG) {
+        let ts = e / per;
+        let wsel = (e % per) / (16u * SG);    // 0 = Bs, 1 = Cs
+        let n = e % (16u * SG);
+        var v = 0.0;
+        if (tb + ts < te && n < p.N) { v = xproj[(b * p.L + tb + ts) * p.P + p.R + wsel * p.N + n]; }
+        bc[((ts * 2u + wsel) * SG + n / 16u) * 4u + (n % 16u) / 4u][n % 4u] = v;
+    }
+}
+
+fn bc_at(ts: u32, wsel: u32, s: u32, q: u32) -> vec4<f32> {
+    return bc[((ts * 2u + wsel) * SG + s) * 4u + q];
+}
+
+// ZOH / Euler input factor coef = b_t / Bs_t of register q (ex = exp(x), x = delta A).
+fn coef_of(q: u32, x: vec4<f32>, ex: vec4<f32>, dl: f32) -> vec4<f32> {
+    if (p.zoh == 1u) { return expm1_v4(x, ex) * rA[q]; }
+    return vec4<f32>(dl);
+}
+
+// Decay product prod a_t of the chunk (scan_forward_chunk).
+var<private> acp: array<vec4<f32>, 4>;
+
+// One step of the recurrence on hv (row r of (M, D), staged step ts); ``track``:
+// also acp *= a_t.
+fn step_h(l: Lane, ts: u32, r: u32, track: bool) {
+    let dl = delta[r];
+    let uu = u[r];
+    for (var q = 0u; q < 4u; q++) {
+        if (q < NV) {
+            let x = dl * Av[q];
+            let ex = exp(x);
+            hv[q] = fma(ex, hv[q], coef_of(q, x, ex, dl) * bc_at(ts, 0u, l.s, q) * uu);
+            if (track) { acp[q] *= ex; }
+        }
+    }
+}
+
+const NONE: u32 = 0xffffffffu;
+
+// Index of this lane's state (q, k) in a (B, C, D, N) chunk tensor, NONE when padded.
+fn ck_index(l: Lane, q: u32, k: u32) -> u32 {
+    let n = state_of(l, q, k);
+    if (!l.on || q >= NV || n >= p.N) { return NONE; }
+    return cidx(l.b, l.c, l.d, n);
 }
 
 // ---------------------------------------------------------------- forward
-@group(0) @binding(1) var<storage, read> fl_xproj: array<f32>;
-@group(0) @binding(2) var<storage, read> fl_u: array<f32>;
-@group(0) @binding(3) var<storage, read> fl_delta: array<f32>;
-@group(0) @binding(4) var<storage, read> fl_w: array<f32>;
-@group(0) @binding(5) var<storage, read_write> fl_hchunk: array<f32>;
-@group(0) @binding(6) var<storage, read_write> fl_achunk: array<f32>;
-
 @compute @workgroup_size(WG)
 fn scan_forward_chunk(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let l = lane(li, wid);
-    if (!l.on) { return; }
-    let A = a_of(fl_w[p.alog_off + l.d * p.N + l.n]);
-    var h = 0.0;
-    var ac = 1.0;
-    for (var t = l.t0; t < l.t1; t++) {
-        let r = l.b * p.L + t;
-        let dl = fl_delta[r * p.D + l.d];
-        let ab = exp(dl * A);
-        h = ab * h + coef_of(dl, A) * fl_xproj[r * p.P + p.R + l.n] * fl_u[r * p.D + l.d];
-        ac *= ab;
+    let t0 = wid.y * p.chunk;                 // uniform bounds: barriers inside are fine
+    let t1 = min(t0 + p.chunk, p.L);
+    load_a(l);
+    for (var q = 0u; q < 4u; q++) { hv[q] = vec4<f32>(0.0); acp[q] = vec4<f32>(1.0); }
+    for (var tb = t0; tb < t1; tb += TS) {
+        workgroupBarrier();
+        stage_bc(li, l.b, tb, t1);
+        workgroupBarrier();
+        for (var ts = 0u; ts < TS; ts++) {
+            if (l.on && tb + ts < t1) {
+                step_h(l, ts, (l.b * p.L + tb + ts) * p.D + l.d, true);
+            }
+        }
     }
-    fl_hchunk[cidx(l.b, l.c, l.d, l.n)] = h;
-    fl_achunk[cidx(l.b, l.c, l.d, l.n)] = ac;
+    for (var q = 0u; q < 4u; q++) {
+        for (var k = 0u; k < 4u; k++) {
+            let i = ck_index(l, q, k);
+            if (i != NONE) { ck1[i] = hv[q][k]; ck2[i] = acp[q][k]; }
+        }
+    }
 }
-
-@group(0) @binding(1) var<storage, read> fc_hchunk: array<f32>;
-@group(0) @binding(2) var<storage, read> fc_achunk: array<f32>;
-@group(0) @binding(3) var<storage, read_write> fc_hstate: array<f32>;
 
 @compute @workgroup_size(WG)
 fn scan_forward_carry(@builtin(local_invocation_index) li: u32,
-                  @builtin(workgroup_id) wid: vec3<u32>,
-                  @builtin(num_workgroups) nwg: vec3<u32>) {
+                      @builtin(workgroup_id) wid: vec3<u32>,
+                      @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_index(wid, nwg, li, WG);
     let DN = p.D * p.N;
     if (i >= p.B * DN) { return; }
@@ -167,102 +245,99 @@ fn scan_forward_carry(@builtin(local_invocation_index) li: u32,
     var h = 0.0;
     for (var c = 0u; c < p.C; c++) {
         let k = (b * p.C + c) * DN + dn;
-        fc_hstate[k] = h;
-        h = fc_achunk[k] * h + fc_hchunk[k];
+        ck3[k] = h;
+        h = ck2[k] * h + ck1[k];
     }
 }
 
-@group(0) @binding(1) var<storage, read> fo_xproj: array<f32>;
-@group(0) @binding(2) var<storage, read> fo_u: array<f32>;
-@group(0) @binding(3) var<storage, read> fo_delta: array<f32>;
-@group(0) @binding(4) var<storage, read> fo_w: array<f32>;
-@group(0) @binding(5) var<storage, read_write> fo_hstate: array<f32>;
-@group(0) @binding(6) var<storage, read_write> fo_y: array<f32>;
-@group(0) @binding(7) var<storage, read_write> fo_achunk: array<f32>;
-
 @compute @workgroup_size(WG)
 fn scan_forward_output(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    if (p.B == 0xffffffffu) { fo_achunk[0] = 0.0; }   // never: keeps achunk in the auto layout
     let l = lane(li, wid);
-    let cpw = WG / p.N;
-    var A = -1.0;
-    var h = 0.0;
-    if (l.on) {
-        A = a_of(fo_w[p.alog_off + l.d * p.N + l.n]);
-        if (!SINGLE) { h = fo_hstate[cidx(l.b, l.c, l.d, l.n)]; }
-    }
-    let c0 = select(l.c, 0u, SINGLE);
-    let c1 = select(l.c + 1u, p.C, SINGLE);
-    for (var c = c0; c < c1; c++) {              // uniform bounds: barriers inside are fine
-        let t0 = c * p.chunk;
-        let t1 = min(t0 + p.chunk, p.L);
-        var ac = 1.0;
-        if (SINGLE && l.on) { fo_hstate[cidx(l.b, c, l.d, l.n)] = h; }
-        // Blocks of TB steps.
-        for (var tb = t0; tb < t1; tb += TB) {
-            let te = min(tb + TB, t1);
-            for (var t = tb; t < te; t++) {
-                let r = l.b * p.L + t;
-                var contrib = 0.0;
-                if (l.on) {
-                    let dl = fo_delta[r * p.D + l.d];
-                    let ab = exp(dl * A);
-                    h = ab * h + coef_of(dl, A) * fo_xproj[r * p.P + p.R + l.n] * fo_u[r * p.D + l.d];
-                    ac *= ab;
-                    contrib = fo_xproj[r * p.P + p.R + p.N + l.n] * h;
-                }
-                if (li < cpw * p.N) { s1[sslot(t - tb, li)] = contrib; }
+    let t0 = wid.y * p.chunk;
+    let t1 = min(t0 + p.chunk, p.L);
+    load_a(l);
+    for (var q = 0u; q < 4u; q++) { hv[q] = vec4<f32>(0.0); }
+    if (l.c > 0u) {                                      // hstate[0] = 0 is not read
+        for (var q = 0u; q < 4u; q++) {
+            for (var k = 0u; k < 4u; k++) {
+                let i = ck_index(l, q, k);
+                if (i != NONE) { hv[q][k] = ck1[i]; }
             }
-            workgroupBarrier();
-            // y[r, d] = sum_n Cs h (fixed order) + D_vec u, for the block's steps x channels.
-            for (var q = li; q < (te - tb) * cpw; q += WG) {
-                let t = tb + q / cpw;
-                let dl = q % cpw;
-                let d = wid.x * cpw + dl;
-                if (d < p.D) {
-                    var s = 0.0;
-                    let base = (t - tb) * SROW + dl * (p.N + 1u);
-                    for (var j = 0u; j < p.N; j++) { s += s1[base + j]; }
-                    let r = l.b * p.L + t;
-                    fo_y[r * p.D + d] = s + fo_w[p.dvec_off + d] * fo_u[r * p.D + d];
-                }
-            }
-            workgroupBarrier();
         }
-        if (SINGLE && l.on) { fo_achunk[cidx(l.b, c, l.d, l.n)] = ac; }
+    }
+    for (var tb = t0; tb < t1; tb += TS) {
+        workgroupBarrier();
+        stage_bc(li, l.b, tb, t1);
+        workgroupBarrier();
+        for (var ts = 0u; ts < TS; ts++) {
+            var yv = 0.0;
+            if (l.on && tb + ts < t1) {
+                let r = (l.b * p.L + tb + ts) * p.D + l.d;
+                step_h(l, ts, r, false);
+                for (var q = 0u; q < 4u; q++) {
+                    if (q < NV) { yv += dot(bc_at(ts, 1u, l.s, q), hv[q]); }
+                }
+                if (SG == 1u) { out1[r] = yv + w[p.dvec_off + l.d] * u[r]; }
+            }
+            if (SG > 1u) { ysum[ts * WG + li] = yv; }
+        }
+        if (SG > 1u) {
+            // y = sum over the channel's state groups (fixed order) + D_vec u
+            workgroupBarrier();
+            for (var ts = 0u; ts < TS; ts++) {
+                if (l.on && l.s == 0u && tb + ts < t1) {
+                    var y = 0.0;
+                    for (var j = 0u; j < SG; j++) { y += ysum[ts * WG + li + j]; }
+                    let r = (l.b * p.L + tb + ts) * p.D + l.d;
+                    out1[r] = y + w[p.dvec_off + l.d] * u[r];
+                }
+            }
+        }
     }
 }
 
 // --------------------------------------------------------------- backward
-@group(0) @binding(1) var<storage, read> bl_xproj: array<f32>;
-@group(0) @binding(2) var<storage, read> bl_delta: array<f32>;
-@group(0) @binding(3) var<storage, read> bl_w: array<f32>;
-@group(0) @binding(4) var<storage, read> bl_dy: array<f32>;
-@group(0) @binding(5) var<storage, read_write> bl_gchunk: array<f32>;
-
 @compute @workgroup_size(WG)
 fn scan_backward_chunk(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let l = lane(li, wid);
-    if (!l.on) { return; }
-    let A = a_of(bl_w[p.alog_off + l.d * p.N + l.n]);
-    var g = 0.0;
-    var an = 0.0;                 // a_{t+1} of the step after t (0 past the chunk)
-    for (var t = l.t1; t > l.t0; t--) {
-        let r = l.b * p.L + t - 1u;
-        g = bl_xproj[r * p.P + p.R + p.N + l.n] * bl_dy[r * p.D + l.d] + an * g;
-        an = exp(bl_delta[r * p.D + l.d] * A);
+    let t0 = wid.y * p.chunk;
+    let t1 = min(t0 + p.chunk, p.L);
+    let nblk = (t1 - t0 + TS - 1u) / TS;
+    load_a(l);
+    var an: array<vec4<f32>, 4>;              // a_{t+1} of the step after t (0 past the chunk)
+    for (var q = 0u; q < 4u; q++) { hv[q] = vec4<f32>(0.0); an[q] = vec4<f32>(0.0); }
+    for (var jj = 0u; jj < nblk; jj++) {      // blocks from the last
+        let tb = t0 + (nblk - 1u - jj) * TS;
+        workgroupBarrier();
+        stage_bc(li, l.b, tb, t1);
+        workgroupBarrier();
+        for (var k = 0u; k < TS; k++) {
+            let ts = TS - 1u - k;
+            if (l.on && tb + ts < t1) {
+                let r = (l.b * p.L + tb + ts) * p.D + l.d;
+                let dyv = dy[r];
+                let dl = delta[r];
+                for (var q = 0u; q < 4u; q++) {
+                    if (q < NV) {
+                        hv[q] = fma(an[q], hv[q], bc_at(ts, 1u, l.s, q) * dyv);
+                        an[q] = exp(dl * Av[q]);
+                    }
+                }
+            }
+        }
     }
-    bl_gchunk[cidx(l.b, l.c, l.d, l.n)] = an * g;
+    for (var q = 0u; q < 4u; q++) {
+        for (var k = 0u; k < 4u; k++) {
+            let i = ck_index(l, q, k);
+            if (i != NONE) { ck1[i] = an[q][k] * hv[q][k]; }
+        }
+    }
 }
-
-@group(0) @binding(1) var<storage, read> bc_gchunk: array<f32>;
-@group(0) @binding(2) var<storage, read> bc_achunk: array<f32>;
-@group(0) @binding(3) var<storage, read_write> bc_gcarry: array<f32>;
 
 @compute @workgroup_size(WG)
 fn scan_backward_carry(@builtin(local_invocation_index) li: u32,
-                  @builtin(workgroup_id) wid: vec3<u32>,
-                  @builtin(num_workgroups) nwg: vec3<u32>) {
+                       @builtin(workgroup_id) wid: vec3<u32>,
+                       @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_index(wid, nwg, li, WG);
     let DN = p.D * p.N;
     if (i >= p.B * DN) { return; }
@@ -271,136 +346,169 @@ fn scan_backward_carry(@builtin(local_invocation_index) li: u32,
     var k = 0.0;
     for (var c = p.C; c > 0u; c--) {
         let j = (b * p.C + c - 1u) * DN + dn;
-        bc_gcarry[j] = k;
-        k = bc_gchunk[j] + bc_achunk[j] * k;
+        ck3[j] = k;
+        k = ck1[j] + ck2[j] * k;
     }
 }
-
-@group(0) @binding(1) var<storage, read> bg_xproj: array<f32>;
-@group(0) @binding(2) var<storage, read> bg_u: array<f32>;
-@group(0) @binding(3) var<storage, read> bg_delta: array<f32>;
-@group(0) @binding(4) var<storage, read> bg_delta_pre: array<f32>;
-@group(0) @binding(5) var<storage, read> bg_w: array<f32>;
-@group(0) @binding(6) var<storage, read> bg_dy: array<f32>;
-@group(0) @binding(7) var<storage, read> bg_hstate: array<f32>;
-@group(0) @binding(8) var<storage, read> bg_gcarry: array<f32>;
-@group(0) @binding(9) var<storage, read_write> bg_du: array<f32>;
-@group(0) @binding(10) var<storage, read_write> bg_ddelta_pre: array<f32>;
-@group(0) @binding(11) var<storage, read_write> bg_dbc_part: array<f32>;
-@group(0) @binding(12) var<storage, read_write> bg_da_part: array<f32>;
 
 @compute @workgroup_size(WG)
 fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    if (p.B == 0xffffffffu) { bg_du[0] = bg_gcarry[0]; }   // never: keeps gcarry in the layout
     let l = lane(li, wid);
-    let M = p.B * p.L;
-    let cpw = WG / p.N;
-    var A = -1.0;
-    var hist: array<f32, TMAX>;   // hist[t - t0] = h_{t-1}, (chunk,) private
-    var carry = 0.0;
-    if (l.on) { A = a_of(bg_w[p.alog_off + l.d * p.N + l.n]); }
-    // Chunks from the last to the first (SINGLE), or this workgroup's chunk.
-    let cfirst = select(l.c, p.C - 1u, SINGLE);
-    let ncs = select(1u, p.C, SINGLE);
-    for (var ci = 0u; ci < ncs; ci++) {            // uniform bounds
-    let c = cfirst - ci;
-    let t0 = c * p.chunk;
+    let t0 = wid.y * p.chunk;
     let t1 = min(t0 + p.chunk, p.L);
-    if (l.on) {
-        var h = bg_hstate[cidx(l.b, c, l.d, l.n)];
-        for (var t = t0; t < t1; t++) {
-            let r = l.b * p.L + t;
-            hist[t - t0] = h;
-            let dl = bg_delta[r * p.D + l.d];
-            h = exp(dl * A) * h + coef_of(dl, A) * bg_xproj[r * p.P + p.R + l.n] * bg_u[r * p.D + l.d];
-        }
-        // the carry into the chunk's last step: from the next chunk (SINGLE: the
-        // running value), or from scan_backward_carry
-        if (!SINGLE) { carry = bg_gcarry[cidx(l.b, c, l.d, l.n)]; }
+    let nblk = (t1 - t0 + TS - 1u) / TS;
+    let M = p.B * p.L;
+    load_a(l);
+    var hblock: array<vec4<f32>, 4u * CKMAX>;    // (CKMAX, 4): state entering each block
+    var hist: array<vec4<f32>, 4u * TSMAX>;   // (TSMAX, 4): h_{t-1} of the block's steps
+    var gc: array<vec4<f32>, 4>;              // carry a_{t+1} g_{t+1}
+    var dA: array<vec4<f32>, 4>;              // dLoss/dA summed over the chunk
+    for (var q = 0u; q < 4u; q++) {
+        hv[q] = vec4<f32>(0.0); gc[q] = vec4<f32>(0.0); dA[q] = vec4<f32>(0.0);
     }
-    var dA = 0.0;
-    // Blocks of TB steps from the end of the chunk (uniform bounds).
-    var te = t1;
-    loop {
-        if (te <= t0) { break; }
-        let tb = max(t0, select(t0, te - TB, te >= TB));
-        for (var t = te; t > tb; t--) {
-            let r = l.b * p.L + t - 1u;
-            var c_du = 0.0; var c_dd = 0.0; var c_db = 0.0; var c_dc = 0.0;
-            if (l.on) {
-                let dl = bg_delta[r * p.D + l.d];
-                let uu = bg_u[r * p.D + l.d];
-                let dyv = bg_dy[r * p.D + l.d];
-                let Bn = bg_xproj[r * p.P + p.R + l.n];
-                let Cn = bg_xproj[r * p.P + p.R + p.N + l.n];
-                let x = dl * A;
-                let ab = exp(x);
-                let coef = coef_of(dl, A);
-                let hp = hist[t - 1u - t0];
-                let ht = ab * hp + coef * Bn * uu;
-                let g = Cn * dyv + carry;
-                carry = ab * g;
-                let gbu = g * Bn * uu;         // dLoss/dcoef
-                c_du = g * coef * Bn;
-                c_db = g * coef * uu;
-                c_dc = dyv * ht;
-                if (p.zoh == 1u) {
-                    c_dd = g * hp * ab * A + gbu * ab;
-                    dA += g * hp * ab * dl + gbu * dl * dl * zoh_dfactor(x);
-                } else {
-                    c_dd = g * hp * ab * A + gbu;
-                    dA += g * hp * ab * dl;
+    for (var q = 0u; q < 4u; q++) {
+        for (var k = 0u; k < 4u; k++) {
+            let i = ck_index(l, q, k);
+            if (i != NONE && l.c > 0u) { hv[q][k] = ck1[i]; }        // hstate
+            if (i != NONE && l.c + 1u < p.C) { gc[q][k] = ck2[i]; }  // gcarry
+        }
+    }
+    // 1. walk the chunk forward, keeping the state entering each block
+    for (var j = 0u; j < nblk; j++) {
+        let tb = t0 + j * TS;
+        workgroupBarrier();
+        stage_bc(li, l.b, tb, t1);
+        workgroupBarrier();
+        if (l.on) {
+            for (var q = 0u; q < 4u; q++) { hblock[j * 4u + q] = hv[q]; }
+            for (var ts = 0u; ts < TS; ts++) {
+                if (tb + ts < t1) { step_h(l, ts, (l.b * p.L + tb + ts) * p.D + l.d, false); }
+            }
+        }
+    }
+    let dvec = select(0.0, w[p.dvec_off + min(l.d, p.D - 1u)], l.on);
+    // 2. the blocks from the last: recompute, then the steps backward
+    for (var jj = 0u; jj < nblk; jj++) {
+        let j = nblk - 1u - jj;
+        let tb = t0 + j * TS;
+        workgroupBarrier();
+        stage_bc(li, l.b, tb, t1);
+        workgroupBarrier();
+        if (l.on) {
+            for (var q = 0u; q < 4u; q++) { hv[q] = hblock[j * 4u + q]; }
+            for (var ts = 0u; ts < TSMAX; ts++) {
+                if (ts < TS && tb + ts < t1) {
+                    for (var q = 0u; q < 4u; q++) { hist[ts * 4u + q] = hv[q]; }
+                    step_h(l, ts, (l.b * p.L + tb + ts) * p.D + l.d, false);
                 }
             }
-            if (li < cpw * p.N) {
-                let k = sslot(t - 1u - tb, li);
-                s1[k] = c_du; s2[k] = c_dd; s3[k] = c_db; s4[k] = c_dc;
+        }
+        for (var rr = 0u; rr < TSMAX; rr++) {     // rounds of RB steps from the block's end
+            if (rr * RB < TS) {
+                for (var k = 0u; k < TSMAX; k++) {
+                    if (k < RB) {
+                        let ts = TS - 1u - (rr * RB + k);
+                        let t = tb + ts;
+                        var db: array<vec4<f32>, 4>;
+                        var dc: array<vec4<f32>, 4>;
+                        var sdu = 0.0;
+                        var sdd = 0.0;
+                        if (l.on && t < t1) {
+                            let r = (l.b * p.L + t) * p.D + l.d;
+                            let dl = delta[r];
+                            let uu = u[r];
+                            let dyv = dy[r];
+                            for (var q = 0u; q < 4u; q++) {
+                                if (q < NV) {
+                                    let A = Av[q];
+                                    let x = dl * A;
+                                    let ex = exp(x);
+                                    let Bq = bc_at(ts, 0u, l.s, q);
+                                    let Cq = bc_at(ts, 1u, l.s, q);
+                                    let em1 = expm1_v4(x, ex);
+                                    let coef = select(vec4<f32>(dl), em1 * rA[q], p.zoh == 1u);
+                                    let hp = hist[ts * 4u + q];
+                                    let bu = Bq * uu;
+                                    let g = fma(Cq, vec4<f32>(dyv), gc[q]);
+                                    gc[q] = ex * g;
+                                    let gbu = g * bu;                  // dLoss/dcoef
+                                    let ghe = g * hp * ex;
+                                    sdu += dot(g * coef, Bq);
+                                    db[q] = g * coef * uu;
+                                    dc[q] = dyv * fma(ex, hp, coef * bu);   // dyv * h_t
+                                    if (p.zoh == 1u) {
+                                        sdd += dot(ghe, A) + dot(gbu, ex);
+                                        dA[q] += ghe * dl + gbu * (dl * dl) * zoh_dfactor_v4(x, ex, em1);
+                                    } else {
+                                        sdd += dot(ghe, A) + dot(gbu, vec4<f32>(1.0));
+                                        dA[q] += ghe * dl;
+                                    }
+                                }
+                            }
+                            if (SG == 1u) {
+                                out1[r] = sdu + dvec * dyv;
+                                out2[r] = sdd * sigmoid(delta_pre[r]);
+                            }
+                        }
+                        let row = (k * WG + li) * RS;
+                        for (var q = 0u; q < 4u; q++) {
+                            for (var e = 0u; e < 4u; e++) {
+                                red[row + 4u * q + e] = db[q][e];
+                                red[row + 16u + 4u * q + e] = dc[q][e];
+                            }
+                        }
+                        red[row + 32u] = sdu;
+                        red[row + 33u] = sdd;
+                    }
+                }
+                workgroupBarrier();
+                // dBs, dCs partials of the round: sums over this group's CPW channels
+                let cpw = WG / SG;
+                for (var o = li; o < RB * SG * 32u; o += WG) {
+                    let k = o / (SG * 32u);
+                    let s = (o / 32u) % SG;
+                    let jcol = o % 32u;
+                    let n = s * 16u + jcol % 16u;
+                    let t = tb + TS - 1u - (rr * RB + k);
+                    if (t < t1 && n < p.N) {
+                        var acc = 0.0;
+                        for (var c = 0u; c < cpw; c++) { acc += red[(k * WG + c * SG + s) * RS + jcol]; }
+                        dbc_part[(wid.x * M + l.b * p.L + t) * 2u * p.N + (jcol / 16u) * p.N + n] = acc;
+                    }
+                }
+                if (SG > 1u && l.on && l.s == 0u) {
+                    // du, ddelta: sums over the channel's state groups (fixed order)
+                    for (var k = 0u; k < RB; k++) {
+                        let t = tb + TS - 1u - (rr * RB + k);
+                        if (t < t1) {
+                            var su = 0.0;
+                            var sd = 0.0;
+                            for (var j2 = 0u; j2 < SG; j2++) {
+                                su += red[(k * WG + li + j2) * RS + 32u];
+                                sd += red[(k * WG + li + j2) * RS + 33u];
+                            }
+                            let r = (l.b * p.L + t) * p.D + l.d;
+                            out1[r] = su + dvec * dy[r];
+                            out2[r] = sd * sigmoid(delta_pre[r]);
+                        }
+                    }
+                }
+                workgroupBarrier();
             }
         }
-        workgroupBarrier();
-        let nt = te - tb;
-        // du, ddelta_pre: sums over the N states of each channel (fixed order)
-        for (var q = li; q < nt * cpw; q += WG) {
-            let t = tb + q / cpw;
-            let dl = q % cpw;
-            let d = wid.x * cpw + dl;
-            if (d < p.D) {
-                let base = (t - tb) * SROW + dl * (p.N + 1u);
-                var su = 0.0; var sd = 0.0;
-                for (var j = 0u; j < p.N; j++) { su += s1[base + j]; sd += s2[base + j]; }
-                let r = l.b * p.L + t;
-                bg_du[r * p.D + d] = su + bg_w[p.dvec_off + d] * bg_dy[r * p.D + d];
-                bg_ddelta_pre[r * p.D + d] = sd * sigmoid(bg_delta_pre[r * p.D + d]);
-            }
-        }
-        // dBs, dCs partials: sums over this group's channels (fixed order)
-        for (var q = li; q < nt * p.N; q += WG) {
-            let t = tb + q / p.N;
-            let n = q % p.N;
-            let base = (t - tb) * SROW + n;
-            var sb = 0.0; var sc = 0.0;
-            for (var j = 0u; j < cpw; j++) {
-                sb += s3[base + j * (p.N + 1u)];
-                sc += s4[base + j * (p.N + 1u)];
-            }
-            let o = (wid.x * M + l.b * p.L + t) * 2u * p.N;
-            bg_dbc_part[o + n] = sb;
-            bg_dbc_part[o + p.N + n] = sc;
-        }
-        workgroupBarrier();
-        te = tb;
     }
-    if (l.on) { bg_da_part[cidx(l.b, c, l.d, l.n)] = dA; }
+    for (var q = 0u; q < 4u; q++) {
+        for (var k = 0u; k < 4u; k++) {
+            let i = ck_index(l, q, k);
+            if (i != NONE) { ck3[i] = dA[q][k]; }
+        }
     }
 }
 
-@group(0) @binding(1) var<storage, read> rb_dbc_part: array<f32>;
-@group(0) @binding(2) var<storage, read_write> rb_dxproj: array<f32>;
-
 @compute @workgroup_size(WG)
 fn scan_backward_sum_bc(@builtin(local_invocation_index) li: u32,
-                  @builtin(workgroup_id) wid: vec3<u32>,
-                  @builtin(num_workgroups) nwg: vec3<u32>) {
+                        @builtin(workgroup_id) wid: vec3<u32>,
+                        @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_index(wid, nwg, li, WG);
     let M = p.B * p.L;
     let W = 2u * p.N;
@@ -408,26 +516,22 @@ fn scan_backward_sum_bc(@builtin(local_invocation_index) li: u32,
     let r = i / W;
     let j = i % W;
     var s = 0.0;
-    for (var g = 0u; g < p.G; g++) { s += rb_dbc_part[(g * M + r) * W + j]; }
-    rb_dxproj[r * p.P + p.R + j] = s;
+    for (var g = 0u; g < p.G; g++) { s += dbc_part[(g * M + r) * W + j]; }
+    out1[r * p.P + p.R + j] = s;
 }
-
-@group(0) @binding(1) var<storage, read> ra_da_part: array<f32>;
-@group(0) @binding(2) var<storage, read> ra_w: array<f32>;
-@group(0) @binding(3) var<storage, read_write> ra_g: array<f32>;
 
 @compute @workgroup_size(WG)
 fn scan_backward_sum_a_log(@builtin(local_invocation_index) li: u32,
-                  @builtin(workgroup_id) wid: vec3<u32>,
-                  @builtin(num_workgroups) nwg: vec3<u32>) {
+                           @builtin(workgroup_id) wid: vec3<u32>,
+                           @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_index(wid, nwg, li, WG);
     let DN = p.D * p.N;
     if (i >= DN) { return; }
     var s = 0.0;
-    for (var bc = 0u; bc < p.B * p.C; bc++) { s += ra_da_part[bc * DN + i]; }
-    let a_log = ra_w[p.alog_off + i];
+    for (var bc_i = 0u; bc_i < p.B * p.C; bc_i++) { s += ck3[bc_i * DN + i]; }
+    let a_log = w[p.alog_off + i];
     // Closed clamp: exactly zero gradient at and beyond the bounds.
     if (a_log > a_log_min && a_log < a_log_max) {
-        ra_g[p.alog_off + i] = ra_g[p.alog_off + i] + a_of(a_log) * s;
+        out1[p.alog_off + i] = out1[p.alog_off + i] + a_of(a_log) * s;
     }
 }

@@ -31,7 +31,7 @@ import numpy as np
 from .._validate import BlockDims
 from ..constants import DEFAULT_EPS
 from ..gpu.device import gpu
-from .sizes import SIZES
+from .sizes import SIZES, TRAIN_STEPS
 
 NOMINAL_BW = 4.0e12   # bytes/s, H200 device copy as measured through wgpu (issue 4)
 
@@ -158,7 +158,7 @@ def bench_size(size, repeat, use_torch, loops, profile=False):
     x = rng.standard_normal((B, L, Dm)).astype(np.float32)
     dout = rng.standard_normal((B, L, Dm)).astype(np.float32)
     before = g.bytes_allocated
-    plan = _Plan(dims, B, L, DEFAULT_EPS, "zoh", scan.SCAN_CHUNK)
+    plan = _Plan(dims, B, L, DEFAULT_EPS, "zoh", scan.layout_key())
     mem = g.bytes_allocated - before
     from .._validate import BLOCK_PARAM_NAMES
     plan.upload_params({k: params[k] for k in BLOCK_PARAM_NAMES})
@@ -189,9 +189,51 @@ def bench_size(size, repeat, use_torch, loops, profile=False):
     return res
 
 
+def train_step(name, steps=5, warmup=2):
+    """Whole-model training step of ``TRAIN_STEPS[name]`` (byte-level LM: embedding,
+    blocks, final norm, tied head, cross-entropy, grad norm, AdamW in one submit,
+    mamba_ext.gpu.ResidentTrainer): median wall ms per step with the loss read back,
+    tokens/s and the GPU memory of our buffers."""
+    from ..gpu.trainer import ResidentTrainer
+    from ..model import init_model_params
+    V, Dm, nl, B, L = TRAIN_STEPS[name]
+    g = gpu()
+    params = init_model_params(V, Dm, nl, seed=0)
+    before = g.bytes_allocated
+    tr = ResidentTrainer(params, lr=1e-4)
+    tok = np.random.default_rng(0).integers(0, V, (B, L + 1))
+    x, y = tok[:, :-1], tok[:, 1:]
+    for _ in range(warmup):
+        tr.step(x, y)
+    ts = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        loss = tr.step(x, y)
+        ts.append(time.perf_counter() - t0)
+    ms = statistics.median(ts) * 1e3
+    mem = g.bytes_allocated - before
+    del tr
+    return dict(name=name, cfg=(V, Dm, nl, B, L), ms=ms, tokens_s=B * L / ms * 1e3, mem=mem,
+                loss=loss)
+
+
+def run_train_steps(names, steps=5) -> int:
+    """Print one line per model of ``names`` (keys of TRAIN_STEPS); returns 0."""
+    g = gpu()
+    print(f"adapter: {g.info.get('device')} ({g.info.get('backend_type')})")
+    for n in names:
+        r = train_step(n, steps)
+        V, Dm, nl, B, L = r["cfg"]
+        print(f"model V {V}, {nl} layers x d_model {Dm}, B {B} x L {L}, fp32 WGSL: step "
+              f"{r['ms']:.2f} ms = {r['tokens_s']:,.0f} tokens/s (wall, median of {steps}, loss "
+              f"read back), GPU memory {r['mem'] / 2**20:.0f} MiB, loss {r['loss']:.4f}",
+              flush=True)
+    return 0
+
+
 def run(size: str = "all", *, repeat: int = 10, use_torch: bool = True, loops: bool = True,
         profile: bool = False) -> int:
-    """Run the GPU benchmark for ``size`` ("a", "b", "c" or "all") and print its tables;
+    """Run the GPU benchmark for ``size`` ("a" .. "d", or "all" = a, b, c) and print its tables;
     returns 0. ``use_torch``: also time the PyTorch CUDA baselines; ``loops``: include
     the slow Python-time-loop one; ``profile``: also time every dispatch alone."""
     if repeat < 1:

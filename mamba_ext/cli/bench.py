@@ -17,8 +17,8 @@ from ._common import parser
 
 def build_parser():
     p = parser("bench", __doc__)
-    p.add_argument("--size", choices=["a", "b", "c", "all"], default="all",
-                   help="block size (mamba_ext.bench.sizes.SIZES)")
+    p.add_argument("--size", choices=["a", "b", "c", "d", "all"], default="all",
+                   help="block size (mamba_ext.bench.sizes.SIZES; all = a, b, c)")
     p.add_argument("--repeat", type=int, default=None,
                    help="timed runs per measurement (median); default 5 on the CPU, 10 on the GPU")
     p.add_argument("--device", choices=["cpu", "gpu"], default="cpu", help="where the block runs")
@@ -30,6 +30,9 @@ def build_parser():
     p.add_argument("--no-loop", action="store_true",
                    help="GPU: skip the slow PyTorch Python-time-loop baseline")
     p.add_argument("--profile", action="store_true", help="GPU: also time every dispatch alone")
+    p.add_argument("--train-step", default=None, metavar="MODELS",
+                   help="GPU: time whole-model training steps instead of the block; "
+                        "comma-separated from 24x768, 4x256 (mamba_ext.bench.sizes.TRAIN_STEPS)")
     p.add_argument("--markdown", action="store_true",
                    help="CPU: print the table as Markdown (the GPU tables always are)")
     p.add_argument("--generation", action="store_true",
@@ -59,10 +62,19 @@ def main(argv=None) -> int:
         bench_generation(n_tokens=args.tokens, models=models, repeats=args.repeat or 3,
                          n_threads=args.threads)
         return 0
+    if args.train_step is not None and args.device != "gpu":
+        ap.error("--train-step needs --device gpu")
     if args.device == "gpu":
         if args.dtype != "float32":
             ap.error("--device gpu runs float32 only")
         from ..bench import gpu
+        if args.train_step is not None:
+            from ..bench.sizes import TRAIN_STEPS
+            names = [m for m in args.train_step.split(",") if m]
+            if not names or any(m not in TRAIN_STEPS for m in names):
+                ap.error(f"--train-step: expected names from {sorted(TRAIN_STEPS)}, got "
+                         f"{args.train_step!r}")
+            return gpu.run_train_steps(names, steps=args.repeat or 5)
         return gpu.run(args.size, repeat=args.repeat or 10, use_torch=not args.no_torch,
                        loops=not args.no_loop, profile=args.profile)
     from ..bench import cpu

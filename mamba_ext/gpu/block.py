@@ -101,9 +101,8 @@ class BlockLayer:
         self.xproj = mk(M * P, "xproj")              # (M, P) [dt_low | Bs | Cs]
         self.delta_pre = mk(M * D, "delta_pre")      # (M, D) dt_proj output + bias
         self.delta = mk(M * D, "delta")              # (M, D) softplus(delta_pre)
-        n = self.s.chunk_elems
-        # (B, C, D, N) chunk end states from zero (not used by the single-pass scan)
-        self.hchunk = mk(1 if self.s.single else n, "scan_hchunk")
+        n = 1 if self.s.C == 1 else self.s.chunk_elems     # one chunk: none is used
+        self.hchunk = mk(n, "scan_hchunk")           # (B, C, D, N) chunk end states from zero
         self.achunk = mk(n, "scan_achunk")           # (B, C, D, N) chunk decay products
         self.hstate = mk(n, "scan_hstate")           # (B, C, D, N) state entering each chunk
         self.y = mk(M * D, "y")                      # (M, D) scan output before the gate
@@ -171,11 +170,13 @@ class BlockLayer:
 
 
 class _Plan:
-    """Buffers and recorded ops of one block for one (dims, B, L, eps, disc, chunk)."""
+    """Buffers and recorded ops of one block for one (dims, B, L, eps, disc, scan
+    layout_key())."""
 
-    def __init__(self, dims, B, L, eps, discretization, chunk):
+    def __init__(self, dims, B, L, eps, discretization, layout):
         g = gpu()
-        self.key = (dims, B, L, eps, discretization, chunk)
+        self.key = (dims, B, L, eps, discretization, layout)
+        chunk = layout[0]
         self.offs, n = block_arena(dims)
         M = B * L
         self.w = g.buffer(n, "params")
@@ -238,7 +239,7 @@ def mamba1_forward(x, params, *, eps=DEFAULT_EPS, discretization="zoh"):
     fp = _fingerprint(arrays)
     if B * L == 0:
         return xa.copy(), GpuBlockCache(None, xa.shape, dims, eps, discretization, fp)
-    plan = _acquire((dims, B, L, eps, discretization, _scan.SCAN_CHUNK))
+    plan = _acquire((dims, B, L, eps, discretization, _scan.layout_key()))
     g = gpu()
     plan.upload_params(arrays)
     g.write(plan.x, xa)

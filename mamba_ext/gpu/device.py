@@ -38,8 +38,8 @@ _WANTED_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
                   "max-storage-buffers-per-shader-stage", "max-compute-workgroup-storage-size",
                   "max-compute-invocations-per-workgroup", "max-compute-workgroups-per-dimension")
 
-# The scan backward kernel binds 11 storage buffers.
-_MIN_STORAGE_BUFFERS = 11
+# The scan backward kernel binds 12 storage buffers.
+_MIN_STORAGE_BUFFERS = 12
 
 
 def _kernel_dir_sources():
@@ -205,11 +205,14 @@ class Gpu:
         return tuple(int(g) for g in grid)
 
     def op(self, file, entry, grid, params, buffers, constants=None) -> Op:
-        """Record a dispatch: binding 0 = uniform ``params``, 1.. = ``buffers``."""
+        """Record a dispatch: binding 0 = uniform ``params``, 1.. = ``buffers`` (None =
+        a binding this entry point does not use)."""
         pl = self.pipeline(file, entry, constants)
         ubuf = self.uniform(params)
         entries = [{"binding": 0, "resource": {"buffer": ubuf}}]
         for i, b in enumerate(buffers, start=1):
+            if b is None:
+                continue
             entries.append({"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}})
         bg = self.device.create_bind_group(layout=pl.get_bind_group_layout(0), entries=entries)
         return Op(pl, bg, self.check_grid(grid, f"{file}.{entry}"), entry, ubuf)

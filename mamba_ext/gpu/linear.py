@@ -25,7 +25,7 @@ MIN_SPLIT_K = 512
 # docs/gpu_h200.txt); True = every product of few tiles (batch 1, x_proj's and
 # dt_proj's narrow outputs): implemented and tested (tests/gpu/test_linear.py), not
 # yet measured on a real GPU, so off.
-SPLIT_ALL = False
+SPLIT_ALL = True
 _VEC = 4
 # Register prefetch + double-buffered workgroup memory in the tile loop (override
 # constant PREFETCH of kernels/linear.wgsl); False = the plain loop.

@@ -144,7 +144,7 @@ _PLANS = {}
 def _plan(arrays, dims, shape, eps, discretization):
     order = list(arrays)
     key = (tuple((k, arrays[k].shape) for k in order), shape, eps, discretization,
-           _scan.SCAN_CHUNK)
+           _scan.layout_key())
     plan = _PLANS.get(key)
     if plan is None:
         if len(_PLANS) > 4:

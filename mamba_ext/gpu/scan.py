@@ -10,99 +10,120 @@ import math
 from ..constants import A_LOG_MAX, A_LOG_MIN
 from .device import column_sum, elementwise
 
-# Chunk length of the chunked scan: 64, as on the CPU (measured on an H200 at
-# block d: chunk 16 / 32 / 64 -> scan kernels 11.4 / 10.7 / 10.5 ms,
-# docs/gpu_h200.txt). At most 64: scan_backward_grads keeps the states of one
-# chunk in a private array of TMAX = 64 floats (kernels/scan.wgsl).
+# Chunk length of the chunked scan: 64, as on the CPU (kept for the backward
+# kernel's checkpoints: at most CKMAX = 16 blocks of SCAN_TS_BACKWARD steps, so a
+# shape may run with a shorter chunk, see ScanShape).
 SCAN_CHUNK = 64
 SCAN_CHUNK_MAX = 64
-# Steps per block of scan_backward_grads (4 arrays of TB x SROW floats in workgroup
-# memory) and of scan_forward_output (1 array; None = as many as fit in 8 KiB).
-# Small blocks measured fastest on an H200 (block d, chunk 32: backward TB 2 / 4
-# with forward TB 4 -> scan kernels 10.7 / 13.8 ms; forward TB 4 / 8 / 15 ->
-# 10.7 / 11.1 / 12.7 ms): less workgroup memory, more resident workgroups.
-SCAN_TB_BACKWARD = 2
-SCAN_TB_FORWARD = 4
-# One workgroup walks all chunks of its channels (override SINGLE of
-# kernels/scan.wgsl: 1 forward and 1 backward scan pass instead of 3 and 3, and no
-# hchunk/gchunk/gcarry buffers) when B x D x N reaches SCAN_SINGLE_MIN
-# invocations. None = never: on an H200 at block d (B x D x N = 196,608) its scan
-# kernels measured 13.4 ms against 10.5 ms for the chunked layout (docs/gpu_h200.txt,
-# run 4).
-SCAN_SINGLE_MIN = None
+# Invocations per workgroup of the chunk kernels (one per channel x state group of
+# 16 states, kernels/scan.wgsl): 32, one subgroup on most GPUs, so the barriers of
+# the dBs/dCs reduction are cheap.
+SCAN_WG = 64
+# Steps per staged block of Bs | Cs: forward passes and scan_backward_chunk; and of
+# scan_backward_grads, whose block of recomputed states stays in registers
+# (4 x 16 floats per step; at most TSMAX = 8).
+SCAN_TS_FORWARD = 16
+SCAN_TS_BACKWARD = 4
+# Steps per dBs/dCs reduction round of scan_backward_grads (divides SCAN_TS_BACKWARD).
+SCAN_RB = 2
+_TSMAX, _CKMAX, _RS = 8, 16, 35           # consts of kernels/scan.wgsl
+# Workgroup memory the chunk kernels may use: WebGPU's guaranteed minimum of
+# max_compute_workgroup_storage_size, so every adapter runs them.
+_WG_MEMORY = 16384
 
 
-def scan_constants(wg, tb):
-    """Override constants of kernels/scan.wgsl: workgroup size, steps per block and
-    the A_log clamp bounds (from mamba_ext.constants, the one source)."""
-    return {"WG": wg, "TB": tb, "a_log_min": float(A_LOG_MIN), "a_log_max": float(A_LOG_MAX)}
+def layout_key():
+    """The module settings a recorded plan depends on (part of the plan caches' keys)."""
+    return (SCAN_CHUNK, SCAN_WG, SCAN_TS_FORWARD, SCAN_TS_BACKWARD, SCAN_RB)
+
+
+def scan_constants(wg):
+    """Override constants of kernels/scan.wgsl shared by every entry: workgroup size
+    and the A_log clamp bounds (from mamba_ext.constants, the one source)."""
+    return {"WG": wg, "a_log_min": float(A_LOG_MIN), "a_log_max": float(A_LOG_MAX)}
 
 
 class ScanShape:
-    """Sizes and workgroup layout of one chunked scan."""
+    """Sizes and workgroup layout of one chunked scan (see kernels/scan.wgsl)."""
 
     def __init__(self, B, L, D, N, R, chunk, zoh):
         if not 1 <= chunk <= SCAN_CHUNK_MAX:
             raise ValueError(f"scan chunk length must be in [1, {SCAN_CHUNK_MAX}], got {chunk}")
-        if N > 1024:
-            raise ValueError(f"mamba_ext.gpu: dState {N} > 1024 (max_compute_invocations_per_"
-                             f"workgroup of the scan kernels)")
+        self.SG = math.ceil(N / 16)                     # state groups of 16 per channel
+        self.NV = 4 if self.SG > 1 else math.ceil(N / 4)
+        self.wg = self.SG * max(1, SCAN_WG // self.SG)
+        self.cpw = self.wg // self.SG                   # channels per workgroup
+        per_step = 32 * self.SG                         # floats of Bs | Cs staged per step
+        fits = lambda ts, extra: 4 * (ts * per_step + extra) <= _WG_MEMORY
+        self.ts_f = max(1, SCAN_TS_FORWARD)
+        while self.ts_f > 1 and not fits(self.ts_f, self.ts_f * self.wg):
+            self.ts_f //= 2
+        self.ts_b = max(1, min(SCAN_TS_BACKWARD, _TSMAX))
+        self.rb = max(1, min(SCAN_RB, self.ts_b))
+        while not fits(self.ts_b, self.rb * self.wg * _RS):
+            if self.rb > 1:
+                self.rb //= 2
+            elif self.ts_b > 1:
+                self.ts_b //= 2
+            else:
+                raise ValueError(f"mamba_ext.gpu: dState {N} needs more than {_WG_MEMORY} bytes "
+                                 f"of workgroup memory in the scan kernels")
+        if self.ts_b % self.rb:
+            self.rb = 1
         self.B, self.L, self.D, self.N, self.R, self.P = B, L, D, N, R, R + 2 * N
         self.M = B * L
-        self.chunk = chunk
-        self.C = max(math.ceil(L / chunk), 1)
+        self.chunk = min(chunk, _CKMAX * self.ts_b)     # checkpoints of the backward kernel
+        self.C = max(math.ceil(L / self.chunk), 1)
         self.zoh = 1 if zoh else 0
-        self.wg = max(128, N)                          # WG invocations = WG/N channels x N states
-        self.G = math.ceil(D / (self.wg // N))
+        self.G = math.ceil(D / self.cpw)
         self.chunk_elems = B * self.C * D * N          # size of a (B, C, D, N) chunk tensor
-        self.single = SCAN_SINGLE_MIN is not None and B * D * N >= SCAN_SINGLE_MIN
 
     def params(self, alog_off, dvec_off):
         return [self.B, self.L, self.D, self.N, self.R, self.P, self.chunk, self.C, self.G,
                 self.zoh, alog_off, dvec_off]
 
 
-def _chunk_op(g, s, entry, params, buffers, single=False):
-    """One workgroup per (channel group, chunk, batch row), or per (channel group,
-    batch row) walking all chunks when ``single``."""
-    # TB steps per block; every (TB, SROW) array of workgroup memory stays within
-    # 2048 floats (8 KiB): more memory per workgroup means fewer resident
-    # workgroups, and the scan is latency-bound.
-    srow = (s.wg // s.N) * (s.N + 1)
-    tb = SCAN_TB_BACKWARD if entry == "scan_backward_grads" else SCAN_TB_FORWARD
-    tb = max(1, min(tb or 2048, 2048 // srow))
-    consts = {**scan_constants(s.wg, tb), "SROW": srow}
-    if entry in ("scan_forward_output", "scan_backward_grads"):
-        consts["SINGLE"] = single
-    return g.op("scan", entry, (s.G, 1 if single else s.C, s.B), params, buffers, consts)
+# Binding slots of kernels/scan.wgsl, in order 1..12; an entry binds a subset.
+_SLOTS = ("xproj", "u", "delta", "w", "dy", "delta_pre", "ck1", "ck2", "ck3", "out1", "out2",
+          "dbc_part")
 
 
-def _flat_op(g, s, entry, n, params, buffers):
-    return elementwise(g, "scan", entry, n, params, buffers, wg=128,
+def _bind(**named):
+    return [named.get(k) for k in _SLOTS]
+
+
+def _chunk_op(g, s, entry, params, **named):
+    """One workgroup per (channel group, chunk, batch row)."""
+    ts = s.ts_b if entry == "scan_backward_grads" else s.ts_f
+    consts = {**scan_constants(s.wg), "SG": s.SG, "NV": s.NV, "TS": ts, "RB": s.rb}
+    return g.op("scan", entry, (s.G, s.C, s.B), params, _bind(**named), consts)
+
+
+def _flat_op(g, s, entry, n, params, **named):
+    return elementwise(g, "scan", entry, n, params, _bind(**named), wg=128,
                        constants={"a_log_min": float(A_LOG_MIN), "a_log_max": float(A_LOG_MAX)})
 
 
 def scan_forward(g, s, xproj, u, delta, w, o, hchunk, achunk, hstate, y):
     """Ops: y (M, D) = scan of u with delta, A (from A_log at ``o["A_log"]``), Bs, Cs
     (columns of xproj (M, P)) + D_vec u; hstate (B, C, D, N) = the state entering each
-    chunk (kept for the backward); hchunk, achunk (B, C, D, N) are scratch."""
+    chunk (kept for the backward); hchunk, achunk (B, C, D, N) are scratch (achunk is
+    read by the backward). One chunk: the output pass alone."""
     prm = s.params(o["A_log"], o["D_vec"])
-    out = _chunk_op(g, s, "scan_forward_output", prm, [xproj, u, delta, w, hstate, y, achunk],
-                    single=s.single)
-    if s.single:
-        return [out]
-    return [
-        _chunk_op(g, s, "scan_forward_chunk", prm, [xproj, u, delta, w, hchunk, achunk]),
-        _flat_op(g, s, "scan_forward_carry", s.B * s.D * s.N, prm, [hchunk, achunk, hstate]),
-        out,
+    ins = dict(xproj=xproj, u=u, delta=delta, w=w)
+    carry = [] if s.C == 1 else [
+        _chunk_op(g, s, "scan_forward_chunk", prm, **ins, ck1=hchunk, ck2=achunk),
+        _flat_op(g, s, "scan_forward_carry", s.B * s.D * s.N, prm, ck1=hchunk, ck2=achunk,
+                 ck3=hstate),
     ]
+    return [*carry, _chunk_op(g, s, "scan_forward_output", prm, **ins, ck1=hstate, out1=y)]
 
 
 class ScanScratch:
     """Backward temporaries of one scan shape (shared by all layers of a model)."""
 
     def __init__(self, g, s: ScanShape):
-        n = 1 if s.single else s.chunk_elems    # not used by the single-pass scan
+        n = 1 if s.C == 1 else s.chunk_elems     # not used with one chunk
         self.gchunk = g.buffer(n, "scan_gchunk")      # (B, C, D, N)
         self.gcarry = g.buffer(n, "scan_gcarry")      # (B, C, D, N)
         self.da_part = g.buffer(s.chunk_elems, "scan_da_part")    # (B, C, D, N)
@@ -114,17 +135,20 @@ def scan_backward(g, s, sc: ScanScratch, xproj, u, delta, delta_pre, w, o, dy, h
     """Ops: du (M, D) = scan part of dLoss/du + D_vec dy; ddelta_pre (M, D) (softplus
     backward fused); dxproj[:, R:P] = dBs | dCs; gradient arena ``gr`` += dA_log, dD_vec."""
     prm = s.params(o["A_log"], o["D_vec"])
-    carry = [] if s.single else [
-        _chunk_op(g, s, "scan_backward_chunk", prm, [xproj, delta, w, dy, sc.gchunk]),
-        _flat_op(g, s, "scan_backward_carry", s.B * s.D * s.N, prm, [sc.gchunk, achunk, sc.gcarry]),
+    carry = [] if s.C == 1 else [
+        _chunk_op(g, s, "scan_backward_chunk", prm, xproj=xproj, delta=delta, w=w, dy=dy,
+                  ck1=sc.gchunk),
+        _flat_op(g, s, "scan_backward_carry", s.B * s.D * s.N, prm, ck1=sc.gchunk, ck2=achunk,
+                 ck3=sc.gcarry),
     ]
     return [
         # dD_vec = colsum(dy * u)
         *column_sum(g, s.M, s.D, dy, 0, s.D, gr, o["D_vec"], b=u, b_rs=s.D),
         *carry,
-        _chunk_op(g, s, "scan_backward_grads", prm,
-                  [xproj, u, delta, delta_pre, w, dy, hstate, sc.gcarry, du, ddelta_pre,
-                   sc.dbc_part, sc.da_part], single=s.single),
-        _flat_op(g, s, "scan_backward_sum_bc", s.M * 2 * s.N, prm, [sc.dbc_part, dxproj]),
-        _flat_op(g, s, "scan_backward_sum_a_log", s.D * s.N, prm, [sc.da_part, w, gr]),
+        _chunk_op(g, s, "scan_backward_grads", prm, xproj=xproj, u=u, delta=delta, w=w, dy=dy,
+                  delta_pre=delta_pre, ck1=hstate, ck2=sc.gcarry, ck3=sc.da_part, out1=du,
+                  out2=ddelta_pre, dbc_part=sc.dbc_part),
+        _flat_op(g, s, "scan_backward_sum_bc", s.M * 2 * s.N, prm, dbc_part=sc.dbc_part,
+                 out1=dxproj),
+        _flat_op(g, s, "scan_backward_sum_a_log", s.D * s.N, prm, ck3=sc.da_part, w=w, out1=gr),
     ]

@@ -88,12 +88,15 @@ CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("single", [False, True], ids=["chunked", "single"])
+@pytest.mark.parametrize("wide", [False, True], ids=["wg32", "wg64-small-blocks"])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "-".join(map(str, c)))
-def test_block_vs_cpu(cfg, single, monkeypatch):
+def test_block_vs_cpu(cfg, wide, monkeypatch):
     Dm, D, N, K, R, B, L, T, disc = cfg
     monkeypatch.setattr(gpu_scan, "SCAN_CHUNK", T)
-    monkeypatch.setattr(gpu_scan, "SCAN_SINGLE_MIN", 0 if single else 1 << 62)
+    if wide:    # the scan's other workgroup layout (tests/gpu/test_scan.py)
+        for name, v in (("SCAN_WG", 64), ("SCAN_TS_FORWARD", 4), ("SCAN_TS_BACKWARD", 2),
+                        ("SCAN_RB", 1)):
+            monkeypatch.setattr(gpu_scan, name, v)
     params = rand_params(Dm, D, N, K, R, seed=sum(cfg[:7]))
     rng = np.random.default_rng(7)
     x = rng.standard_normal((B, L, Dm)).astype(np.float32)

@@ -46,9 +46,9 @@ def test_kernel_sources_found_and_included():
 
 def test_pipelines_built_once():
     from mamba_ext.gpu import scan as S
-    a = g.pipeline("scan", "scan_forward_carry", S.scan_constants(128, 16))
-    b = g.pipeline("scan", "scan_forward_carry", S.scan_constants(128, 16))
-    c = g.pipeline("scan", "scan_forward_carry", S.scan_constants(256, 16))
+    a = g.pipeline("scan", "scan_forward_carry", S.scan_constants(128))
+    b = g.pipeline("scan", "scan_forward_carry", S.scan_constants(128))
+    c = g.pipeline("scan", "scan_forward_carry", S.scan_constants(256))
     assert a is b and a is not c
 
 

@@ -58,11 +58,14 @@ def test_model_forward_no_layers_and_empty():
     assert G.model_forward(np.zeros((0, 3), np.int64), params).shape == (0, 3, 7)
 
 
-@pytest.mark.parametrize("single", [False, True], ids=["chunked", "single"])
+@pytest.mark.parametrize("wide", [False, True], ids=["wg32", "wg64-small-blocks"])
 @pytest.mark.parametrize("disc", ["zoh", "euler"])
-def test_model_vs_cpu(disc, single, monkeypatch):
+def test_model_vs_cpu(disc, wide, monkeypatch):
     monkeypatch.setattr(gpu_scan, "SCAN_CHUNK", 6)
-    monkeypatch.setattr(gpu_scan, "SCAN_SINGLE_MIN", 0 if single else 1 << 62)
+    if wide:    # the scan's other workgroup layout (tests/gpu/test_scan.py)
+        for name, v in (("SCAN_WG", 64), ("SCAN_TS_FORWARD", 4), ("SCAN_TS_BACKWARD", 2),
+                        ("SCAN_RB", 1)):
+            monkeypatch.setattr(gpu_scan, name, v)
     params = random_model(V=37, Dm=10, n_layers=2, D=20, N=5, K=3, R=2, seed=11)
     rng = np.random.default_rng(3)
     tok = rng.integers(0, 37, (2, 23))

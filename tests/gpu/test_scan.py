@@ -21,11 +21,16 @@ g = require_gpu()
 from mamba_ext.gpu import scan as S  # noqa: E402
 
 
-@pytest.fixture(autouse=True, params=["chunked", "single"])
+@pytest.fixture(autouse=True, params=["wg32", "wg64-small-blocks"])
 def scan_mode(request, monkeypatch):
-    """Every test in both layouts: one workgroup per chunk (chunk and carry passes)
-    and one workgroup walking all chunks (override SINGLE)."""
-    monkeypatch.setattr(S, "SCAN_SINGLE_MIN", 0 if request.param == "single" else 1 << 62)
+    """Every test in two workgroup layouts: the default one and 64 invocations with
+    staged blocks of 4 (forward) and 2 (backward) steps, one step per reduction round
+    (more blocks, rounds and partial blocks per chunk)."""
+    if request.param != "wg32":
+        monkeypatch.setattr(S, "SCAN_WG", 64)
+        monkeypatch.setattr(S, "SCAN_TS_FORWARD", 4)
+        monkeypatch.setattr(S, "SCAN_TS_BACKWARD", 2)
+        monkeypatch.setattr(S, "SCAN_RB", 1)
     return request.param
 
 
@@ -113,9 +118,11 @@ def forward_ref(c, B, L, D, N, R, disc):
 
 # (B, L, D, N, R, chunk, discretization): L not a multiple of the chunk; N not a
 # divisor of the workgroup; one chunk of 1 step; the default chunk.
-SMALL = [(2, 7, 3, 4, 2, 3, "zoh"), (1, 5, 2, 3, 1, 1, "euler"), (3, 4, 5, 1, 1, 4, "zoh")]
+# dState above 16: two and three state groups per channel.
+SMALL = [(2, 7, 3, 4, 2, 3, "zoh"), (1, 5, 2, 3, 1, 1, "euler"), (3, 4, 5, 1, 1, 4, "zoh"),
+         (1, 6, 3, 20, 2, 4, "zoh")]
 LARGE = [(2, 70, 40, 16, 3, S.SCAN_CHUNK, "zoh"), (1, 129, 33, 5, 2, 64, "euler"),
-         (3, 45, 130, 7, 4, 13, "zoh")]
+         (3, 45, 130, 7, 4, 13, "zoh"), (2, 50, 9, 40, 3, 32, "zoh"), (1, 33, 5, 17, 2, 64, "euler")]
 
 
 @pytest.mark.parametrize("cfg", SMALL + LARGE, ids=lambda c: "-".join(map(str, c)))
@@ -183,8 +190,8 @@ def test_scan_clamp_bounds_come_from_python():
     src = kernel_source("scan")
     assert "override a_log_min: f32;" in src and "override a_log_max: f32;" in src
     assert "-10.0" not in src and "5.0)" not in src
-    assert S.scan_constants(128, 4)["a_log_min"] == A_LOG_MIN
-    assert S.scan_constants(128, 4)["a_log_max"] == A_LOG_MAX
+    assert S.scan_constants(32)["a_log_min"] == A_LOG_MIN
+    assert S.scan_constants(32)["a_log_max"] == A_LOG_MAX
 
 
 def test_scan_deterministic():
@@ -194,14 +201,32 @@ def test_scan_deterministic():
     assert all(np.array_equal(a[k], b[k]) for k in a)
 
 
-def test_scan_passes(scan_mode):
-    s = S.ScanShape(2, 40, 8, 4, 1, 8, True)
-    assert s.single == (scan_mode == "single")
+@pytest.mark.parametrize("L", [8, 40])
+def test_scan_passes(L):
+    """One chunk: the output pass alone (chunk 0 starts from zero); more: three."""
+    s = S.ScanShape(2, L, 8, 4, 1, 8, True)
     bufs = [g.buffer(4, "b") for _ in range(7)]
     ops = S.scan_forward(g, s, *bufs[:4], {"A_log": 0, "D_vec": 0}, *bufs[4:7], g.buffer(4, "y"))
-    assert [op.name for op in ops] == (["scan_forward_output"] if s.single else
+    assert [op.name for op in ops] == (["scan_forward_output"] if L <= 8 else
                                        ["scan_forward_chunk", "scan_forward_carry",
                                         "scan_forward_output"])
+
+
+@pytest.mark.parametrize("N, SG, NV", [(1, 1, 1), (5, 1, 2), (16, 1, 4), (17, 2, 4), (40, 3, 4),
+                                       (512, 32, 4)])
+def test_scan_layout(N, SG, NV):
+    """State groups of 16 per invocation, workgroup memory within WebGPU's 16 KiB,
+    the chunk bounded by the backward kernel's checkpoints."""
+    s = S.ScanShape(1, 100, 64, N, 2, 64, True)
+    assert (s.SG, s.NV) == (SG, NV)
+    assert s.wg % s.SG == 0 and s.cpw * s.SG == s.wg
+    assert 4 * (s.ts_b * 32 * s.SG + s.rb * s.wg * 35) <= 16384
+    assert s.ts_b % s.rb == 0 and s.chunk <= 16 * s.ts_b
+
+
+def test_scan_refuses_huge_state():
+    with pytest.raises(ValueError, match="dState"):
+        S.ScanShape(1, 4, 2, 4096, 1, 8, True)
 
 
 def test_scan_chunk_limits():
