@@ -15,16 +15,17 @@ from .device import column_sum, elementwise
 # shape may run with a shorter chunk, see ScanShape).
 SCAN_CHUNK = 64
 SCAN_CHUNK_MAX = 64
-# Invocations per workgroup of the chunk kernels (one per channel x state group of
-# 16 states, kernels/scan.wgsl): 32, one subgroup on most GPUs, so the barriers of
-# the dBs/dCs reduction are cheap.
+# Layout of the chunk kernels (kernels/scan.wgsl), as tuned on an H200 at block d
+# (docs/gpu_h200.txt, run 5; scan kernels 9.32 ms; WG 32 with the same blocks:
+# 12.08 ms; backward blocks of 2 / 8 steps: 9.49 / 10.01 ms):
+# invocations per workgroup (one per channel x state group of 16 states),
 SCAN_WG = 64
-# Steps per staged block of Bs | Cs: forward passes and scan_backward_chunk; and of
-# scan_backward_grads, whose block of recomputed states stays in registers
-# (4 x 16 floats per step; at most TSMAX = 8).
+# steps per staged block of Bs | Cs of the forward passes and scan_backward_chunk,
+# and of scan_backward_grads, whose block of recomputed states stays in a private
+# array (4 x 16 floats per step; at most TSMAX = 8),
 SCAN_TS_FORWARD = 16
 SCAN_TS_BACKWARD = 4
-# Steps per dBs/dCs reduction round of scan_backward_grads (divides SCAN_TS_BACKWARD).
+# steps per dBs/dCs reduction round of scan_backward_grads (divides SCAN_TS_BACKWARD).
 SCAN_RB = 2
 _TSMAX, _CKMAX, _RS = 8, 16, 35           # consts of kernels/scan.wgsl
 # Workgroup memory the chunk kernels may use: WebGPU's guaranteed minimum of
