@@ -1,6 +1,6 @@
 // linear.wgsl — register-tiled matrix product of every linear layer (in_proj,
 // x_proj, dt_proj, out_proj, the tied LM head), forward and backward, with the
-// bias, the residual, softplus and the bias gradient fused in. The GPU side of
+// bias, the residual and the bias gradient fused in. The GPU side of
 // mamba_ext/cpu/linear.pyx. common.wgsl is prepended by the loader.
 //
 // Size letters: B batch, L seqLen, Dm dModel, D dInner, R dtRank, P = R + 2N,
@@ -11,7 +11,6 @@
 //   C[i, j] = beta * C[i, j] + sum_k A(i, k) * B(k, j) (+ bias[j]) (+ res[i, j])
 //   A(i, k) = a[a_off + i*a_rs + k*a_cs], B(k, j) = b[b_off + k*b_rs + j*b_cs],
 //   C[i, j] = c[c_off + i*c_rs + j],  res[i, j] = res[i*c_rs + j]
-//   ACT = 1: also d[d_off + i*c_rs + j] = softplus(C[i, j])  (dt_proj: delta_pre and delta)
 //   BIAS_GRAD: also dbias[db_off + i] += sum_k A(i, k)  (dW = dY^T X: the row sums of
 //              A = dY^T are the bias gradient, summed from the tiles already on chip)
 //
@@ -27,7 +26,7 @@
 // output is small, or any product at batch 1) slice z writes its partial products
 // to part (S, M, N) and its row sums to part[S*M*N + z*M + i]; linear_split_sum
 // adds the S slices in the order z = 0..S-1 and applies the epilogue (bias,
-// residual, beta, softplus, bias gradient).
+// residual, beta, bias gradient).
 //
 // Bindings (all entry points; shapes in elements, strides as above):
 // | binding | name  | shape                        | access                                  |
@@ -40,9 +39,8 @@
 // | 5       | bias  | (N,) at bias_off             | read (when has_bias = 1)                |
 // | 6       | res   | (M, N), row stride c_rs      | read (when has_res = 1: out_proj's x)   |
 // | 7       | c     | C output (M, N)              | read_write                              |
-// | 8       | d     | (M, N) at d_off, stride c_rs | read_write (when ACT = 1)               |
-// | 9       | part  | (S*M*N + S*M)                | read_write (split-K partials, S > 1)    |
-// | 10      | dbias | (M,) at db_off               | read_write (when BIAS_GRAD)             |
+// | 8       | part  | (S*M*N + S*M)                | read_write (split-K partials, S > 1)    |
+// | 9       | dbias | (M,) at db_off               | read_write (when BIAS_GRAD)             |
 //
 // Tile: BM x BN = 128 x 128 outputs per workgroup of 16 x 16 invocations; each
 // invocation holds an 8 x 8 micro-tile (rows 4ty..4ty+3 and 64+4ty.., columns
@@ -66,7 +64,7 @@ struct Params {
     b_off: u32, b_rs: u32, b_cs: u32,
     c_off: u32, c_rs: u32,
     bias_off: u32, has_bias: u32, beta: u32, has_res: u32,
-    d_off: u32, db_off: u32, kc: u32,
+    db_off: u32, kc: u32,
 }
 
 // A_KFAST: A is contiguous along k (a_cs = 1), else along i (a_rs = 1, or any
@@ -76,7 +74,6 @@ override A_KFAST: bool = true;
 override B_KFAST: bool = true;
 override A_VEC: bool = false;
 override B_VEC: bool = false;
-override ACT: u32 = 0u;
 override BIAS_GRAD: bool = false;
 override SPLIT: bool = false;
 override STAGES: u32 = 2u;
@@ -91,9 +88,8 @@ override PREFETCH: bool = true;
 @group(0) @binding(5) var<storage, read> bias: array<f32>;
 @group(0) @binding(6) var<storage, read> res: array<f32>;
 @group(0) @binding(7) var<storage, read_write> c: array<f32>;
-@group(0) @binding(8) var<storage, read_write> d: array<f32>;
-@group(0) @binding(9) var<storage, read_write> part: array<f32>;
-@group(0) @binding(10) var<storage, read_write> dbias: array<f32>;
+@group(0) @binding(8) var<storage, read_write> part: array<f32>;
+@group(0) @binding(9) var<storage, read_write> dbias: array<f32>;
 
 const BK: u32 = 16u;
 const SLOTS: u32 = 32u;                 // vec4 slots per k row of a 128-wide tile
@@ -183,7 +179,6 @@ fn store_c(i: u32, j: u32, v: vec4<f32>, z: u32) {
                 if (p.has_res == 1u) { r += res[i * p.c_rs + jj]; }
                 if (p.beta == 1u) { r += c[o]; }
                 c[o] = r;
-                if (ACT == 1u) { d[p.d_off + i * p.c_rs + jj] = softplus(r); }
             }
         }
     }
@@ -242,7 +237,7 @@ fn gemm_tile(lid: vec3<u32>, wid: vec3<u32>, nwg: vec3<u32>) {
         // Never true (sizes are checked on the host): keeps every binding statically
         // used, so the "auto" pipeline layout has all of them whatever the overrides.
         c[0] = a[0] + a4[0].x + b[0] + b4[0].x + bias[0] + res[0];
-        d[0] = 0.0; part[0] = 0.0; dbias[0] = 0.0;
+        part[0] = 0.0; dbias[0] = 0.0;
     }
     let tx = lid.x;
     let ty = lid.y;
@@ -347,7 +342,7 @@ fn linear_split_sum(@builtin(local_invocation_index) li: u32,
                     @builtin(num_workgroups) nwg: vec3<u32>) {
     if (p.M == 0xffffffffu) {
         c[0] = a[0] + a4[0].x + b[0] + b4[0].x + bias[0] + res[0];
-        d[0] = 0.0; dbias[0] = 0.0;
+        dbias[0] = 0.0;
     }
     let e = flat_index(wid, nwg, li, WG);
     let S = p.kc;
@@ -362,7 +357,6 @@ fn linear_split_sum(@builtin(local_invocation_index) li: u32,
         if (p.has_res == 1u) { r += res[i * p.c_rs + j]; }
         if (p.beta == 1u) { r += c[o]; }
         c[o] = r;
-        if (ACT == 1u) { d[p.d_off + i * p.c_rs + j] = softplus(r); }
     } else if (BIAS_GRAD && e < MN + p.M) {
         let i = e - MN;
         var s = 0.0;

@@ -43,30 +43,31 @@
 //
 // Bindings (0 is the uniform Params in every entry point; one table for all, an
 // entry binds the ones it names). xproj (M, P) holds dt_low = xproj[:, 0:R],
-// Bs = xproj[:, R:R+N], Cs = xproj[:, R+N:P]; w is the parameter arena (A_log (D, N)
-// at alog_off, D_vec (D,) at dvec_off). ck1..ck3 are (B, C, D, N) chunk tensors.
+// Bs = xproj[:, R:R+N], Cs = xproj[:, R+N:P]; delta = softplus(delta_pre) is
+// computed where it is read (no (M, D) delta buffer); w is the parameter arena
+// (A_log (D, N) at alog_off, D_vec (D,) at dvec_off). ck1..ck3 are (B, C, D, N)
+// chunk tensors.
 // | binding | name      | shape     | forward_chunk | forward_carry | forward_output |
 // |---------|-----------|-----------|---------------|---------------|----------------|
 // | 1       | xproj     | (M, P)    | r             |               | r              |
 // | 2       | u         | (M, D)    | r             |               | r              |
-// | 3       | delta     | (M, D)    | r             |               | r              |
+// | 3       | delta_pre | (M, D)    | r             |               | r              |
 // | 4       | w         | arena     | r             |               | r              |
-// | 7       | ck1       | (B,C,D,N) | hchunk w      | hchunk r      | hstate r       |
-// | 8       | ck2       | (B,C,D,N) | achunk w      | achunk r      |                |
-// | 9       | ck3       | (B,C,D,N) |               | hstate w      |                |
-// | 10      | out1      | (M, D)    |               |               | y w            |
+// | 6       | ck1       | (B,C,D,N) | hchunk w      | hchunk r      | hstate r       |
+// | 7       | ck2       | (B,C,D,N) | achunk w      | achunk r      |                |
+// | 8       | ck3       | (B,C,D,N) |               | hstate w      |                |
+// | 9       | out1      | (M, D)    |               |               | y w            |
 // | binding | name      | shape     | backward_chunk | backward_carry | backward_grads    |
-// | 1..4    | xproj, u, delta, w     | xproj delta w r |            | all r             |
+// | 1..4    | xproj, u, delta_pre, w | xproj delta_pre w r |        | all r             |
 // | 5       | dy        | (M, D)    | r              |                | r                 |
-// | 6       | delta_pre | (M, D)    |                |                | r                 |
-// | 7       | ck1       | (B,C,D,N) | gchunk w       | gchunk r       | hstate r          |
-// | 8       | ck2       | (B,C,D,N) |                | achunk r       | gcarry r          |
-// | 9       | ck3       | (B,C,D,N) |                | gcarry w       | da_part w         |
-// | 10      | out1      | (M, D)    |                |                | du w (scan part)  |
-// | 11      | out2      | (M, D)    |                |                | ddelta_pre w      |
-// | 12      | dbc_part  | (G,M,2N)  |                |                | w                 |
-// scan_backward_sum_bc: 12 dbc_part r, 10 out1 = dxproj (M, P) rw (columns R..P
-// overwritten). scan_backward_sum_a_log: 9 ck3 = da_part r, 4 w r, 10 out1 = the
+// | 6       | ck1       | (B,C,D,N) | gchunk w       | gchunk r       | hstate r          |
+// | 7       | ck2       | (B,C,D,N) |                | achunk r       | gcarry r          |
+// | 8       | ck3       | (B,C,D,N) |                | gcarry w       | da_part w         |
+// | 9       | out1      | (M, D)    |                |                | du w (scan part)  |
+// | 10      | out2      | (M, D)    |                |                | ddelta_pre w      |
+// | 11      | dbc_part  | (G,M,2N)  |                |                | w                 |
+// scan_backward_sum_bc: 11 dbc_part r, 9 out1 = dxproj (M, P) rw (columns R..P
+// overwritten). scan_backward_sum_a_log: 8 ck3 = da_part r, 4 w r, 9 out1 = the
 // gradient arena rw (A_log at alog_off, +=).
 
 struct Params {
@@ -99,16 +100,18 @@ const RS: u32 = 35u;       // floats per (step, invocation) row of red: dBs 16 |
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> xproj: array<f32>;
 @group(0) @binding(2) var<storage, read> u: array<f32>;
-@group(0) @binding(3) var<storage, read> delta: array<f32>;
+@group(0) @binding(3) var<storage, read> delta_pre: array<f32>;
 @group(0) @binding(4) var<storage, read> w: array<f32>;
 @group(0) @binding(5) var<storage, read> dy: array<f32>;
-@group(0) @binding(6) var<storage, read> delta_pre: array<f32>;
-@group(0) @binding(7) var<storage, read_write> ck1: array<f32>;
-@group(0) @binding(8) var<storage, read_write> ck2: array<f32>;
-@group(0) @binding(9) var<storage, read_write> ck3: array<f32>;
-@group(0) @binding(10) var<storage, read_write> out1: array<f32>;
-@group(0) @binding(11) var<storage, read_write> out2: array<f32>;
-@group(0) @binding(12) var<storage, read_write> dbc_part: array<f32>;
+@group(0) @binding(6) var<storage, read_write> ck1: array<f32>;
+@group(0) @binding(7) var<storage, read_write> ck2: array<f32>;
+@group(0) @binding(8) var<storage, read_write> ck3: array<f32>;
+@group(0) @binding(9) var<storage, read_write> out1: array<f32>;
+@group(0) @binding(10) var<storage, read_write> out2: array<f32>;
+@group(0) @binding(11) var<storage, read_write> dbc_part: array<f32>;
+
+// delta = softplus(delta_pre) of row r of (M, D) (as dt_proj's CPU store computes it).
+fn delta_at(r: u32) -> f32 { return softplus(delta_pre[r]); }
 
 // (TS, 2, SG, 4) vec4: Bs (0) | Cs (1) of a block of TS steps, 16 states per group
 // (zero past N and past the block's last step).
@@ -185,9 +188,7 @@ var<private> acp: array<vec4<f32>, 4>;
 
 // One step of the recurrence on hv (row r of (M, D), staged step ts); ``track``:
 // also acp *= a_t.
-fn step_h(l: Lane, ts: u32, r: u32, track: bool) {
-    let dl = delta[r];
-    let uu = u[r];
+fn step_h(l: Lane, ts: u32, dl: f32, uu: f32, track: bool) {
     for (var q = 0u; q < 4u; q++) {
         if (q < NV) {
             let x = dl * Av[q];
@@ -221,7 +222,8 @@ fn scan_forward_chunk(@builtin(local_invocation_index) li: u32, @builtin(workgro
         workgroupBarrier();
         for (var ts = 0u; ts < TS; ts++) {
             if (l.on && tb + ts < t1) {
-                step_h(l, ts, (l.b * p.L + tb + ts) * p.D + l.d, true);
+                let r = (l.b * p.L + tb + ts) * p.D + l.d;
+                step_h(l, ts, delta_at(r), u[r], true);
             }
         }
     }
@@ -273,7 +275,7 @@ fn scan_forward_output(@builtin(local_invocation_index) li: u32, @builtin(workgr
             var yv = 0.0;
             if (l.on && tb + ts < t1) {
                 let r = (l.b * p.L + tb + ts) * p.D + l.d;
-                step_h(l, ts, r, false);
+                step_h(l, ts, delta_at(r), u[r], false);
                 for (var q = 0u; q < 4u; q++) {
                     if (q < NV) { yv += dot(bc_at(ts, 1u, l.s, q), hv[q]); }
                 }
@@ -316,7 +318,7 @@ fn scan_backward_chunk(@builtin(local_invocation_index) li: u32, @builtin(workgr
             if (l.on && tb + ts < t1) {
                 let r = (l.b * p.L + tb + ts) * p.D + l.d;
                 let dyv = dy[r];
-                let dl = delta[r];
+                let dl = delta_at(r);
                 for (var q = 0u; q < 4u; q++) {
                     if (q < NV) {
                         hv[q] = fma(an[q], hv[q], bc_at(ts, 1u, l.s, q) * dyv);
@@ -382,7 +384,10 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
         if (l.on) {
             for (var q = 0u; q < 4u; q++) { hblock[j * 4u + q] = hv[q]; }
             for (var ts = 0u; ts < TS; ts++) {
-                if (tb + ts < t1) { step_h(l, ts, (l.b * p.L + tb + ts) * p.D + l.d, false); }
+                if (tb + ts < t1) {
+                    let r = (l.b * p.L + tb + ts) * p.D + l.d;
+                    step_h(l, ts, delta_at(r), u[r], false);
+                }
             }
         }
     }
@@ -394,12 +399,25 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
         workgroupBarrier();
         stage_bc(li, l.b, tb, t1);
         workgroupBarrier();
+        // the block's per-step inputs, loaded once (all loads issued together)
+        var b_dl: array<f32, TSMAX>;
+        var b_u: array<f32, TSMAX>;
+        var b_dy: array<f32, TSMAX>;
+        var b_sg: array<f32, TSMAX>;     // sigmoid(delta_pre): the softplus backward
         if (l.on) {
+            for (var ts = 0u; ts < TSMAX; ts++) {
+                if (ts < TS && tb + ts < t1) {
+                    let r = (l.b * p.L + tb + ts) * p.D + l.d;
+                    let dp = delta_pre[r];
+                    b_dl[ts] = softplus(dp); b_u[ts] = u[r]; b_dy[ts] = dy[r];
+                    b_sg[ts] = sigmoid(dp);
+                }
+            }
             for (var q = 0u; q < 4u; q++) { hv[q] = hblock[j * 4u + q]; }
             for (var ts = 0u; ts < TSMAX; ts++) {
                 if (ts < TS && tb + ts < t1) {
                     for (var q = 0u; q < 4u; q++) { hist[ts * 4u + q] = hv[q]; }
-                    step_h(l, ts, (l.b * p.L + tb + ts) * p.D + l.d, false);
+                    step_h(l, ts, b_dl[ts], b_u[ts], false);
                 }
             }
         }
@@ -415,9 +433,9 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
                         var sdd = 0.0;
                         if (l.on && t < t1) {
                             let r = (l.b * p.L + t) * p.D + l.d;
-                            let dl = delta[r];
-                            let uu = u[r];
-                            let dyv = dy[r];
+                            let dl = b_dl[ts];
+                            let uu = b_u[ts];
+                            let dyv = b_dy[ts];
                             for (var q = 0u; q < 4u; q++) {
                                 if (q < NV) {
                                     let A = Av[q];
@@ -447,7 +465,7 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
                             }
                             if (SG == 1u) {
                                 out1[r] = sdu + dvec * dyv;
-                                out2[r] = sdd * sigmoid(delta_pre[r]);
+                                out2[r] = sdd * b_sg[ts];
                             }
                         }
                         let row = (k * WG + li) * RS;
@@ -471,8 +489,17 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
                     let n = s * 16u + jcol % 16u;
                     let t = tb + TS - 1u - (rr * RB + k);
                     if (t < t1 && n < p.N) {
-                        var acc = 0.0;
-                        for (var c = 0u; c < cpw; c++) { acc += red[(k * WG + c * SG + s) * RS + jcol]; }
+                        // four independent partial sums (a short dependency chain), fixed order
+                        let i0 = (k * WG + s) * RS + jcol;
+                        let st = SG * RS;               // from one channel's row to the next
+                        var s0 = 0.0; var s1 = 0.0; var s2 = 0.0; var s3 = 0.0;
+                        var c = 0u;
+                        for (; c + 3u < cpw; c += 4u) {
+                            s0 += red[i0 + c * st]; s1 += red[i0 + (c + 1u) * st];
+                            s2 += red[i0 + (c + 2u) * st]; s3 += red[i0 + (c + 3u) * st];
+                        }
+                        for (; c < cpw; c++) { s0 += red[i0 + c * st]; }
+                        let acc = (s0 + s1) + (s2 + s3);
                         dbc_part[(wid.x * M + l.b * p.L + t) * 2u * p.N + (jcol / 16u) * p.N + n] = acc;
                     }
                 }

@@ -1,6 +1,6 @@
 """Elementwise steps on the GPU (kernels/activations.wgsl), the mirror of
 mamba_ext/cpu/activations.pxd: the SiLU gate (softplus of dt_proj's output is
-fused into the GEMM's store: linear.linear_forward(softplus_out=...)).
+computed by the scan kernels where they read delta_pre, kernels/scan.wgsl).
 
 Size letters: M = B*L rows, D dInner.
 """

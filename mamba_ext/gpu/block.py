@@ -64,15 +64,20 @@ class BlockScratch:
     def __init__(self, g, d: BlockDims, s: _scan.ScanShape):
         M, D, P, Dm = s.M, d.D, d.P, d.Dm
         mk = g.buffer
-        self.dgated = mk(M * D, "dgated")            # (M, D)
-        self.dy = mk(M * D, "dy")                    # (M, D)
+        # Buffers whose lifetimes within backward_ops do not overlap share one (the
+        # steps: 1 out_proj, 2 gate, 3 scan, 4 dt_proj, 5 x_proj, 6 conv1d, 7 in_proj,
+        # 8 RMSNorm): dgated [1, 2] / ddelta_pre [3, 4] / dxn [7, 8], and
+        # dy [2, 3] / dconv [6] / gw [8].
+        W = max(D, Dm)                               # the widest tenant of a shared buffer
+        self.dgated = mk(M * W, "dgated")            # (M, D)
+        self.ddelta_pre = self.dgated                # (M, D)
+        self.dxn = self.dgated                       # (M, Dm)
+        self.dy = mk(M * W, "dy")                    # (M, D)
+        self.dconv = self.dy                         # (M, D)
+        self.gw = self.dy                            # (M, Dm) per-row gain-gradient terms
         self.du = mk(M * D, "du")                    # (M, D)
-        self.dconv = mk(M * D, "dconv")              # (M, D)
-        self.ddelta_pre = mk(M * D, "ddelta_pre")    # (M, D)
         self.dY = mk(M * 2 * D, "dY")                # (M, 2D) = [dxc | dz]
         self.dxproj = mk(M * P, "dxproj")            # (M, P) = [ddt_low | dBs | dCs]
-        self.dxn = mk(M * Dm, "dxn")                 # (M, Dm)
-        self.gw = mk(M * Dm, "rmsnorm_gw")           # (M, Dm) per-row gain-gradient terms
         self.scan = _scan.ScanScratch(g, s)
 
 
@@ -89,7 +94,8 @@ class BlockLayer:
         self.w, self.gr, self.o, self.x, self.out = w, gr, offs, x, out
         self.eps = check_eps(eps)
         zoh = check_discretization(discretization) == 0
-        self.s = _scan.ScanShape(B, L, d.D, d.N, d.R, int(chunk or _scan.SCAN_CHUNK), zoh)
+        self.s = _scan.ScanShape(B, L, d.D, d.N, d.R, int(chunk or _scan.SCAN_CHUNK), zoh,
+                                 wg_memory=g.wg_memory)
         M, D, P, Dm = B * L, d.D, d.P, d.Dm
         self.M = M
         mk = g.buffer
@@ -100,9 +106,10 @@ class BlockLayer:
         self.u = mk(M * D, "u")                      # (M, D) SiLU(conv), the scan input
         self.xproj = mk(M * P, "xproj")              # (M, P) [dt_low | Bs | Cs]
         self.delta_pre = mk(M * D, "delta_pre")      # (M, D) dt_proj output + bias
-        self.delta = mk(M * D, "delta")              # (M, D) softplus(delta_pre)
         n = 1 if self.s.C == 1 else self.s.chunk_elems     # one chunk: none is used
-        self.hchunk = mk(n, "scan_hchunk")           # (B, C, D, N) chunk end states from zero
+        # (B, C, D, N) chunk end states from zero: used within the forward only, so one
+        # device scratch serves every layer (and the backward's gchunk)
+        self.hchunk = g.scratch("scan_chunk", n)
         self.achunk = mk(n, "scan_achunk")           # (B, C, D, N) chunk decay products
         self.hstate = mk(n, "scan_hstate")           # (B, C, D, N) state entering each chunk
         self.y = mk(M * D, "y")                      # (M, D) scan output before the gate
@@ -122,11 +129,11 @@ class BlockLayer:
                 # x_proj: xproj (M, P) = u @ wXProj^T + bXProj
                 *linear_forward(g, M, D, P, self.u, 0, D, w, o["wXProj"], o["bXProj"],
                                self.xproj, 0, P),
-                # dt_proj: delta_pre (M, D) = dt_low @ wDtProj^T + bDtProj,
-                # delta = softplus(delta_pre) in the same store
+                # dt_proj: delta_pre (M, D) = dt_low @ wDtProj^T + bDtProj (the scan
+                # kernels take delta = softplus(delta_pre) where they read it)
                 *linear_forward(g, M, R, D, self.xproj, 0, P, w, o["wDtProj"], o["bDtProj"],
-                                self.delta_pre, 0, D, softplus_out=self.delta),
-                *_scan.scan_forward(g, self.s, self.xproj, self.u, self.delta, w, o,
+                                self.delta_pre, 0, D),
+                *_scan.scan_forward(g, self.s, self.xproj, self.u, self.delta_pre, w, o,
                                     self.hchunk, self.achunk, self.hstate, self.y),
                 gate_forward(g, M, D, self.y, self.Y, self.gated),
                 # out = x + gated @ wOutProj^T + bOutProj (residual added in the store)
@@ -144,9 +151,9 @@ class BlockLayer:
             *linear_backward(g, M, D, Dm, dout, 0, Dm, self.gated, 0, D, w, o["wOutProj"],
                              o["bOutProj"], gr, dx=sc.dgated, dx_rs=D),
             gate_backward(g, M, D, sc.dgated, self.y, self.Y, sc.dy, sc.dY),
-            *_scan.scan_backward(g, self.s, sc.scan, self.xproj, self.u, self.delta,
-                                 self.delta_pre, w, o, sc.dy, self.hstate, self.achunk, sc.du,
-                                 sc.ddelta_pre, sc.dxproj, gr),
+            *_scan.scan_backward(g, self.s, sc.scan, self.xproj, self.u, self.delta_pre, w, o,
+                                 sc.dy, self.hstate, self.achunk, sc.du, sc.ddelta_pre,
+                                 sc.dxproj, gr),
             # dt_proj: dxproj[:, 0:R] = ddelta_pre @ wDtProj; dW += ddelta_pre^T dt_low; db
             *linear_backward(g, M, R, D, sc.ddelta_pre, 0, D, self.xproj, 0, P, w, o["wDtProj"],
                              o["bDtProj"], gr, dx=sc.dxproj, dx_rs=P),
@@ -166,7 +173,7 @@ class BlockLayer:
     def buffers(self):
         """The forward cache buffers (for memory accounting)."""
         return [self.xn, self.rstd, self.Y, self.conv, self.u, self.xproj, self.delta_pre,
-                self.delta, self.hchunk, self.achunk, self.hstate, self.y, self.gated]
+                self.hchunk, self.achunk, self.hstate, self.y, self.gated]
 
 
 class _Plan:

@@ -38,8 +38,8 @@ _WANTED_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
                   "max-storage-buffers-per-shader-stage", "max-compute-workgroup-storage-size",
                   "max-compute-invocations-per-workgroup", "max-compute-workgroups-per-dimension")
 
-# The scan backward kernel binds 12 storage buffers.
-_MIN_STORAGE_BUFFERS = 12
+# The scan backward kernel binds 11 storage buffers.
+_MIN_STORAGE_BUFFERS = 11
 
 
 def _kernel_dir_sources():
@@ -118,6 +118,8 @@ class Gpu:
         self.max_binding = int(lim["max-storage-buffer-binding-size"])
         self.max_buffer = int(lim["max-buffer-size"])
         self.max_groups = int(lim["max-compute-workgroups-per-dimension"])
+        # bytes of workgroup memory a kernel may use (the scan sizes its blocks by it)
+        self.wg_memory = int(lim.get("max-compute-workgroup-storage-size", 16384))
         self.timestamps = "timestamp-query" in features
         self._pipelines = {}
         self._modules = {}

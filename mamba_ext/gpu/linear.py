@@ -1,7 +1,7 @@
 """Linear layers on the GPU (kernels/linear.wgsl), the mirror of mamba_ext/cpu/linear.pyx.
 
 ``Y = X @ W^T + b`` with X (M, I), W (O, I), Y (M, O): :func:`linear_forward`
-(bias, residual and softplus fused into the GEMM's store), :func:`linear_backward`
+(bias and residual fused into the GEMM's store), :func:`linear_backward`
 (dX; dW with db fused). A product of few output tiles (the dW products, whose
 contraction is B*L long; anything at batch 1) is split along k over more
 workgroups, then summed in a fixed order (deterministic). Operands are addressed
@@ -59,9 +59,9 @@ def split_scratch_len(M, N, S):
 
 
 def gemm(g, entry, M, N, K, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, c, c_off, c_rs,
-         bias=None, bias_off=0, beta=0, res=None, act=None, d_off=0, dbias=None, db_off=0):
+         bias=None, bias_off=0, beta=0, res=None, dbias=None, db_off=0):
     """Ops for C = beta*C + A @ B (+ bias) (+ res), see kernels/linear.wgsl for the
-    strides; ``act`` = buffer that also gets softplus(C) at ``d_off``; ``dbias`` =
+    strides; ``dbias`` =
     buffer whose [db_off, db_off + M) gets += the row sums of A. A product of few
     tiles runs as S split-K slices into the device's scratch buffer, then one
     fixed-order sum that applies the same epilogue."""
@@ -79,34 +79,31 @@ def gemm(g, entry, M, N, K, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, c, c_off
     dummy = g.dummy()
     part = g.scratch("linear_split_k", split_scratch_len(M, N, S)) if S > 1 else dummy
     consts = {"A_KFAST": a_kfast, "B_KFAST": b_kfast, "A_VEC": a_vec, "B_VEC": b_vec,
-              "ACT": 0 if act is None else 1, "BIAS_GRAD": dbias is not None,
+              "BIAS_GRAD": dbias is not None,
               "SPLIT": S > 1, "STAGES": _stages(g), "PREFETCH": PREFETCH}
     params = [M, N, K, a_off, a_rs, a_cs, b_off, b_rs, b_cs, c_off, c_rs, bias_off,
-              0 if bias is None else 1, beta, 0 if res is None else 1, d_off, db_off, kc]
+              0 if bias is None else 1, beta, 0 if res is None else 1, db_off, kc]
     buffers = [a, a, b, b, a if bias is None else bias, a if res is None else res, c,
-               dummy if act is None else act, part, dummy if dbias is None else dbias]
+               part, dummy if dbias is None else dbias]
     grid = (math.ceil(N / GEMM_TILE[1]), math.ceil(M / GEMM_TILE[0]), S)
     ops = [g.op("linear", entry, g.check_grid(grid, f"linear {entry}"), params, buffers, consts)]
     if S > 1:
         from .device import EW_WG
         n = M * N + (M if dbias is not None else 0)
         sum_params = list(params)
-        sum_params[17] = S
+        sum_params[-1] = S                          # kc holds S in linear_split_sum
         ops.append(g.op("linear", "linear_split_sum",
                         g.grid1d(math.ceil(n / EW_WG), "linear_split_sum"), sum_params,
-                        buffers, {"WG": EW_WG, "BIAS_GRAD": dbias is not None,
-                                  "ACT": 0 if act is None else 1}))
+                        buffers, {"WG": EW_WG, "BIAS_GRAD": dbias is not None}))
     return ops
 
 
-def linear_forward(g, M, I, O, x, x_off, x_rs, w, w_off, b_off, y, y_off, y_rs, res=None,
-                   softplus_out=None):
+def linear_forward(g, M, I, O, x, x_off, x_rs, w, w_off, b_off, y, y_off, y_rs, res=None):
     """Ops: y[:, y_off:y_off+O] (row stride y_rs) = x (M, I; row stride x_rs) @ W^T + b
     (+ res (M, O), e.g. the block's residual input); W (O, I) at ``w_off`` and b (O,) at
-    ``b_off`` of the parameter arena ``w``. ``softplus_out`` (M, O), same row stride:
-    also gets softplus(y) (dt_proj: delta_pre and delta in one pass)."""
+    ``b_off`` of the parameter arena ``w``."""
     return gemm(g, "linear_forward", M, O, I, x, x_off, x_rs, 1, w, w_off, 1, I, y, y_off, y_rs,
-                bias=w, bias_off=b_off, res=res, act=softplus_out)
+                bias=w, bias_off=b_off, res=res)
 
 
 def linear_backward(g, M, I, O, dy, dy_off, dy_rs, x, x_off, x_rs, w, w_off, b_off, gr,

@@ -16,21 +16,23 @@ from .device import column_sum, elementwise
 SCAN_CHUNK = 64
 SCAN_CHUNK_MAX = 64
 # Layout of the chunk kernels (kernels/scan.wgsl), as tuned on an H200 at block d
-# (docs/gpu_h200.txt, run 5; scan kernels 9.32 ms; WG 32 with the same blocks:
-# 12.08 ms; backward blocks of 2 / 8 steps: 9.49 / 10.01 ms):
+# (docs/gpu_h200.txt, runs 5, 8 and 9): WG 64 against 32, 4 steps per backward
+# block against 2 and 8, one step per reduction round (scan_backward_grads 6.18 ms;
+# 2 / 4 steps per round: 9.16 / 16.4 ms: more workgroup memory, fewer resident
+# invocations), forward blocks of 8 steps (16: within the noise, 8.71 / 8.57 ms):
 # invocations per workgroup (one per channel x state group of 16 states),
 SCAN_WG = 64
 # steps per staged block of Bs | Cs of the forward passes and scan_backward_chunk,
 # and of scan_backward_grads, whose block of recomputed states stays in a private
 # array (4 x 16 floats per step; at most TSMAX = 8),
-SCAN_TS_FORWARD = 16
+SCAN_TS_FORWARD = 8
 SCAN_TS_BACKWARD = 4
 # steps per dBs/dCs reduction round of scan_backward_grads (divides SCAN_TS_BACKWARD).
-SCAN_RB = 2
+SCAN_RB = 1
 _TSMAX, _CKMAX, _RS = 8, 16, 35           # consts of kernels/scan.wgsl
-# Workgroup memory the chunk kernels may use: WebGPU's guaranteed minimum of
-# max_compute_workgroup_storage_size, so every adapter runs them.
-_WG_MEMORY = 16384
+# Workgroup memory the chunk kernels may use when the caller does not pass the
+# device's limit: WebGPU's guaranteed minimum of max_compute_workgroup_storage_size.
+WG_MEMORY_MIN = 16384
 
 
 def layout_key():
@@ -47,7 +49,9 @@ def scan_constants(wg):
 class ScanShape:
     """Sizes and workgroup layout of one chunked scan (see kernels/scan.wgsl)."""
 
-    def __init__(self, B, L, D, N, R, chunk, zoh):
+    def __init__(self, B, L, D, N, R, chunk, zoh, wg_memory=WG_MEMORY_MIN):
+        """``wg_memory``: bytes of workgroup memory the kernels may use (the device's
+        max_compute_workgroup_storage_size); fewer steps per block where it is small."""
         if not 1 <= chunk <= SCAN_CHUNK_MAX:
             raise ValueError(f"scan chunk length must be in [1, {SCAN_CHUNK_MAX}], got {chunk}")
         self.SG = math.ceil(N / 16)                     # state groups of 16 per channel
@@ -55,7 +59,7 @@ class ScanShape:
         self.wg = self.SG * max(1, SCAN_WG // self.SG)
         self.cpw = self.wg // self.SG                   # channels per workgroup
         per_step = 32 * self.SG                         # floats of Bs | Cs staged per step
-        fits = lambda ts, extra: 4 * (ts * per_step + extra) <= _WG_MEMORY
+        fits = lambda ts, extra: 4 * (ts * per_step + extra) <= wg_memory
         self.ts_f = max(1, SCAN_TS_FORWARD)
         while self.ts_f > 1 and not fits(self.ts_f, self.ts_f * self.wg):
             self.ts_f //= 2
@@ -67,7 +71,7 @@ class ScanShape:
             elif self.ts_b > 1:
                 self.ts_b //= 2
             else:
-                raise ValueError(f"mamba_ext.gpu: dState {N} needs more than {_WG_MEMORY} bytes "
+                raise ValueError(f"mamba_ext.gpu: dState {N} needs more than {wg_memory} bytes "
                                  f"of workgroup memory in the scan kernels")
         if self.ts_b % self.rb:
             self.rb = 1
@@ -84,9 +88,8 @@ class ScanShape:
                 self.zoh, alog_off, dvec_off]
 
 
-# Binding slots of kernels/scan.wgsl, in order 1..12; an entry binds a subset.
-_SLOTS = ("xproj", "u", "delta", "w", "dy", "delta_pre", "ck1", "ck2", "ck3", "out1", "out2",
-          "dbc_part")
+# Binding slots of kernels/scan.wgsl, in order 1..11; an entry binds a subset.
+_SLOTS = ("xproj", "u", "delta_pre", "w", "dy", "ck1", "ck2", "ck3", "out1", "out2", "dbc_part")
 
 
 def _bind(**named):
@@ -105,13 +108,13 @@ def _flat_op(g, s, entry, n, params, **named):
                        constants={"a_log_min": float(A_LOG_MIN), "a_log_max": float(A_LOG_MAX)})
 
 
-def scan_forward(g, s, xproj, u, delta, w, o, hchunk, achunk, hstate, y):
-    """Ops: y (M, D) = scan of u with delta, A (from A_log at ``o["A_log"]``), Bs, Cs
-    (columns of xproj (M, P)) + D_vec u; hstate (B, C, D, N) = the state entering each
+def scan_forward(g, s, xproj, u, delta_pre, w, o, hchunk, achunk, hstate, y):
+    """Ops: y (M, D) = scan of u with delta = softplus(delta_pre) (M, D), A (from A_log at
+    ``o["A_log"]``), Bs, Cs (columns of xproj (M, P)) + D_vec u; hstate (B, C, D, N) = the state entering each
     chunk (kept for the backward); hchunk, achunk (B, C, D, N) are scratch (achunk is
     read by the backward). One chunk: the output pass alone."""
     prm = s.params(o["A_log"], o["D_vec"])
-    ins = dict(xproj=xproj, u=u, delta=delta, w=w)
+    ins = dict(xproj=xproj, u=u, delta_pre=delta_pre, w=w)
     carry = [] if s.C == 1 else [
         _chunk_op(g, s, "scan_forward_chunk", prm, **ins, ck1=hchunk, ck2=achunk),
         _flat_op(g, s, "scan_forward_carry", s.B * s.D * s.N, prm, ck1=hchunk, ck2=achunk,
@@ -125,19 +128,19 @@ class ScanScratch:
 
     def __init__(self, g, s: ScanShape):
         n = 1 if s.C == 1 else s.chunk_elems     # not used with one chunk
-        self.gchunk = g.buffer(n, "scan_gchunk")      # (B, C, D, N)
+        self.gchunk = g.scratch("scan_chunk", n)     # (B, C, D, N), the forward's hchunk too
         self.gcarry = g.buffer(n, "scan_gcarry")      # (B, C, D, N)
         self.da_part = g.buffer(s.chunk_elems, "scan_da_part")    # (B, C, D, N)
         self.dbc_part = g.buffer(s.G * s.M * 2 * s.N, "scan_dbc_part")   # (G, M, 2N)
 
 
-def scan_backward(g, s, sc: ScanScratch, xproj, u, delta, delta_pre, w, o, dy, hstate, achunk,
+def scan_backward(g, s, sc: ScanScratch, xproj, u, delta_pre, w, o, dy, hstate, achunk,
                   du, ddelta_pre, dxproj, gr):
     """Ops: du (M, D) = scan part of dLoss/du + D_vec dy; ddelta_pre (M, D) (softplus
     backward fused); dxproj[:, R:P] = dBs | dCs; gradient arena ``gr`` += dA_log, dD_vec."""
     prm = s.params(o["A_log"], o["D_vec"])
     carry = [] if s.C == 1 else [
-        _chunk_op(g, s, "scan_backward_chunk", prm, xproj=xproj, delta=delta, w=w, dy=dy,
+        _chunk_op(g, s, "scan_backward_chunk", prm, xproj=xproj, delta_pre=delta_pre, w=w, dy=dy,
                   ck1=sc.gchunk),
         _flat_op(g, s, "scan_backward_carry", s.B * s.D * s.N, prm, ck1=sc.gchunk, ck2=achunk,
                  ck3=sc.gcarry),
@@ -146,8 +149,8 @@ def scan_backward(g, s, sc: ScanScratch, xproj, u, delta, delta_pre, w, o, dy, h
         # dD_vec = colsum(dy * u)
         *column_sum(g, s.M, s.D, dy, 0, s.D, gr, o["D_vec"], b=u, b_rs=s.D),
         *carry,
-        _chunk_op(g, s, "scan_backward_grads", prm, xproj=xproj, u=u, delta=delta, w=w, dy=dy,
-                  delta_pre=delta_pre, ck1=hstate, ck2=sc.gcarry, ck3=sc.da_part, out1=du,
+        _chunk_op(g, s, "scan_backward_grads", prm, xproj=xproj, u=u, delta_pre=delta_pre, w=w,
+                  dy=dy, ck1=hstate, ck2=sc.gcarry, ck3=sc.da_part, out1=du,
                   out2=ddelta_pre, dbc_part=sc.dbc_part),
         _flat_op(g, s, "scan_backward_sum_bc", s.M * 2 * s.N, prm, dbc_part=sc.dbc_part,
                  out1=dxproj),
