@@ -189,18 +189,20 @@ def bench_size(size, repeat, use_torch, loops, profile=False):
     return res
 
 
-def train_step(name, steps=5, warmup=2):
+def train_step(name, steps=5, warmup=2, checkpointing=False):
     """Whole-model training step of ``TRAIN_STEPS[name]`` (byte-level LM: embedding,
     blocks, final norm, tied head, cross-entropy, grad norm, AdamW in one submit,
-    mamba_ext.gpu.ResidentTrainer): median wall ms per step with the loss read back,
-    tokens/s and the GPU memory of our buffers."""
+    mamba_ext.gpu.ResidentTrainer, with activation checkpointing when asked): median
+    wall ms per step with the loss read back, tokens/s and the GPU memory of our
+    buffers (allocated for this model; a device-wide scratch buffer that an earlier
+    model of the same process already allocated large enough is not counted again)."""
     from ..gpu.trainer import ResidentTrainer
     from ..model import init_model_params
     V, Dm, nl, B, L = TRAIN_STEPS[name]
     g = gpu()
     params = init_model_params(V, Dm, nl, seed=0)
     before = g.bytes_allocated
-    tr = ResidentTrainer(params, lr=1e-4)
+    tr = ResidentTrainer(params, lr=1e-4, checkpointing=checkpointing)
     tok = np.random.default_rng(0).integers(0, V, (B, L + 1))
     x, y = tok[:, :-1], tok[:, 1:]
     for _ in range(warmup):
@@ -217,14 +219,15 @@ def train_step(name, steps=5, warmup=2):
                 loss=loss)
 
 
-def run_train_steps(names, steps=5) -> int:
+def run_train_steps(names, steps=5, checkpointing=False) -> int:
     """Print one line per model of ``names`` (keys of TRAIN_STEPS); returns 0."""
     g = gpu()
     print(f"adapter: {g.info.get('device')} ({g.info.get('backend_type')})")
     for n in names:
-        r = train_step(n, steps)
+        r = train_step(n, steps, checkpointing=checkpointing)
         V, Dm, nl, B, L = r["cfg"]
-        print(f"model V {V}, {nl} layers x d_model {Dm}, B {B} x L {L}, fp32 WGSL: step "
+        print(f"model V {V}, {nl} layers x d_model {Dm}, B {B} x L {L}, fp32 WGSL"
+              f"{', checkpointing' if checkpointing else ''}: step "
               f"{r['ms']:.2f} ms = {r['tokens_s']:,.0f} tokens/s (wall, median of {steps}, loss "
               f"read back), GPU memory {r['mem'] / 2**20:.0f} MiB, loss {r['loss']:.4f}",
               flush=True)

@@ -20,4 +20,5 @@ SIZES: dict[str, tuple[int, int, int, int, int, int, int]] = {
 TRAIN_STEPS: dict[str, tuple[int, int, int, int, int]] = {
     "24x768": (256, 768, 24, 8, 1024),
     "4x256": (256, 256, 4, 16, 512),
+    "24x768-L8192": (256, 768, 24, 1, 8192),     # long sequences (issue 10)
 }

@@ -32,7 +32,10 @@ def build_parser():
     p.add_argument("--profile", action="store_true", help="GPU: also time every dispatch alone")
     p.add_argument("--train-step", default=None, metavar="MODELS",
                    help="GPU: time whole-model training steps instead of the block; "
-                        "comma-separated from 24x768, 4x256 (mamba_ext.bench.sizes.TRAIN_STEPS)")
+                        "comma-separated from 24x768, 4x256, 24x768-L8192 "
+                        "(mamba_ext.bench.sizes.TRAIN_STEPS)")
+    p.add_argument("--checkpointing", action="store_true",
+                   help="GPU --train-step: with activation checkpointing")
     p.add_argument("--markdown", action="store_true",
                    help="CPU: print the table as Markdown (the GPU tables always are)")
     p.add_argument("--generation", action="store_true",
@@ -64,6 +67,8 @@ def main(argv=None) -> int:
         return 0
     if args.train_step is not None and args.device != "gpu":
         ap.error("--train-step needs --device gpu")
+    if args.checkpointing and args.train_step is None:
+        ap.error("--checkpointing applies to --device gpu --train-step")
     if args.device == "gpu":
         if args.dtype != "float32":
             ap.error("--device gpu runs float32 only")
@@ -74,7 +79,8 @@ def main(argv=None) -> int:
             if not names or any(m not in TRAIN_STEPS for m in names):
                 ap.error(f"--train-step: expected names from {sorted(TRAIN_STEPS)}, got "
                          f"{args.train_step!r}")
-            return gpu.run_train_steps(names, steps=args.repeat or 5)
+            return gpu.run_train_steps(names, steps=args.repeat or 5,
+                                       checkpointing=args.checkpointing)
         return gpu.run(args.size, repeat=args.repeat or 10, use_torch=not args.no_torch,
                        loops=not args.no_loop, profile=args.profile)
     from ..bench import cpu

@@ -85,11 +85,16 @@ class BlockLayer:
     """Forward cache and recorded ops of one block.
 
     ``w``/``gr``: parameter / gradient arenas, ``o``: block name -> offset in
-    them. ``x``/``out``: (M, Dm) input and output buffers.
+    them. ``x``/``out``: (M, Dm) input and output buffers. ``cache_of``: another
+    layer whose forward cache buffers this one shares (activation checkpointing).
     """
 
+    # the forward cache: what the backward reads (buffers() lists them)
+    CACHE = ("xn", "rstd", "Y", "conv", "u", "xproj", "delta_pre", "hchunk", "achunk", "hstate",
+             "y", "gated")
+
     def __init__(self, g, d: BlockDims, B, L, w, gr, offs, x, out, eps=DEFAULT_EPS,
-                 discretization="zoh", chunk=None):
+                 discretization="zoh", chunk=None, cache_of=None):
         self.g, self.d, self.B, self.L = g, d, B, L
         self.w, self.gr, self.o, self.x, self.out = w, gr, offs, x, out
         self.eps = check_eps(eps)
@@ -98,6 +103,13 @@ class BlockLayer:
                                  wg_memory=g.wg_memory)
         M, D, P, Dm = B * L, d.D, d.P, d.Dm
         self.M = M
+        self._fwd = None
+        if cache_of is not None:
+            # activation checkpointing: the forward cache buffers of another layer of the
+            # same shape (the model recomputes this layer's forward before its backward)
+            for name in self.CACHE:
+                setattr(self, name, getattr(cache_of, name))
+            return
         mk = g.buffer
         self.xn = mk(M * Dm, "xn")                   # (M, Dm) RMSNorm output
         self.rstd = mk(M, "rstd")                    # (M,)
@@ -114,9 +126,14 @@ class BlockLayer:
         self.hstate = mk(n, "scan_hstate")           # (B, C, D, N) state entering each chunk
         self.y = mk(M * D, "y")                      # (M, D) scan output before the gate
         self.gated = mk(M * D, "gated")              # (M, D)
-        self._fwd = None
 
     def forward_ops(self):
+        """Ops of the forward: the cache, then out = x + out_proj(gated)."""
+        return self.cache_ops() + self._out_ops
+
+    def cache_ops(self):
+        """The forward's ops up to the gate: everything the backward reads (run again
+        before the backward under activation checkpointing), not ``out``."""
         if self._fwd is None:
             g, d, o, M, L, w = self.g, self.d, self.o, self.M, self.L, self.w
             D, P, R, Dm = d.D, d.P, d.R, d.Dm
@@ -136,10 +153,10 @@ class BlockLayer:
                 *_scan.scan_forward(g, self.s, self.xproj, self.u, self.delta_pre, w, o,
                                     self.hchunk, self.achunk, self.hstate, self.y),
                 gate_forward(g, M, D, self.y, self.Y, self.gated),
-                # out = x + gated @ wOutProj^T + bOutProj (residual added in the store)
-                *linear_forward(g, M, D, Dm, self.gated, 0, D, w, o["wOutProj"], o["bOutProj"],
-                               self.out, 0, Dm, res=self.x),
             ]
+            # out = x + gated @ wOutProj^T + bOutProj (residual added in the store)
+            self._out_ops = linear_forward(g, M, D, Dm, self.gated, 0, D, w, o["wOutProj"],
+                                           o["bOutProj"], self.out, 0, Dm, res=self.x)
         return self._fwd
 
     def backward_ops(self, dout, dx, sc: BlockScratch):
@@ -172,8 +189,7 @@ class BlockLayer:
 
     def buffers(self):
         """The forward cache buffers (for memory accounting)."""
-        return [self.xn, self.rstd, self.Y, self.conv, self.u, self.xproj, self.delta_pre,
-                self.hchunk, self.achunk, self.hstate, self.y, self.gated]
+        return [getattr(self, name) for name in self.CACHE]
 
 
 class _Plan:

@@ -43,13 +43,18 @@ class ModelPlan:
     """Buffers and recorded ops of the model for one (layout, B, L, eps, discretization).
 
     ``forward_ops`` end with the logits; ``train_ops`` (built on first use) add the
-    cross-entropy and the whole backward into the gradient arena.
+    cross-entropy and the whole backward into the gradient arena. ``checkpointing``:
+    every layer shares ONE forward cache (the first layer's buffers); before its
+    backward, each layer's forward up to the gate runs again from its input (kept in
+    ``h``), so activation memory no longer grows with the number of layers (as
+    ``mamba_ext.model_loss_and_grads(checkpointing=True)`` on the CPU).
     """
 
     def __init__(self, arrays, dims, B, L, order, w=None, gr=None, eps=DEFAULT_EPS,
-                 discretization="zoh", chunk=None):
+                 discretization="zoh", chunk=None, checkpointing=False):
         g = gpu()
         self.dims, self.order = dims, order
+        self.checkpointing = bool(checkpointing)
         self.eps = check_eps(eps)
         self.offs, self.n = arena_layout([(k, arrays[k].shape) for k in order])
         V, Dm = arrays["embedding"].shape
@@ -68,8 +73,9 @@ class ModelPlan:
         self.layers = []
         for i in range(nl):
             lo = {n: o[f"layer{i}.{n}"] for n in BLOCK_PARAM_NAMES}
+            shared = self.layers[0] if self.checkpointing and self.layers else None
             lay = BlockLayer(g, dims.block, B, L, w, gr, lo, self.h[i], self.h[i + 1],
-                             self.eps, discretization, chunk or _scan.SCAN_CHUNK)
+                             self.eps, discretization, chunk or _scan.SCAN_CHUNK, cache_of=shared)
             self.layers.append(lay)
             ops += lay.forward_ops()
         ops += [
@@ -106,7 +112,10 @@ class ModelPlan:
         cur = 0
         if self.layers:
             scratch = BlockScratch(g, self.dims.block, self.layers[0].s)
-            for lay in reversed(self.layers):
+            for i in reversed(range(nl)):
+                lay = self.layers[i]
+                if self.checkpointing and i < nl - 1:   # the last layer's cache is intact
+                    ops += lay.cache_ops()
                 ops += lay.backward_ops(self.dh[cur], self.dh[1 - cur], scratch)
                 cur = 1 - cur
         ops.append(elementwise(g, "embedding", "embedding_backward", V * Dm, [V * Dm, Dm, E],
@@ -141,16 +150,17 @@ class ModelPlan:
 _PLANS = {}
 
 
-def _plan(arrays, dims, shape, eps, discretization):
+def _plan(arrays, dims, shape, eps, discretization, checkpointing=False):
     order = list(arrays)
     key = (tuple((k, arrays[k].shape) for k in order), shape, eps, discretization,
-           _scan.layout_key())
+           _scan.layout_key(), bool(checkpointing))
     plan = _PLANS.get(key)
     if plan is None:
         if len(_PLANS) > 4:
             _PLANS.clear()
         plan = _PLANS[key] = ModelPlan(arrays, dims, *shape, order, eps=eps,
-                                       discretization=discretization)
+                                       discretization=discretization,
+                                       checkpointing=checkpointing)
     gpu().write(plan.w, np.concatenate([arrays[k].ravel() for k in order]))
     return plan
 
@@ -172,14 +182,17 @@ def model_forward(tokens, params, *, eps=DEFAULT_EPS, discretization="zoh"):
     return g.read(plan.logits, B * L * dims.V).reshape(B, L, dims.V)
 
 
-def model_loss_and_grads(tokens, targets, params, *, eps=DEFAULT_EPS, discretization="zoh"):
+def model_loss_and_grads(tokens, targets, params, *, eps=DEFAULT_EPS, discretization="zoh",
+                         checkpointing=False):
     """Mean cross-entropy (float, summed in float64) and float32 gradients of
-    every parameter, computed on the GPU; keys and shapes like ``params``."""
+    every parameter, computed on the GPU; keys and shapes like ``params``.
+    ``checkpointing``: one forward cache for all layers, each layer's forward run
+    again before its backward (same results, bit for bit; less GPU memory)."""
     check_discretization(discretization)
     arrays, dims = check_model(params)
     tok, tgt = check_batch(tokens, targets, arrays["embedding"].shape[0])
     eps = check_eps(eps)
-    plan = _plan(arrays, dims, tok.shape, eps, discretization)
+    plan = _plan(arrays, dims, tok.shape, eps, discretization, checkpointing)
     ops = plan.train_ops()
     plan.upload_batch(tok, tgt)
     gpu().submit(ops, plan.clears)

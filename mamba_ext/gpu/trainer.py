@@ -32,14 +32,17 @@ class ResidentTrainer:
     step: forward, backward, grad norm and AdamW in one compute pass.
     ``state_dict()`` / ``load_state_dict()`` use ``mamba_ext.AdamW``'s format,
     so a run resumes exactly from a GPU or a CPU optimizer state.
+    ``checkpointing``: activation checkpointing (``mamba_ext.gpu.model_loss_and_grads``):
+    the same steps, bit for bit, with one forward cache for all layers.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
                  max_delta=0.0, no_decay=None, clip=0.0, model_eps=DEFAULT_EPS,
-                 discretization="zoh"):
+                 discretization="zoh", checkpointing=False):
         self.arrays, self.dims = check_model(params)
         check_discretization(discretization)
         self.discretization = discretization
+        self.checkpointing = bool(checkpointing)
         no_decay = DEFAULT_NO_DECAY if no_decay is None else frozenset(no_decay)
         names = list(self.arrays)
         decays = {k: not _matches(k, no_decay) for k in names}
@@ -86,7 +89,8 @@ class ResidentTrainer:
         if plan is None:
             plan = self._plans[tok.shape] = ModelPlan(
                 self.arrays, self.dims, *tok.shape, self.order, w=self.w, gr=self.gr,
-                eps=self.model_eps, discretization=self.discretization)
+                eps=self.model_eps, discretization=self.discretization,
+                checkpointing=self.checkpointing)
         g = gpu()
         ops = plan.train_ops()
         plan.upload_batch(tok, tgt)

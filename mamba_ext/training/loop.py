@@ -564,7 +564,9 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
                                f"install mamba_ext[gpu] or use --device cpu") from None
         trainer = ResidentTrainer(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8,
                                   weight_decay=cfg.weight_decay, max_delta=cfg.max_delta,
-                                  clip=cfg.grad_clip, model_eps=cfg.eps)
+                                  clip=cfg.grad_clip, model_eps=cfg.eps,
+                                  discretization=cfg.discretization,
+                                  checkpointing=cfg.checkpointing)
         if state is not None and state["optimizer_state"]:
             _restore(resume, "optimizer state", trainer.load_state_dict, state["optimizer_state"])
     else:

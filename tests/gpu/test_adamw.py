@@ -187,3 +187,16 @@ def test_trainer_load_state_dict_refuses_bad_state():
     for k, v in good.items():
         assert np.array_equal(after[k], v), k
     assert all(np.array_equal(tr.params()[k], w0[k]) for k in params)
+
+
+def test_trainer_checkpointing_same_steps():
+    """ResidentTrainer(checkpointing=True) takes the very same steps (bit for bit)."""
+    params = random_model(V=17, Dm=8, n_layers=2, D=16, N=4, K=3, R=1, seed=41)
+    rng = np.random.default_rng(2)
+    batches = [(rng.integers(0, 17, (2, 33)), rng.integers(0, 17, (2, 33))) for _ in range(3)]
+    plain = G.ResidentTrainer(params, lr=1e-2)
+    ckpt = G.ResidentTrainer(params, lr=1e-2, checkpointing=True)
+    for tok, tgt in batches:
+        assert ckpt.step(tok, tgt) == plain.step(tok, tgt)
+    a, b = plain.params(), ckpt.params()
+    assert all(np.array_equal(a[k], b[k]) for k in a)

@@ -21,22 +21,25 @@ from mamba_ext.cli import bench as cli  # noqa: E402
 
 
 def test_train_step_mode_prints_tokens_per_second(monkeypatch, capsys):
-    monkeypatch.setitem(sizes.TRAIN_STEPS, "2x32", (19, 32, 2, 2, 24))
+    monkeypatch.setitem(sizes.TRAIN_STEPS, "2x32", (19, 32, 3, 2, 24))
     r = gb.train_step("2x32", steps=2, warmup=1)
     assert r["tokens_s"] == pytest.approx(2 * 24 / r["ms"] * 1e3)
     assert r["mem"] > 0 and abs(r["loss"] - math.log(19)) < 0.5
     assert cli.main(["--device", "gpu", "--train-step", "2x32", "--repeat", "2"]) == 0
     out = capsys.readouterr().out
-    line = re.search(r"model V 19, 2 layers x d_model 32, B 2 x L 24, fp32 WGSL: step ([\d.]+) ms "
+    line = re.search(r"model V 19, 3 layers x d_model 32, B 2 x L 24, fp32 WGSL: step ([\d.]+) ms "
                      r"= ([\d,]+) tokens/s .* GPU memory (\d+) MiB, loss ([\d.]+)", out)
     assert line, out
     assert float(line.group(1)) > 0 and int(line.group(2).replace(",", "")) > 0
+    ck = gb.train_step("2x32", steps=2, warmup=1, checkpointing=True)
+    assert ck["loss"] == r["loss"] and ck["mem"] < r["mem"]     # same step, less memory
 
 
 def test_sizes_and_modes():
     assert sizes.SIZES["d"] == (768, 1536, 16, 4, 48, 8, 2048)
-    assert set(sizes.TRAIN_STEPS) == {"24x768", "4x256"}
+    assert set(sizes.TRAIN_STEPS) == {"24x768", "4x256", "24x768-L8192"}
     for argv in (["--train-step", "4x256"],                              # CPU
+                 ["--device", "gpu", "--checkpointing"],                 # without --train-step
                  ["--device", "gpu", "--train-step", "9x9"],             # unknown model
                  ["--device", "gpu", "--size", "e"]):
         with pytest.raises(SystemExit) as e:

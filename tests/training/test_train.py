@@ -205,6 +205,20 @@ def test_gpu_training_matches_cpu_first_loss(text_file, tmp_path):
     assert ck["step"] == 4 and set(ck["params"]) == set(cpu["params"])
 
 
+def test_gpu_training_checkpointing_same_losses(text_file, tmp_path):
+    """train --device gpu --checkpointing: the GPU trainer recomputes each layer's
+    forward before its backward; the losses are bit for bit those without it."""
+    if not _gpu_available():
+        if _in_ci():
+            pytest.fail("no GPU adapter in CI")
+        pytest.skip("no wgpu adapter here")
+    quiet = dict(progress=None, log=lambda s: None)
+    plain = train(_tiny(text_file, steps=3, n_layers=2, device="gpu"), tmp_path / "p", **quiet)
+    ckpt = train(_tiny(text_file, steps=3, n_layers=2, device="gpu", checkpointing=True),
+                 tmp_path / "k", **quiet)
+    assert ckpt["losses"] == plain["losses"]
+
+
 def test_gpu_unavailable_gives_a_clear_error(text_file, tmp_path, monkeypatch):
     import sys
     monkeypatch.setitem(sys.modules, "mamba_ext.gpu", None)    # import fails
