@@ -4,7 +4,8 @@
 // Size letters: B batch, L seqLen, D dInner, K dConv, M = B*L rows.
 //
 //   conv[b,t,d] = bConv[d] + sum_{k<K, t-k>=0} wConv[d,k] * xc[b,t-k,d],  u = SiLU(conv)
-//   (tap k = 0 is the current step; xc = in_proj columns 0..D of Y)
+//   (tap k = 0 is the current step; xc = in_proj columns 0..D of Y). conv is not
+//   stored: the backward recomputes it from Y (K taps, the same sum: no (M, D) buffer).
 //
 // conv1d_forward bindings (one invocation per (row r, channel d)):
 // | binding | name | shape   | access                                                 |
@@ -12,12 +13,11 @@
 // | 0       | p    | Params  | uniform                                                |
 // | 1       | Y    | (M, 2D) | read: in_proj output; xc = Y[:, 0:D] (row stride y_rs)  |
 // | 2       | w    | (..)    | read: parameter arena, wConv (D, K) at w_off, bConv (D) at b_off |
-// | 3       | conv | (M, D)  | read_write: before SiLU (saved for the backward)        |
-// | 4       | u    | (M, D)  | read_write: SiLU(conv), the scan input                  |
+// | 3       | u    | (M, D)  | read_write: SiLU(conv), the scan input                  |
 // conv1d_backward_input bindings (one invocation per (r, d)):
-// | 1       | du   | (M, D)  | read: dLoss/du (scan path + x_proj path)                |
-// | 2       | conv | (M, D)  | read                                                   |
-// | 3       | w    | (..)    | read: parameter arena                                  |
+// | 1       | Y    | (M, 2D) | read (conv recomputed from its xc columns)              |
+// | 2       | w    | (..)    | read: parameter arena                                  |
+// | 3       | du   | (M, D)  | read: dLoss/du (scan path + x_proj path)                |
 // | 4       | dconv| (M, D)  | read_write: du * SiLU'(conv)                            |
 // | 5       | dY   | (M, 2D) | read_write: dY[:, 0:D] = dxc[t] = sum_k wConv[d,k] * dconv[t+k] |
 // conv1d_backward_weight bindings (workgroup = 32 channels x 8 row groups;
@@ -35,10 +35,21 @@ struct Params { M: u32, L: u32, D: u32, K: u32, y_rs: u32, w_off: u32, b_off: u3
 override WG: u32 = 256u;
 @group(0) @binding(0) var<uniform> p: Params;
 
-@group(0) @binding(1) var<storage, read> f_Y: array<f32>;
-@group(0) @binding(2) var<storage, read> f_w: array<f32>;
-@group(0) @binding(3) var<storage, read_write> f_conv: array<f32>;
-@group(0) @binding(4) var<storage, read_write> f_u: array<f32>;
+@group(0) @binding(1) var<storage, read> Y: array<f32>;
+@group(0) @binding(2) var<storage, read> w: array<f32>;
+
+// conv (before SiLU) of row r (time step t = r % L), channel d.
+fn conv_at(r: u32, d: u32) -> f32 {
+    let t = r % p.L;
+    var s = w[p.b_off + d];
+    let kmax = min(p.K, t + 1u);
+    for (var k = 0u; k < kmax; k++) {
+        s += w[p.w_off + d * p.K + k] * Y[(r - k) * p.y_rs + d];
+    }
+    return s;
+}
+
+@group(0) @binding(3) var<storage, read_write> f_u: array<f32>;
 
 @compute @workgroup_size(WG)
 fn conv1d_forward(@builtin(local_invocation_index) li: u32,
@@ -46,21 +57,10 @@ fn conv1d_forward(@builtin(local_invocation_index) li: u32,
                   @builtin(num_workgroups) nwg: vec3<u32>) {
     let idx = flat_index(wid, nwg, li, WG);
     if (idx >= p.M * p.D) { return; }
-    let r = idx / p.D;
-    let d = idx % p.D;
-    let t = r % p.L;
-    var s = f_w[p.b_off + d];
-    let kmax = min(p.K, t + 1u);
-    for (var k = 0u; k < kmax; k++) {
-        s += f_w[p.w_off + d * p.K + k] * f_Y[(r - k) * p.y_rs + d];
-    }
-    f_conv[idx] = s;
-    f_u[idx] = silu(s);
+    f_u[idx] = silu(conv_at(idx / p.D, idx % p.D));
 }
 
-@group(0) @binding(1) var<storage, read> bi_du: array<f32>;
-@group(0) @binding(2) var<storage, read> bi_conv: array<f32>;
-@group(0) @binding(3) var<storage, read> bi_w: array<f32>;
+@group(0) @binding(3) var<storage, read> bi_du: array<f32>;
 @group(0) @binding(4) var<storage, read_write> bi_dconv: array<f32>;
 @group(0) @binding(5) var<storage, read_write> bi_dY: array<f32>;
 
@@ -78,10 +78,9 @@ fn conv1d_backward_input(@builtin(local_invocation_index) li: u32,
     var s = 0.0;
     let kmax = min(p.K, p.L - t);
     for (var k = 0u; k < kmax; k++) {
-        let j = idx + k * p.D;
-        s += bi_w[p.w_off + d * p.K + k] * (bi_du[j] * dsilu(bi_conv[j]));
+        s += w[p.w_off + d * p.K + k] * (bi_du[idx + k * p.D] * dsilu(conv_at(r + k, d)));
     }
-    bi_dconv[idx] = bi_du[idx] * dsilu(bi_conv[idx]);
+    bi_dconv[idx] = bi_du[idx] * dsilu(conv_at(r, d));
     bi_dY[r * p.y_rs + d] = s;
 }
 

@@ -90,8 +90,8 @@ class BlockLayer:
     """
 
     # the forward cache: what the backward reads (buffers() lists them)
-    CACHE = ("xn", "rstd", "Y", "conv", "u", "xproj", "delta_pre", "hchunk", "achunk", "hstate",
-             "y", "gated")
+    CACHE = ("xn", "rstd", "Y", "u", "xproj", "delta_pre", "hchunk", "achunk", "hstate", "y",
+             "gated")
 
     def __init__(self, g, d: BlockDims, B, L, w, gr, offs, x, out, eps=DEFAULT_EPS,
                  discretization="zoh", chunk=None, cache_of=None):
@@ -114,7 +114,6 @@ class BlockLayer:
         self.xn = mk(M * Dm, "xn")                   # (M, Dm) RMSNorm output
         self.rstd = mk(M, "rstd")                    # (M,)
         self.Y = mk(M * 2 * D, "Y")                  # (M, 2D) in_proj output [xc | z]
-        self.conv = mk(M * D, "conv")                # (M, D) conv1d output before SiLU
         self.u = mk(M * D, "u")                      # (M, D) SiLU(conv), the scan input
         self.xproj = mk(M * P, "xproj")              # (M, P) [dt_low | Bs | Cs]
         self.delta_pre = mk(M * D, "delta_pre")      # (M, D) dt_proj output + bias
@@ -142,7 +141,7 @@ class BlockLayer:
                 # in_proj: Y (M, 2D) = xn @ wInProj^T + bInProj
                 *linear_forward(g, M, Dm, 2 * D, self.xn, 0, Dm, w, o["wInProj"], o["bInProj"],
                                self.Y, 0, 2 * D),
-                conv1d_forward(g, M, L, D, d.K, self.Y, w, o, self.conv, self.u),
+                conv1d_forward(g, M, L, D, d.K, self.Y, w, o, self.u),
                 # x_proj: xproj (M, P) = u @ wXProj^T + bXProj
                 *linear_forward(g, M, D, P, self.u, 0, D, w, o["wXProj"], o["bXProj"],
                                self.xproj, 0, P),
@@ -178,7 +177,7 @@ class BlockLayer:
             *linear_backward(g, M, D, P, sc.dxproj, 0, P, self.u, 0, D, w, o["wXProj"],
                              o["bXProj"], gr, dx=sc.du, dx_rs=D, dx_beta=1),
             # conv + SiLU: dconv, dY[:, 0:D]; dwConv, dbConv
-            *conv1d_backward(g, M, L, D, d.K, sc.du, self.conv, w, o, sc.dconv, sc.dY, self.Y, gr),
+            *conv1d_backward(g, M, L, D, d.K, sc.du, w, o, sc.dconv, sc.dY, self.Y, gr),
             # in_proj: dxn = dY @ wInProj; dW += dY^T xn; db += colsum(dY)
             *linear_backward(g, M, Dm, 2 * D, sc.dY, 0, 2 * D, self.xn, 0, Dm, w, o["wInProj"],
                              o["bInProj"], gr, dx=sc.dxn, dx_rs=Dm),
