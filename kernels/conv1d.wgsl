@@ -14,12 +14,13 @@
 // | 1       | Y    | (M, 2D) | read: in_proj output; xc = Y[:, 0:D] (row stride y_rs)  |
 // | 2       | w    | (..)    | read: parameter arena, wConv (D, K) at w_off, bConv (D) at b_off |
 // | 3       | u    | (M, D)  | read_write: SiLU(conv), the scan input                  |
-// conv1d_backward_input bindings (one invocation per (r, d)):
-// | 1       | Y    | (M, 2D) | read (conv recomputed from its xc columns)              |
+// conv1d_backward_dconv, then conv1d_backward_input (one invocation per (r, d) each; two
+// dispatches, so the second reads what the first wrote):
+// | 1       | Y    | (M, 2D) | read (dconv: conv recomputed from its xc columns)        |
 // | 2       | w    | (..)    | read: parameter arena                                  |
-// | 3       | du   | (M, D)  | read: dLoss/du (scan path + x_proj path)                |
-// | 4       | dconv| (M, D)  | read_write: du * SiLU'(conv)                            |
-// | 5       | dY   | (M, 2D) | read_write: dY[:, 0:D] = dxc[t] = sum_k wConv[d,k] * dconv[t+k] |
+// | 3       | du   | (M, D)  | read (dconv): dLoss/du (scan path + x_proj path)        |
+// | 4       | dconv| (M, D)  | dconv: write du * SiLU'(conv); input: read              |
+// | 5       | dY   | (M, 2D) | input: write dY[:, 0:D] = dxc[t] = sum_k wConv[d,k] * dconv[t+k] |
 // conv1d_backward_weight bindings (workgroup = 32 channels x 8 row groups;
 // grid y = tap k, y = K is the bias; grid z = row block rb of rows_per rows) and
 // conv1d_backward_weight_final (one invocation per (k, d): adds the RB partials
@@ -65,6 +66,15 @@ fn conv1d_forward(@builtin(local_invocation_index) li: u32,
 @group(0) @binding(5) var<storage, read_write> bi_dY: array<f32>;
 
 @compute @workgroup_size(WG)
+fn conv1d_backward_dconv(@builtin(local_invocation_index) li: u32,
+                         @builtin(workgroup_id) wid: vec3<u32>,
+                         @builtin(num_workgroups) nwg: vec3<u32>) {
+    let idx = flat_index(wid, nwg, li, WG);
+    if (idx >= p.M * p.D) { return; }
+    bi_dconv[idx] = bi_du[idx] * dsilu(conv_at(idx / p.D, idx % p.D));
+}
+
+@compute @workgroup_size(WG)
 fn conv1d_backward_input(@builtin(local_invocation_index) li: u32,
                          @builtin(workgroup_id) wid: vec3<u32>,
                          @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -73,14 +83,11 @@ fn conv1d_backward_input(@builtin(local_invocation_index) li: u32,
     let r = idx / p.D;
     let d = idx % p.D;
     let t = r % p.L;
-    // dconv at later steps is recomputed here rather than read back, so this
-    // kernel does not depend on other invocations' writes (no race).
     var s = 0.0;
     let kmax = min(p.K, p.L - t);
     for (var k = 0u; k < kmax; k++) {
-        s += w[p.w_off + d * p.K + k] * (bi_du[idx + k * p.D] * dsilu(conv_at(r + k, d)));
+        s += w[p.w_off + d * p.K + k] * bi_dconv[idx + k * p.D];
     }
-    bi_dconv[idx] = bi_du[idx] * dsilu(conv_at(r, d));
     bi_dY[r * p.y_rs + d] = s;
 }
 
