@@ -6,16 +6,17 @@ Public API (float32 NumPy arrays in and out, validated like the CPU API):
 - ``mamba1_forward(x, params, *, eps=1e-6, discretization="zoh")`` -> ``(out, cache)``
 - ``mamba1_backward(dout, params, cache)`` -> ``(dx, grads)``
 - ``model_forward(tokens, params, *, eps=1e-6, discretization="zoh")`` -> logits (B, L, V)
-- ``model_loss_and_grads(tokens, targets, params, *, eps=1e-6, discretization="zoh")``
-  -> ``(loss, grads)``
-- ``ResidentTrainer(params, lr=1e-3, ..., model_eps=1e-6, discretization="zoh")``:
-  weights and AdamW state resident on the GPU; ``.step(tokens, targets) -> float``,
-  ``.params() -> dict``
+- ``model_loss_and_grads(tokens, targets, params, *, eps=1e-6, discretization="zoh",
+  checkpointing=False)`` -> ``(loss, grads)``
+- ``ResidentTrainer(params, lr=1e-3, ..., model_eps=1e-6, discretization="zoh",
+  checkpointing=False, scaler=None)``: weights and AdamW state resident on the GPU
+  (``scaler``: a ``mamba_ext.amp.DynamicLossScaler`` for mixed precision);
+  ``.step(tokens, targets) -> float``, ``.params() -> dict``
 - ``available()`` -> bool: wgpu is installed and finds an adapter.
 
 Modules mirror ``mamba_ext/cpu/`` (one per step, each dispatching
 ``kernels/<same name>.wgsl``): ``rmsnorm``, ``linear``, ``conv1d``, ``scan``,
-``activations``, ``block``, ``model``, ``adamw``; plus ``device`` (adapter,
+``activations``, ``block``, ``model``, ``adamw``, ``amp``; plus ``device`` (adapter,
 pipeline cache, buffers) and ``trainer`` (``ResidentTrainer``).
 
 Nothing touches wgpu until first use; a missing adapter raises RuntimeError

@@ -100,9 +100,12 @@ class ModelPlan:
         self.losses = g.buffer(M, "losses")                # (M,)
         self.fdxn, self.fgw = g.buffer(M * Dm, "final_dxn"), g.buffer(M * Dm, "final_gw")
         self.dh = [g.buffer(M * Dm, "dh_a"), g.buffer(M * Dm, "dh_b")]   # (M, Dm) ping-pong
+        # dlogits = (softmax - onehot) * loss_scale / M (set_loss_scale; 1 by default)
+        self.ce_op = g.op("cross_entropy", "cross_entropy_forward_backward",
+                          g.grid1d(M, "cross-entropy rows"), [M, V, 1.0 / M],
+                          [self.logits, self.tgt, self.dlogits, self.losses])
         ops = list(self.forward_ops) + [
-            g.op("cross_entropy", "cross_entropy_forward_backward", g.grid1d(M, "cross-entropy rows"),
-                 [M, V, 1.0 / M], [self.logits, self.tgt, self.dlogits, self.losses]),
+            self.ce_op,
             # head backward: dxn = dlogits @ embedding; dE += dlogits^T xn; dbias
             *linear_backward(g, M, Dm, V, self.dlogits, 0, V, self.fxn, 0, Dm, w, E,
                              o["lm_head_bias"], gr, dx=self.fdxn, dx_rs=Dm),
@@ -123,6 +126,12 @@ class ModelPlan:
         self._train = ops
         self.clears = [gr]
         return ops
+
+    def set_loss_scale(self, scale: float) -> None:
+        """Multiply the gradient seed (and so every gradient) by ``scale`` from the next
+        submit of :meth:`train_ops` on (mixed precision; the losses are not scaled)."""
+        self.train_ops()
+        gpu().write_params(self.ce_op, [self.M, self.V, float(scale) / self.M])
 
     def upload_tokens(self, tok):
         gpu().write(self.tok, tok.ravel().astype(np.uint32))

@@ -34,15 +34,24 @@ class ResidentTrainer:
     so a run resumes exactly from a GPU or a CPU optimizer state.
     ``checkpointing``: activation checkpointing (``mamba_ext.gpu.model_loss_and_grads``):
     the same steps, bit for bit, with one forward cache for all layers.
+    ``scaler``: a ``mamba_ext.amp.DynamicLossScaler`` turns on mixed precision with the
+    semantics of ``mamba_ext.training.loop.amp_step``: the forward/backward runs on the
+    fp16-rounded weights (a second arena) with the gradient seed times ``scaler.scale``;
+    the gradients are rounded to fp16 and unscaled on the GPU; an overflow (any
+    non-finite gradient) skips the step and the scaler backs off (``scaler.update``).
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
                  max_delta=0.0, no_decay=None, clip=0.0, model_eps=DEFAULT_EPS,
-                 discretization="zoh", checkpointing=False):
+                 discretization="zoh", checkpointing=False, scaler=None):
         self.arrays, self.dims = check_model(params)
         check_discretization(discretization)
         self.discretization = discretization
         self.checkpointing = bool(checkpointing)
+        if scaler is not None and not all(hasattr(scaler, k) for k in ("scale", "update")):
+            raise TypeError(f"scaler: expected a mamba_ext.amp.DynamicLossScaler, got "
+                            f"{type(scaler).__name__}")
+        self.scaler = scaler
         no_decay = DEFAULT_NO_DECAY if no_decay is None else frozenset(no_decay)
         names = list(self.arrays)
         decays = {k: not _matches(k, no_decay) for k in names}
@@ -64,6 +73,11 @@ class ResidentTrainer:
         self.m = g.buffer(self.n, "adam_m")
         self.v = g.buffer(self.n, "adam_v")
         self._adamw = AdamWOps(g, self.n, self.w, self.m, self.v, self.gr, self._adam_params(1))
+        self._amp = None
+        if scaler is not None:      # the fp16-rounded weights the model runs on (n,)
+            from .amp import AmpOps
+            self.w16 = g.buffer(self.n, "params_fp16")
+            self._amp = AmpOps(g, self.n, self.w, self.w16, self.gr)
         self._plans = {}
         self.t = 0
         self.skipped = 0
@@ -88,13 +102,21 @@ class ResidentTrainer:
         plan = self._plans.get(tok.shape)
         if plan is None:
             plan = self._plans[tok.shape] = ModelPlan(
-                self.arrays, self.dims, *tok.shape, self.order, w=self.w, gr=self.gr,
+                self.arrays, self.dims, *tok.shape, self.order,
+                w=self.w if self._amp is None else self.w16, gr=self.gr,
                 eps=self.model_eps, discretization=self.discretization,
                 checkpointing=self.checkpointing)
         g = gpu()
         ops = plan.train_ops()
         plan.upload_batch(tok, tgt)
         g.write_params(self._adamw.step_op, self._adam_params(self.t + 1))
+        if self._amp is not None:
+            if reduce is not None:
+                raise ValueError("ResidentTrainer: mixed precision (scaler) does not run with "
+                                 "a distributed reduce yet")
+            plan.set_loss_scale(self.scaler.scale)
+            self._amp.set_scale(self.scaler.scale)
+            ops = [self._amp.weights_op, *ops, self._amp.grads_op]
         if reduce is None:
             g.submit(ops + self._adamw.ops, plan.clears)
             loss = plan.loss()
@@ -110,6 +132,8 @@ class ResidentTrainer:
             self.last_grad_norm = float("nan")
         else:
             self.t += 1
+        if self.scaler is not None:
+            self.scaler.update(bool(st[1] > 0))
         return loss
 
     def _read(self, buf) -> dict:

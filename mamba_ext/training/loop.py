@@ -335,7 +335,8 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
         if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < end:
             if trainer is not None:
                 if dist is None or dist.is_root:
-                    save_state(path, cfg, step + 1, trainer.params(), trainer, None, losses, dist)
+                    save_state(path, cfg, step + 1, trainer.params(), trainer, scaler, losses,
+                               dist)
             else:
                 save_state(path, cfg, step + 1, params, opt, scaler, losses, dist,
                            carry=None if carry is None else carry[0])
@@ -554,9 +555,16 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
         + ("" if dist is None else f"; {dist.size} ranks, global batch {dist.size * cfg.batch}"))
 
     opt = scaler = trainer = None
+    if cfg.amp:
+        from ..amp import DynamicLossScaler
+        scaler = DynamicLossScaler()
+        if state is not None and state["scaler_state"]:
+            _restore(resume, "field '__metadata__.extra.scaler'", scaler.load_state_dict,
+                     state["scaler_state"])
     if cfg.device == "gpu":
-        if cfg.amp:
-            raise ValueError("--amp is not supported with --device gpu")
+        if cfg.amp and dist is not None:
+            raise ValueError("--amp with --device gpu does not run with --distributed yet "
+                             "(use --device cpu, or drop --amp)")
         try:
             from ..gpu import ResidentTrainer
         except Exception as e:  # wgpu missing, no adapter, executor not built ...
@@ -566,19 +574,13 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
                                   weight_decay=cfg.weight_decay, max_delta=cfg.max_delta,
                                   clip=cfg.grad_clip, model_eps=cfg.eps,
                                   discretization=cfg.discretization,
-                                  checkpointing=cfg.checkpointing)
+                                  checkpointing=cfg.checkpointing, scaler=scaler)
         if state is not None and state["optimizer_state"]:
             _restore(resume, "optimizer state", trainer.load_state_dict, state["optimizer_state"])
     else:
         opt = _make_optimizer(cfg, params)
         if state is not None and state["optimizer_state"]:
             _restore(resume, "optimizer state", opt.load_state_dict, state["optimizer_state"])
-        if cfg.amp:
-            from ..amp import DynamicLossScaler
-            scaler = DynamicLossScaler()
-            if state is not None and state["scaler_state"]:
-                _restore(resume, "field '__metadata__.extra.scaler'", scaler.load_state_dict,
-                         state["scaler_state"])
 
     path = os.path.join(out_dir, CHECKPOINT_NAME)
     carry = [state["carry"] if state is not None else None] if cfg.carry_state else None

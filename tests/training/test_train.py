@@ -219,6 +219,27 @@ def test_gpu_training_checkpointing_same_losses(text_file, tmp_path):
     assert ckpt["losses"] == plain["losses"]
 
 
+def test_gpu_amp_training_resumes_exactly(text_file, tmp_path):
+    """train --device gpu --amp: the scaler's state is checkpointed with the run and a
+    resume continues bit for bit (losses and weights); the CPU's first loss matches."""
+    if not _gpu_available():
+        if _in_ci():
+            pytest.fail("no GPU adapter in CI")
+        pytest.skip("no wgpu adapter here")
+    from mamba_ext.training.loop import load_training_checkpoint
+    quiet = dict(progress=None, log=lambda s: None)
+    cfg = _tiny(text_file, steps=5, n_layers=2, device="gpu", amp=True)
+    full = train(copy.deepcopy(cfg), tmp_path / "a", **quiet)
+    part = train(copy.deepcopy(cfg), tmp_path / "b", stop_after=3, **quiet)
+    assert load_training_checkpoint(part["checkpoint"])["scaler_state"]["scale"] > 0
+    resumed = train(copy.deepcopy(cfg), tmp_path / "b", resume=part["checkpoint"], **quiet)
+    assert resumed["losses"] == full["losses"]
+    for k in full["params"]:
+        np.testing.assert_array_equal(resumed["params"][k], full["params"][k], err_msg=k)
+    cpu = train(_tiny(text_file, steps=1, n_layers=2, amp=True), tmp_path / "c", **quiet)
+    assert abs(full["losses"][0] - cpu["losses"][0]) <= 1e-4 * cpu["losses"][0]
+
+
 def test_gpu_unavailable_gives_a_clear_error(text_file, tmp_path, monkeypatch):
     import sys
     monkeypatch.setitem(sys.modules, "mamba_ext.gpu", None)    # import fails

@@ -1,0 +1,109 @@
+"""Mixed precision on the GPU (kernels/amp.wgsl, mamba_ext.gpu.amp, ResidentTrainer
+with a DynamicLossScaler) against mamba_ext.amp and the CPU's amp_step."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np
+import pytest
+
+from gpu_support import nerr, random_model, read, require_gpu, run, upload
+
+g = require_gpu()
+import mamba_ext  # noqa: E402
+from mamba_ext import gpu as G  # noqa: E402
+from mamba_ext.amp import DynamicLossScaler  # noqa: E402
+from mamba_ext.gpu.amp import AmpOps  # noqa: E402
+from mamba_ext.training.loop import amp_step  # noqa: E402
+
+
+def _edge_values():
+    """Every rounding case of float32 -> float16: ties (to even, both ways), the overflow
+    threshold 65520 and its neighbours, the subnormal range and its underflow tie 2^-25,
+    zeros, infinities, NaN; plus random values over the whole exponent range."""
+    f = np.float32
+    v = [0.0, -0.0, 1.0, -1.0, 65504.0, 65519.996, 65520.0, -65520.0, 1e6, np.inf, -np.inf,
+         2.0 ** -14, 2.0 ** -24, 2.0 ** -25, 1.5 * 2.0 ** -25, 2.0 ** -26, 3.0 * 2.0 ** -25,
+         1e-40, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11, 1.0 + 2.0 ** -11 + 2.0 ** -23,
+         2049.0, 2051.0, 6.1e-5, 5.96e-8, 1e-8]
+    rng = np.random.default_rng(0)
+    rnd = (rng.standard_normal(20000) * 10.0 ** rng.uniform(-9, 6, 20000)).astype(f)
+    return np.concatenate([np.array(v, f), -np.array(v, f), rnd])
+
+
+def test_round_f16_is_numpys_float16():
+    x = _edge_values()
+    n = x.size
+    w, w16, gr = upload(g, "w", x), g.buffer(n, "w16"), upload(g, "gr", x * 4.0)
+    amp = AmpOps(g, n, w, w16, gr)
+    amp.set_scale(4.0)
+    run(g, [amp.weights_op, amp.grads_op])
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).astype(np.float32)
+    got = read(g, w16, (n,))
+    assert np.array_equal(got, want, equal_nan=True)
+    assert np.array_equal(np.signbit(got), np.signbit(want))       # -0 stays -0
+    grads = read(g, gr, (n,))
+    with np.errstate(over="ignore"):
+        want_g = (x * 4.0).astype(np.float16).astype(np.float32) * np.float32(0.25)
+    assert np.array_equal(grads, want_g, equal_nan=True)
+    nan = upload(g, "nan", np.array([np.nan, 1.0], np.float32))
+    out = g.buffer(2, "o")
+    run(g, [AmpOps(g, 2, nan, out, out).weights_op])
+    assert np.isnan(read(g, out, (2,))[0])
+
+
+def _pair(params, init_scale, **kw):
+    cpu = {k: v.copy() for k, v in params.items()}
+    opt = mamba_ext.AdamW(cpu, lr=kw["lr"], weight_decay=kw["weight_decay"])
+    tr = G.ResidentTrainer(params, lr=kw["lr"], weight_decay=kw["weight_decay"], clip=kw["clip"],
+                           scaler=DynamicLossScaler(init_scale=init_scale, growth_interval=2))
+    return cpu, opt, DynamicLossScaler(init_scale=init_scale, growth_interval=2), tr
+
+
+def test_amp_trainer_matches_cpu_amp_step():
+    """Same steps as the CPU's amp_step: losses, the scaler's trajectory (it grows
+    after two clean steps), and the weights' changes."""
+    params = random_model(V=19, Dm=8, n_layers=2, D=16, N=4, K=3, R=1, seed=27)
+    rng = np.random.default_rng(8)
+    batches = [(rng.integers(0, 19, (2, 13)), rng.integers(0, 19, (2, 13))) for _ in range(4)]
+    kw = dict(lr=3e-3, weight_decay=0.1, clip=1.0)
+    cpu, opt, scaler, tr = _pair(params, 2.0 ** 10, **kw)
+    for tok, tgt in batches:
+        loss = tr.step(tok, tgt)
+        c_loss, applied = amp_step(tok, tgt, cpu, opt, scaler, grad_clip=kw["clip"])
+        assert applied
+        assert abs(loss - c_loss) <= 1e-5 * abs(c_loss)
+        assert tr.scaler.scale == scaler.scale and tr.scaler.growth_tracker == scaler.growth_tracker
+    assert scaler.scale == 2.0 ** 12 and tr.t == 4 and tr.skipped == 0
+    got = tr.params()
+    for k in params:
+        assert nerr(got[k] - params[k], cpu[k] - params[k]) <= 1e-3, k
+
+
+def test_amp_trainer_overflow_skips_and_backs_off():
+    """A scale that overflows fp16 gradients: the step is skipped on the GPU as on the
+    CPU (weights, moments and the step count untouched) and the scale halves."""
+    params = random_model(V=19, Dm=8, n_layers=1, D=16, N=4, K=3, R=1, seed=29)
+    tok = np.random.default_rng(1).integers(0, 19, (2, 9))
+    kw = dict(lr=3e-3, weight_decay=0.1, clip=0.0)
+    cpu, opt, scaler, tr = _pair(params, 2.0 ** 24, **kw)
+    loss = tr.step(tok, tok)
+    c_loss, applied = amp_step(tok, tok, cpu, opt, scaler, grad_clip=0.0)
+    assert not applied and scaler.scale == 2.0 ** 23
+    assert abs(loss - c_loss) <= 1e-5 * abs(c_loss)
+    assert tr.skipped == 1 and tr.t == 0 and tr.scaler.scale == 2.0 ** 23
+    assert tr.scaler.overflows == 1
+    got = tr.params()
+    assert all(np.array_equal(got[k], params[k]) for k in params)
+    assert all(np.all(v == 0) for k, v in tr.state().items() if k not in ("t", "skipped"))
+
+
+def test_amp_trainer_refuses_a_non_scaler():
+    params = random_model(V=11, Dm=6, n_layers=1, D=12, N=3, K=2, R=1, seed=35)
+    with pytest.raises(TypeError, match="scaler"):
+        G.ResidentTrainer(params, scaler=2.0 ** 10)
