@@ -41,9 +41,10 @@ CONFIGS = {
 ARMS = ("legacy", "mamba", "mambapy")
 
 
-def make_config(name: str, steps: int | None, data: str | None, threads: int | None):
+def make_config(name: str, steps: int | None, data: str | None, threads: int | None,
+                seed: int = 0):
     from ..training.loop import TrainConfig
-    cfg = TrainConfig(**CONFIGS[name], data=data, threads=threads, checkpoint_every=0)
+    cfg = TrainConfig(**CONFIGS[name], data=data, threads=threads, checkpoint_every=0, seed=seed)
     if steps is not None:
         cfg.steps = int(steps)
     return cfg.validated()
@@ -119,24 +120,28 @@ def run_mambapy(cfg, device: str) -> dict:
 
 
 def cmd_run(args) -> int:
-    cfg = make_config(args.config, args.steps, args.data, args.threads)
+    cfg = make_config(args.config, args.steps, args.data, args.threads, args.seed)
     if args.arm == "mambapy":
         res = run_mambapy(cfg, args.device)
     else:
         res = run_ours(cfg, args.arm)
     res.update(arm=args.arm, config=args.config, steps=cfg.steps, n_layers=cfg.n_layers,
                d_model=cfg.d_model, batch=cfg.batch, seq_len=cfg.seq_len, lr=cfg.lr,
-               data=args.data or "stdlib")
+               data=args.data or "stdlib", seed=cfg.seed)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(res, f)
-    print(f"{args.config} {args.arm}: final train loss {res['final_loss']:.4f}, held-out "
+    print(f"{args.config} {args.arm} seed {cfg.seed}: final train loss {res['final_loss']:.4f}, held-out "
           f"{res['val_loss']:.4f} ({cfg.steps} steps, {res['wall_s']:.0f} s)")
     return 0
 
 
 def table(results: list[dict]) -> str:
-    """Markdown: one row per config, final train / held-out loss of each arm."""
+    """Markdown: one row per config, final train / held-out loss of each arm (results of
+    several seeds: one row per config and seed, then their means)."""
+    seeds = sorted({r.get("seed", 0) for r in results})
+    if len(seeds) > 1:
+        return seed_table(results, seeds)
     by = {(r["config"], r["arm"]): r for r in results}
     names = {"legacy": "mamba_ext, legacy init", "mamba": "mamba_ext, mamba init (default)",
              "mambapy": "mamba.py"}
@@ -152,6 +157,38 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def seed_table(results: list[dict], seeds: list[int]) -> str:
+    """Markdown: per config, one row per seed and a row of means, train / held-out of each
+    arm; the last column: mamba init minus mamba.py on held-out data (negative = ours lower)."""
+    by = {(r["config"], r["arm"], r.get("seed", 0)): r for r in results}
+    arms = [a for a in ARMS if any(k[1] == a for k in by)]
+    lines = ["| run | seed | steps | " + " | ".join(f"{a}: train / held-out" for a in arms)
+             + " | held-out, mamba - mambapy |", "|---|---|---|" + "---|" * (len(arms) + 1)]
+    for c in CONFIGS:
+        rows = []
+        for sd in seeds:
+            row = [by.get((c, a, sd)) for a in arms]
+            if not any(row):
+                continue
+            rows.append(row)
+            steps = next(r["steps"] for r in row if r)
+            cells = [f"{r['final_loss']:.4f} / {r['val_loss']:.4f}" if r else "not run" for r in row]
+            m, p = by.get((c, "mamba", sd)), by.get((c, "mambapy", sd))
+            diff = f"{m['val_loss'] - p['val_loss']:+.4f}" if m and p else "-"
+            lines.append(f"| {c} | {sd} | {steps} | " + " | ".join(cells) + f" | {diff} |")
+        if len(rows) > 1:
+            cells = []
+            for j in range(len(arms)):
+                got = [row[j] for row in rows if row[j]]
+                cells.append(f"{np.mean([r['final_loss'] for r in got]):.4f} / "
+                             f"{np.mean([r['val_loss'] for r in got]):.4f}" if got else "-")
+            pairs = [(by.get((c, "mamba", sd)), by.get((c, "mambapy", sd))) for sd in seeds]
+            d = [m["val_loss"] - p["val_loss"] for m, p in pairs if m and p]
+            lines.append(f"| {c} | mean of {len(rows)} | | " + " | ".join(cells)
+                         + (f" | {np.mean(d):+.4f} |" if d else " | - |"))
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mamba_ext.bench.init_compare", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -163,6 +200,8 @@ def main(argv=None) -> int:
     r.add_argument("--data", default=None, help="corpus file (default: the stdlib sources)")
     r.add_argument("--threads", type=int, default=None, help="CPU threads of mamba_ext")
     r.add_argument("--device", default="cpu", help="torch device of the mambapy arm")
+    r.add_argument("--seed", type=int, default=0, help="initialisation and batch order "
+                   "(the same batches for every arm of one seed)")
     r.add_argument("--out", required=True, help="JSON file to write")
     t = sub.add_parser("table", help="Markdown table of JSON results")
     t.add_argument("files", nargs="+")
