@@ -3,8 +3,7 @@
 //
 // Size letters: B batch, L seqLen, D dInner, N dState, R dtRank, P = R + 2N,
 // M = B*L rows, SCAN_CHUNK steps per chunk (Params.chunk), C = ceil(L / SCAN_CHUNK)
-// chunks, G channel groups (workgroups along D), GS states per invocation (8 or 16),
-// SG = ceil(N / GS) state groups.
+// chunks, G channel groups (workgroups along D), SG = ceil(N / 16) state groups.
 //
 // Per (b, d, n), with A = -exp(clamp(A_log, a_log_min, a_log_max)) and x_t = delta_t * A:
 //   a_t = exp(x_t),  b_t = coef_t * Bs_t,  coef_t = expm1(x_t)/A (ZOH) | delta_t (Euler)
@@ -34,7 +33,7 @@
 // Workgroup layout of the chunk kernels (why: the sums over n of y, du and ddelta
 // stay in one invocation's registers, with no barrier per step): invocation li =
 // channel dl = li / SG, state group s = li % SG; it holds the states
-// n = GS s + 4 q + k (q < NV vec4 registers, k < 4) of channel d = G_index * CPW + dl,
+// n = 16 s + 4 q + k (q < NV vec4 registers, k < 4) of channel d = G_index * CPW + dl,
 // CPW = WG / SG channels per workgroup; grid (G, C, B), G = ceil(D / CPW). Lanes
 // past D or past N take part in barriers and contribute zero. The Bs | Cs columns
 // of a block of TS steps are staged in workgroup memory (one coalesced load, read
@@ -89,9 +88,8 @@ fn a_of(a_log: f32) -> f32 { return -exp(clamp(a_log, a_log_min, a_log_max)); }
 // per staged block (scan_backward_grads: also per recomputed block, TS <= TSMAX);
 // RB steps per dBs/dCs reduction round (TS % RB == 0).
 override WG: u32 = 32u;
-override GS: u32 = 16u;    // states per invocation (8 or 16): a group of a channel's states
-override SG: u32 = 1u;     // state groups per channel: ceil(N / GS)
-override NV: u32 = 4u;     // vec4 of states in use: ceil(N / 4) when SG = 1, else GS / 4
+override SG: u32 = 1u;
+override NV: u32 = 4u;
 override TS: u32 = 4u;
 override RB: u32 = 2u;
 const TSMAX: u32 = 8u;     // recomputed steps held in registers (hist)
@@ -115,15 +113,15 @@ const RS: u32 = 35u;       // floats per (step, invocation) row of red: dBs 16 |
 // delta = softplus(delta_pre) of row r of (M, D) (as dt_proj's CPU store computes it).
 fn delta_at(r: u32) -> f32 { return softplus(delta_pre[r]); }
 
-// (TS, 2, SG, 4) vec4: Bs (0) | Cs (1) of a block of TS steps, GS states per group
-// in its 4 vec4 (zero past N, past GS and past the block's last step).
+// (TS, 2, SG, 4) vec4: Bs (0) | Cs (1) of a block of TS steps, 16 states per group
+// (zero past N and past the block's last step).
 var<workgroup> bc: array<vec4<f32>, TS * 2u * SG * 4u>;
 // (TS, WG) partial y of each invocation (scan_forward_output, SG > 1).
 var<workgroup> ysum: array<f32, TS * WG>;
 // (RB, WG, RS) per-step contributions of scan_backward_grads, see RS.
 var<workgroup> red: array<f32, RB * WG * RS>;
 
-// This invocation's A, 1/A and running state, (4,) vec4 each (states n = GS s + 4 q + k).
+// This invocation's A, 1/A and running state, (4,) vec4 each (states n = 16 s + 4 q + k).
 var<private> Av: array<vec4<f32>, 4>;
 var<private> rA: array<vec4<f32>, 4>;
 var<private> hv: array<vec4<f32>, 4>;
@@ -142,7 +140,7 @@ fn lane(li: u32, wid: vec3<u32>) -> Lane {
 }
 
 // State n of register q, component k.
-fn state_of(l: Lane, q: u32, k: u32) -> u32 { return l.s * GS + 4u * q + k; }
+fn state_of(l: Lane, q: u32, k: u32) -> u32 { return l.s * 16u + 4u * q + k; }
 
 // Index of (b, c, d, n) in a (B, C, D, N) chunk tensor.
 fn cidx(b: u32, c: u32, d: u32, n: u32) -> u32 {
@@ -164,14 +162,14 @@ fn load_a(l: Lane) {
 
 // Stage Bs, Cs of steps [tb, te) of batch row b into bc (called between barriers).
 fn stage_bc(li: u32, b: u32, tb: u32, te: u32) {
-    let per = 2u * GS * SG;                   // floats per step
+    let per = 32u * SG;                       // floats per step
     for (var e = li; e < TS * per; e += WG) {
         let ts = e / per;
-        let wsel = (e % per) / (GS * SG);     // 0 = Bs, 1 = Cs
-        let n = e % (GS * SG);
+        let wsel = (e % per) / (16u * SG);    // 0 = Bs, 1 = Cs
+        let n = e % (16u * SG);
         var v = 0.0;
         if (tb + ts < te && n < p.N) { v = xproj[(b * p.L + tb + ts) * p.P + p.R + wsel * p.N + n]; }
-        bc[((ts * 2u + wsel) * SG + n / GS) * 4u + (n % GS) / 4u][n % 4u] = v;
+        bc[((ts * 2u + wsel) * SG + n / 16u) * 4u + (n % 16u) / 4u][n % 4u] = v;
     }
 }
 
@@ -488,9 +486,9 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
                     let k = o / (SG * 32u);
                     let s = (o / 32u) % SG;
                     let jcol = o % 32u;
-                    let n = s * GS + jcol % 16u;
+                    let n = s * 16u + jcol % 16u;
                     let t = tb + TS - 1u - (rr * RB + k);
-                    if (t < t1 && jcol % 16u < GS && n < p.N) {
+                    if (t < t1 && n < p.N) {
                         // four independent partial sums (a short dependency chain), fixed order
                         let i0 = (k * WG + s) * RS + jcol;
                         let st = SG * RS;               // from one channel's row to the next

@@ -20,10 +20,8 @@ SCAN_CHUNK_MAX = 64
 # block against 2 and 8, one step per reduction round (scan_backward_grads 6.18 ms;
 # 2 / 4 steps per round: 9.16 / 16.4 ms: more workgroup memory, fewer resident
 # invocations), forward blocks of 8 steps (16: within the noise, 8.71 / 8.57 ms):
-# invocations per workgroup (one per channel x state group),
+# invocations per workgroup (one per channel x state group of 16 states),
 SCAN_WG = 64
-# states per invocation (8 or 16; a channel's dState is cut into groups of that many),
-SCAN_GS = 16
 # steps per staged block of Bs | Cs of the forward passes and scan_backward_chunk,
 # and of scan_backward_grads, whose block of recomputed states stays in a private
 # array (4 x 16 floats per step; at most TSMAX = 8),
@@ -39,7 +37,7 @@ WG_MEMORY_MIN = 16384
 
 def layout_key():
     """The module settings a recorded plan depends on (part of the plan caches' keys)."""
-    return (SCAN_CHUNK, SCAN_WG, SCAN_GS, SCAN_TS_FORWARD, SCAN_TS_BACKWARD, SCAN_RB)
+    return (SCAN_CHUNK, SCAN_WG, SCAN_TS_FORWARD, SCAN_TS_BACKWARD, SCAN_RB)
 
 
 def scan_constants(wg):
@@ -56,12 +54,8 @@ class ScanShape:
         max_compute_workgroup_storage_size); fewer steps per block where it is small."""
         if not 1 <= chunk <= SCAN_CHUNK_MAX:
             raise ValueError(f"scan chunk length must be in [1, {SCAN_CHUNK_MAX}], got {chunk}")
-        if SCAN_GS not in (8, 16):
-            raise ValueError(f"scan.SCAN_GS: expected 8 or 16, got {SCAN_GS}")
-        # more than 32 groups of 8 would not fit the workgroup memory: 16 there
-        self.GS = SCAN_GS if math.ceil(N / SCAN_GS) <= 32 else 16
-        self.SG = math.ceil(N / self.GS)                # state groups per channel
-        self.NV = self.GS // 4 if self.SG > 1 else math.ceil(N / 4)
+        self.SG = math.ceil(N / 16)                     # state groups of 16 per channel
+        self.NV = 4 if self.SG > 1 else math.ceil(N / 4)
         self.wg = self.SG * max(1, SCAN_WG // self.SG)
         self.cpw = self.wg // self.SG                   # channels per workgroup
         per_step = 32 * self.SG                         # floats of Bs | Cs staged per step
@@ -105,7 +99,7 @@ def _bind(**named):
 def _chunk_op(g, s, entry, params, **named):
     """One workgroup per (channel group, chunk, batch row)."""
     ts = s.ts_b if entry == "scan_backward_grads" else s.ts_f
-    consts = {**scan_constants(s.wg), "GS": s.GS, "SG": s.SG, "NV": s.NV, "TS": ts, "RB": s.rb}
+    consts = {**scan_constants(s.wg), "SG": s.SG, "NV": s.NV, "TS": ts, "RB": s.rb}
     return g.op("scan", entry, (s.G, s.C, s.B), params, _bind(**named), consts)
 
 

@@ -88,14 +88,14 @@ CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("wide", [False, True], ids=["default", "wg32-small-blocks-gs8"])
+@pytest.mark.parametrize("wide", [False, True], ids=["default", "wg32-small-blocks"])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "-".join(map(str, c)))
 def test_block_vs_cpu(cfg, wide, monkeypatch):
     Dm, D, N, K, R, B, L, T, disc = cfg
     monkeypatch.setattr(gpu_scan, "SCAN_CHUNK", T)
     if wide:    # the scan's other workgroup layout (tests/gpu/test_scan.py)
         for name, v in (("SCAN_WG", 32), ("SCAN_TS_FORWARD", 4), ("SCAN_TS_BACKWARD", 2),
-                        ("SCAN_RB", 2), ("SCAN_GS", 8)):
+                        ("SCAN_RB", 2)):
             monkeypatch.setattr(gpu_scan, name, v)
     params = rand_params(Dm, D, N, K, R, seed=sum(cfg[:7]))
     rng = np.random.default_rng(7)

@@ -58,13 +58,13 @@ def test_model_forward_no_layers_and_empty():
     assert G.model_forward(np.zeros((0, 3), np.int64), params).shape == (0, 3, 7)
 
 
-@pytest.mark.parametrize("wide", [False, True], ids=["default", "wg32-small-blocks-gs8"])
+@pytest.mark.parametrize("wide", [False, True], ids=["default", "wg32-small-blocks"])
 @pytest.mark.parametrize("disc", ["zoh", "euler"])
 def test_model_vs_cpu(disc, wide, monkeypatch):
     monkeypatch.setattr(gpu_scan, "SCAN_CHUNK", 6)
     if wide:    # the scan's other workgroup layout (tests/gpu/test_scan.py)
         for name, v in (("SCAN_WG", 32), ("SCAN_TS_FORWARD", 4), ("SCAN_TS_BACKWARD", 2),
-                        ("SCAN_RB", 2), ("SCAN_GS", 8)):
+                        ("SCAN_RB", 2)):
             monkeypatch.setattr(gpu_scan, name, v)
     params = random_model(V=37, Dm=10, n_layers=2, D=20, N=5, K=3, R=2, seed=11)
     rng = np.random.default_rng(3)

@@ -4,7 +4,6 @@ differences of it in float64 (every element for small sizes, random directions
 for larger ones); the A_log clamp; run-to-run determinism."""
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -22,15 +21,12 @@ g = require_gpu()
 from mamba_ext.gpu import scan as S  # noqa: E402
 
 
-@pytest.fixture(autouse=True, params=["default", "wg32-small-blocks", "gs8"])
+@pytest.fixture(autouse=True, params=["default", "wg32-small-blocks"])
 def scan_mode(request, monkeypatch):
-    """Every test in three workgroup layouts: the default one; 32 invocations with
+    """Every test in two workgroup layouts: the default one and 32 invocations with
     staged blocks of 4 (forward) and 2 (backward) steps, two steps per reduction
-    round (more blocks, rounds and partial blocks per chunk); 8 states per invocation
-    (dState 16 in two state groups)."""
-    if request.param == "gs8":
-        monkeypatch.setattr(S, "SCAN_GS", 8)
-    elif request.param != "default":
+    round (more blocks, rounds and partial blocks per chunk)."""
+    if request.param != "default":
         monkeypatch.setattr(S, "SCAN_WG", 32)
         monkeypatch.setattr(S, "SCAN_TS_FORWARD", 4)
         monkeypatch.setattr(S, "SCAN_TS_BACKWARD", 2)
@@ -230,12 +226,10 @@ def test_scan_passes(L):
 
 @pytest.mark.parametrize("N, SG, NV", [(1, 1, 1), (5, 1, 2), (16, 1, 4), (17, 2, 4), (40, 3, 4),
                                        (512, 32, 4)])
-def test_scan_layout(N, SG, NV, scan_mode):
+def test_scan_layout(N, SG, NV):
     """State groups of 16 per invocation, workgroup memory within WebGPU's 16 KiB,
     the chunk bounded by the backward kernel's checkpoints."""
     s = S.ScanShape(1, 100, 64, N, 2, 64, True)
-    if scan_mode == "gs8" and N <= 256:
-        SG, NV = math.ceil(N / 8), (2 if N > 8 else math.ceil(N / 4))
     assert (s.SG, s.NV) == (SG, NV)
     assert s.wg % s.SG == 0 and s.cpw * s.SG == s.wg
     assert 4 * (s.ts_b * 32 * s.SG + s.rb * s.wg * 35) <= 16384
