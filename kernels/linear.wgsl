@@ -198,40 +198,6 @@ fn store_rowsum(i: u32, v: vec4<f32>, z: u32, S: u32) {
     }
 }
 
-// The 8 x 8 micro-tile of this invocation: rows 4ty+r (c0r..c3r) and 64+4ty+r
-// (c4r..c7r), columns 4tx.. (cr0) and 64+4tx.. (cr1); rs0/rs1: row sums of A
-// (BIAS_GRAD). Private (per-invocation) variables, i.e. registers.
-var<private> c00: vec4<f32>; var<private> c01: vec4<f32>;
-var<private> c10: vec4<f32>; var<private> c11: vec4<f32>;
-var<private> c20: vec4<f32>; var<private> c21: vec4<f32>;
-var<private> c30: vec4<f32>; var<private> c31: vec4<f32>;
-var<private> c40: vec4<f32>; var<private> c41: vec4<f32>;
-var<private> c50: vec4<f32>; var<private> c51: vec4<f32>;
-var<private> c60: vec4<f32>; var<private> c61: vec4<f32>;
-var<private> c70: vec4<f32>; var<private> c71: vec4<f32>;
-var<private> rs0: vec4<f32>; var<private> rs1: vec4<f32>;
-
-// One BK step of the micro-tile from workgroup buffer st.
-fn mma(st: u32, tx: u32, ty: u32, rows_sum: bool) {
-    for (var kk = 0u; kk < BK; kk++) {
-        let sw = swz(kk);
-        let base = st * STAGE + kk * SLOTS;
-        let a0 = As[base + (ty ^ sw)];
-        let a1 = As[base + ((ty + 16u) ^ sw)];
-        let b0 = Bs[base + (tx ^ sw)];
-        let b1 = Bs[base + ((tx + 16u) ^ sw)];
-        c00 = fma(vec4<f32>(a0.x), b0, c00); c01 = fma(vec4<f32>(a0.x), b1, c01);
-        c10 = fma(vec4<f32>(a0.y), b0, c10); c11 = fma(vec4<f32>(a0.y), b1, c11);
-        c20 = fma(vec4<f32>(a0.z), b0, c20); c21 = fma(vec4<f32>(a0.z), b1, c21);
-        c30 = fma(vec4<f32>(a0.w), b0, c30); c31 = fma(vec4<f32>(a0.w), b1, c31);
-        c40 = fma(vec4<f32>(a1.x), b0, c40); c41 = fma(vec4<f32>(a1.x), b1, c41);
-        c50 = fma(vec4<f32>(a1.y), b0, c50); c51 = fma(vec4<f32>(a1.y), b1, c51);
-        c60 = fma(vec4<f32>(a1.z), b0, c60); c61 = fma(vec4<f32>(a1.z), b1, c61);
-        c70 = fma(vec4<f32>(a1.w), b0, c70); c71 = fma(vec4<f32>(a1.w), b1, c71);
-        if (rows_sum) { rs0 += a0; rs1 += a1; }
-    }
-}
-
 fn gemm_tile(lid: vec3<u32>, wid: vec3<u32>, nwg: vec3<u32>) {
     if (p.M == 0xffffffffu) {
         // Never true (sizes are checked on the host): keeps every binding statically
@@ -252,51 +218,80 @@ fn gemm_tile(lid: vec3<u32>, wid: vec3<u32>, nwg: vec3<u32>) {
     let pa1 = tile_pos(tid, 1u, A_KFAST);
     let pb0 = tile_pos(tid, 0u, B_KFAST);
     let pb1 = tile_pos(tid, 1u, B_KFAST);
+    // The 8 x 8 micro-tile of this invocation: rows 4ty+r (c0r..c3r) and 64+4ty+r
+    // (c4r..c7r), columns 4tx.. (cr0) and 64+4tx.. (cr1); rs0/rs1: row sums of A
+    // (BIAS_GRAD). Function-local named variables (registers), updated in this one
+    // function: no private arrays and no module-scope state for the driver to keep
+    // in memory.
+    var c00 = vec4<f32>(0.0); var c01 = vec4<f32>(0.0);
+    var c10 = vec4<f32>(0.0); var c11 = vec4<f32>(0.0);
+    var c20 = vec4<f32>(0.0); var c21 = vec4<f32>(0.0);
+    var c30 = vec4<f32>(0.0); var c31 = vec4<f32>(0.0);
+    var c40 = vec4<f32>(0.0); var c41 = vec4<f32>(0.0);
+    var c50 = vec4<f32>(0.0); var c51 = vec4<f32>(0.0);
+    var c60 = vec4<f32>(0.0); var c61 = vec4<f32>(0.0);
+    var c70 = vec4<f32>(0.0); var c71 = vec4<f32>(0.0);
+    var rs0 = vec4<f32>(0.0); var rs1 = vec4<f32>(0.0);
+    // PREFETCH: the next step's operands are loaded into registers while this step is
+    // computed, then stored into the other buffer (STAGES = 2: one barrier a step) or,
+    // after a barrier, into the same one (STAGES = 1). Off: the plain loop (load,
+    // store, barrier, compute, barrier; buffer 0 only, fewer live registers).
+    var ra0 = vec4<f32>(0.0); var ra1 = vec4<f32>(0.0);
+    var rb0 = vec4<f32>(0.0); var rb1 = vec4<f32>(0.0);
     if (PREFETCH) {
-        // The next step's operands are loaded into registers while this step is
-        // computed, then stored into the other buffer (STAGES = 2): one barrier a step.
-        var ra0 = load_a(row0 + pa0.x, kbeg + pa0.y, kend);
-        var ra1 = load_a(row0 + pa1.x, kbeg + pa1.y, kend);
-        var rb0 = load_b(col0 + pb0.x, kbeg + pb0.y, kend);
-        var rb1 = load_b(col0 + pb1.x, kbeg + pb1.y, kend);
+        ra0 = load_a(row0 + pa0.x, kbeg + pa0.y, kend);
+        ra1 = load_a(row0 + pa1.x, kbeg + pa1.y, kend);
+        rb0 = load_b(col0 + pb0.x, kbeg + pb0.y, kend);
+        rb1 = load_b(col0 + pb1.x, kbeg + pb1.y, kend);
         store_a(0u, pa0, ra0); store_a(0u, pa1, ra1);
         store_b(0u, pb0, rb0); store_b(0u, pb1, rb1);
         workgroupBarrier();
-        var st = 0u;
-        for (var k0 = kbeg; k0 < kend; k0 += BK) {
-            let more = k0 + BK < kend;            // uniform
-            if (more) {
-                let kn = k0 + BK;
-                ra0 = load_a(row0 + pa0.x, kn + pa0.y, kend);
-                ra1 = load_a(row0 + pa1.x, kn + pa1.y, kend);
-                rb0 = load_b(col0 + pb0.x, kn + pb0.y, kend);
-                rb1 = load_b(col0 + pb1.x, kn + pb1.y, kend);
-            }
-            mma(st, tx, ty, rows_sum);
-            if (more) {
-                var nst = st ^ 1u;
-                if (STAGES == 1u) {
-                    workgroupBarrier();           // one buffer: everyone done reading it
-                    nst = 0u;
-                }
-                store_a(nst, pa0, ra0); store_a(nst, pa1, ra1);
-                store_b(nst, pb0, rb0); store_b(nst, pb1, rb1);
-                st = nst;
-            }
-            workgroupBarrier();
-        }
-    } else {
-        // Plain loop: load, store, barrier, compute, barrier (buffer 0 only; fewer
-        // live registers).
-        for (var k0 = kbeg; k0 < kend; k0 += BK) {
+    }
+    var st = 0u;
+    for (var k0 = kbeg; k0 < kend; k0 += BK) {
+        let more = k0 + BK < kend;                // uniform
+        if (!PREFETCH) {
             store_a(0u, pa0, load_a(row0 + pa0.x, k0 + pa0.y, kend));
             store_a(0u, pa1, load_a(row0 + pa1.x, k0 + pa1.y, kend));
             store_b(0u, pb0, load_b(col0 + pb0.x, k0 + pb0.y, kend));
             store_b(0u, pb1, load_b(col0 + pb1.x, k0 + pb1.y, kend));
             workgroupBarrier();
-            mma(0u, tx, ty, rows_sum);
-            workgroupBarrier();
+        } else if (more) {
+            let kn = k0 + BK;
+            ra0 = load_a(row0 + pa0.x, kn + pa0.y, kend);
+            ra1 = load_a(row0 + pa1.x, kn + pa1.y, kend);
+            rb0 = load_b(col0 + pb0.x, kn + pb0.y, kend);
+            rb1 = load_b(col0 + pb1.x, kn + pb1.y, kend);
         }
+        // One BK step of the micro-tile from workgroup buffer st.
+        for (var kk = 0u; kk < BK; kk++) {
+            let sw = swz(kk);
+            let base = st * STAGE + kk * SLOTS;
+            let a0 = As[base + (ty ^ sw)];
+            let a1 = As[base + ((ty + 16u) ^ sw)];
+            let b0 = Bs[base + (tx ^ sw)];
+            let b1 = Bs[base + ((tx + 16u) ^ sw)];
+            c00 = fma(vec4<f32>(a0.x), b0, c00); c01 = fma(vec4<f32>(a0.x), b1, c01);
+            c10 = fma(vec4<f32>(a0.y), b0, c10); c11 = fma(vec4<f32>(a0.y), b1, c11);
+            c20 = fma(vec4<f32>(a0.z), b0, c20); c21 = fma(vec4<f32>(a0.z), b1, c21);
+            c30 = fma(vec4<f32>(a0.w), b0, c30); c31 = fma(vec4<f32>(a0.w), b1, c31);
+            c40 = fma(vec4<f32>(a1.x), b0, c40); c41 = fma(vec4<f32>(a1.x), b1, c41);
+            c50 = fma(vec4<f32>(a1.y), b0, c50); c51 = fma(vec4<f32>(a1.y), b1, c51);
+            c60 = fma(vec4<f32>(a1.z), b0, c60); c61 = fma(vec4<f32>(a1.z), b1, c61);
+            c70 = fma(vec4<f32>(a1.w), b0, c70); c71 = fma(vec4<f32>(a1.w), b1, c71);
+            if (rows_sum) { rs0 += a0; rs1 += a1; }
+        }
+        if (PREFETCH && more) {
+            var nst = st ^ 1u;
+            if (STAGES == 1u) {
+                workgroupBarrier();               // one buffer: everyone done reading it
+                nst = 0u;
+            }
+            store_a(nst, pa0, ra0); store_a(nst, pa1, ra1);
+            store_b(nst, pb0, rb0); store_b(nst, pb1, rb1);
+            st = nst;
+        }
+        workgroupBarrier();
     }
     let i0 = row0 + 4u * ty;
     let i1 = row0 + 64u + 4u * ty;
