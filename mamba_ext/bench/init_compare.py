@@ -181,7 +181,9 @@ def seed_table(results: list[dict], seeds: list[int]) -> str:
             for j in range(len(arms)):
                 got = [row[j] for row in rows if row[j]]
                 cells.append(f"{np.mean([r['final_loss'] for r in got]):.4f} / "
-                             f"{np.mean([r['val_loss'] for r in got]):.4f}" if got else "-")
+                             f"{np.mean([r['val_loss'] for r in got]):.4f}"
+                             + (f" (of {len(got)})" if len(got) < len(rows) else "")
+                             if got else "-")
             pairs = [(by.get((c, "mamba", sd)), by.get((c, "mambapy", sd))) for sd in seeds]
             d = [m["val_loss"] - p["val_loss"] for m, p in pairs if m and p]
             lines.append(f"| {c} | mean of {len(rows)} | | " + " | ".join(cells)
