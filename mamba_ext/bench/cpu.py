@@ -88,6 +88,20 @@ def bench_ours(size, dtype, repeat, n_threads):
                 out=state["out"], dx=state["dx"], grads=state["grads"])
 
 
+def _one_thread_time(size, dtype, repeat):
+    """Median fwd+bwd seconds of ``size`` in a child process on one thread (OpenMP and the
+    BLAS both limited by their environment variables before they start)."""
+    import os
+    import subprocess
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               BLIS_NUM_THREADS="1")
+    code = (f"from mamba_ext.bench.cpu import bench_ours; "
+            f"print(bench_ours({size!r}, {np.dtype(dtype).name!r}, {int(repeat)}, 1)['t'])")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def gemm_flops(size):
     """Forward (2*M*C*OC) + backward (dinput and dweight, 4*M*C*OC) of the four linears."""
     Dm, D, N, K, R, B, L = SIZES[size]
@@ -167,6 +181,16 @@ def run(size: str = "all", *, repeat: int = 5, dtype: str = "float32", n_threads
     for s in sizes:
         progress(f"mamba_ext size {s}")
         ours[s] = bench_ours(s, dtype, repeat, n_threads)
+    # thread scaling: the same step on one thread (a child process with BLAS and OpenMP
+    # limited to one thread, since the BLAS pool is not ours to resize), then again here
+    cores = n_threads or _cores()
+    scaling = {}
+    if cores > 1:
+        for s in sizes:
+            progress(f"mamba_ext size {s}, 1 thread")
+            one = _one_thread_time(s, dtype, repeat)
+            many = bench_ours(s, dtype, repeat, n_threads)["t"]
+            scaling[s] = (one, min(many, ours[s]["t"]))
     # 2. the bound
     progress("sgemm and exp rates")
     bound = {s: measure_bound(s, repeat, n_threads or _cores()) for s in sizes}
@@ -217,5 +241,8 @@ def run(size: str = "all", *, repeat: int = 5, dtype: str = "float32", n_threads
             line += (f"; torch best with {torch_res[s][1]} thread(s), "
                      f"max|torch - ours|/max|ours| over out, dx, grads {torch_res[s][2]:.1e}")
         print(line)
+    for s, (one, many) in scaling.items():
+        print(f"size {s}: thread scaling: 1 thread {one * 1e3:.1f} ms, {cores} threads "
+              f"{many * 1e3:.1f} ms: speed-up {one / many:.2f}x, efficiency {one / many / cores:.0%}")
     print("peak RSS: ru_maxrss of this process after our runs (cumulative over the sizes run so far)")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -59,6 +60,21 @@ def test_generation_benchmark_runs(capsys):
     out = capsys.readouterr().out
     assert "generation benchmark" in out and "recurrent step()" in out and "faster" in out
     assert "float16 weights" in out and "prefill 512" in out and "cap" in out
+
+
+def test_block_benchmark_prints_bound_and_thread_scaling(capsys, monkeypatch):
+    """bench (CPU): the table, the bound line and, with more than one thread, the thread
+    scaling (one thread measured in a child process with the BLAS limited too)."""
+    from mamba_ext.bench import cpu
+    monkeypatch.setattr(cpu, "_cores", lambda: 2)
+    assert main(["bench", "--size", "a", "--repeat", "1", "--no-torch", "--threads", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "ours/bound" in out and "size a: bound =" in out
+    m = re.search(r"size a: thread scaling: 1 thread ([\d.]+) ms, 2 threads ([\d.]+) ms: "
+                  r"speed-up ([\d.]+)x, efficiency (\d+)%", out)
+    assert m, out
+    one, two, speedup = float(m.group(1)), float(m.group(2)), float(m.group(3))
+    assert one > 0 and two > 0 and abs(speedup - one / two) <= 0.01 * speedup + 0.01
 
 
 def test_cli_modules_are_thin():
