@@ -343,7 +343,7 @@ def generate(params: Mapping[str, ArrayLike], prompt: ArrayLike | Sequence[Array
              eps: float = DEFAULT_EPS, discretization: str = "zoh", temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, stop: Sequence[ArrayLike] | None = None,
              rng: np.random.Generator | None = None, weights_dtype: DTypeLike | None = None,
-             n_threads: int | None = None) -> np.ndarray:
+             n_threads: int | None = None, device: str = "cpu") -> np.ndarray:
     """Continue each prompt by ``n_tokens`` tokens -> (B, n_tokens) int64.
 
     ``prompt``: a (B, L>=1) int array, or a sequence of B 1-D int sequences of any
@@ -356,8 +356,12 @@ def generate(params: Mapping[str, ArrayLike], prompt: ArrayLike | Sequence[Array
     (matched against the end of prompt + output, as HF's stop strings); the stop tokens
     are kept in the output (as HF does) and the positions after them hold ``STOPPED``
     (-1). ``weights_dtype`` / ``n_threads``: as in :func:`step` (the prefill always uses
-    the params' own weights).
+    the params' own weights). ``device="gpu"``: the prefill runs on the CPU, then the steps
+    on the GPU (``mamba_ext.gpu.recurrent.GpuStepper``; float32 params and weights only),
+    equal to the CPU's steps within the GPU tolerance.
     """
+    if device not in ("cpu", "gpu"):
+        raise ValueError(f"device: expected 'cpu' or 'gpu', got {device!r}")
     prompts = _check_prompts(prompt)
     n_tokens = check_size("n_tokens", n_tokens, lo=0, hi=MAX_ELEMENTS)
     B = len(prompts)
@@ -394,12 +398,27 @@ def generate(params: Mapping[str, ArrayLike], prompt: ArrayLike | Sequence[Array
                 for b, p in enumerate(prompts)])
         logits = np.ascontiguousarray(logits, arrays["final_norm"].dtype)   # (B, V)
         state.position = max(p.size for p in prompts)
+        if device == "gpu":
+            st = _gpu_stepper(params, arrays, state, weights_dtype)
         if temperature == 0 and not stops:               # the whole loop in C
             bad = st.greedy(logits, out)
             if bad >= 0:
                 _not_finite(min(p.size for p in prompts) + bad - 1)
             return out
         return _continue(st, logits, out, prompts, stops, temperature, top_k, top_p, rng)
+
+
+def _gpu_stepper(params, arrays, state, weights_dtype):
+    """A GpuStepper over ``state`` (uploaded): float32 params and weights only."""
+    if arrays["embedding"].dtype != np.float32 or _check_weights_dtype(weights_dtype, np.float32):
+        raise ValueError("device='gpu': generation on the GPU runs float32 params with float32 "
+                         "weights (weights_dtype None)")
+    from .gpu.model import check_model
+    from .gpu.recurrent import GpuStepper
+    arrays32, dims = check_model(params)
+    st = GpuStepper(arrays32, dims, state.batch, state.eps, state.discretization == "zoh")
+    st.set_state(state.h, state.conv)
+    return st
 
 
 def _not_finite(position: int):

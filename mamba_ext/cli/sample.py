@@ -6,14 +6,13 @@ fine-tuned from with ``--init-from``). ``--hf PATH``: a Hugging Face Mamba folde
 output decoded with the folder's own tokenizer (``tokenizers`` package).
 
 Each prompt goes through the chunked forward (the prefill), then every new token through
-the compiled recurrent step (all prompts as one batch), so each token costs the same
-whatever its position. Sampling has the Hugging Face ``generate`` meanings: --temperature
+the recurrent step (all prompts as one batch; --device gpu: on the GPU), so each token
+costs the same whatever its position. Sampling has the Hugging Face ``generate`` meanings: --temperature
 0 (or --greedy) takes the argmax; otherwise the logits are divided by the temperature,
 then --top-k keeps the k highest (0: off), then --top-p keeps the smallest most-probable
 set whose probability exceeds p (1: off), and one token is drawn from the softmax of what
-is left. --stop STRING ends a sample right after it produced STRING's tokens (kept in the
-output, as Hugging Face keeps it); several --prompt and --stop may be given.
-"""
+is left. --stop STRING ends a sample right after it produced STRING's tokens (kept, as in
+Hugging Face); several --prompt and --stop may be given."""
 from __future__ import annotations
 
 import os
@@ -52,8 +51,9 @@ def build_parser():
     p.add_argument("--weights-dtype", choices=["float32", "float16"], default="float32",
                    help="storage of the weights during generation (float16: half the memory "
                         "traffic, float32 accumulation)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="threads of the compiled step (None: all cores)")
+    p.add_argument("--threads", type=int, default=None, help="threads of the compiled step (None: all cores)")
+    p.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
+                   help="where the tokens are generated (gpu: float32; prefill on the CPU)")
     return p
 
 
@@ -119,8 +119,8 @@ def main(argv=None) -> int:
                        temperature=temperature, top_k=args.top_k, top_p=args.top_p,
                        stop=stops or None, rng=np.random.default_rng(args.seed),
                        weights_dtype=None if args.weights_dtype == "float32" else "float16",
-                       n_threads=args.threads)
-    except ValueError as e:
+                       n_threads=args.threads, device=args.device)
+    except (ValueError, RuntimeError) as e:
         return _error(str(e), 1)
     for prompt, row in zip(ids, out):
         full = np.concatenate([prompt, row[row != STOPPED]])

@@ -16,7 +16,7 @@ Public API (float32 NumPy arrays in and out, validated like the CPU API):
 
 Modules mirror ``mamba_ext/cpu/`` (one per step, each dispatching
 ``kernels/<same name>.wgsl``): ``rmsnorm``, ``linear``, ``conv1d``, ``scan``,
-``activations``, ``block``, ``model``, ``adamw``, ``amp``; plus ``device`` (adapter,
+``activations``, ``block``, ``model``, ``adamw``, ``amp``, ``recurrent``; plus ``device`` (adapter,
 pipeline cache, buffers) and ``trainer`` (``ResidentTrainer``).
 
 Nothing touches wgpu until first use; a missing adapter raises RuntimeError
