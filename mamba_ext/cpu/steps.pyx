@@ -21,6 +21,7 @@ a docstring says "written".
 from libc.stdint cimport int64_t
 from libc.stdlib cimport malloc, free
 import numpy as np
+from mamba_ext._validate import check_n_threads
 from mamba_ext.cpu.types cimport floating, idx_t
 from mamba_ext.cpu.constants cimport DEFAULT_EPS
 from mamba_ext.cpu.rmsnorm cimport rmsnorm_forward as k_rmsnorm_forward
@@ -191,7 +192,7 @@ def scan_forward(floating[:, :, ::1] y not None, floating[:, :, :, ::1] hstate n
                  const floating[:, :, ::1] Bs not None, const floating[:, :, ::1] Cs not None,
                  const floating[:, ::1] A_log not None, const floating[::1] D_vec not None,
                  str discretization="zoh", const floating[:, :, ::1] h0=None,
-                 floating[:, :, ::1] h_last=None, int n_threads=0):
+                 floating[:, :, ::1] h_last=None, n_threads=None):
     """Selective scan: y (B, L, D) = scan(u, delta, A, Bs, Cs) + D_vec * u and hstate
     (B, C, D, N), the state entering each chunk of SCAN_CHUNK steps: written.
     u, delta (B, L, D); Bs, Cs (B, L, N); A_log (D, N) (A = -exp(clamp(A_log))); D_vec (D,);
@@ -199,6 +200,7 @@ def scan_forward(floating[:, :, ::1] y not None, floating[:, :, :, ::1] hstate n
     state after step L-1 (None: not wanted)."""
     cdef idx_t B = u.shape[0], L = u.shape[1], D = u.shape[2], N = A_log.shape[1]
     cdef int disc = _disc(discretization), rc
+    cdef int nt = check_n_threads(n_threads)
     _same("delta", _shape(delta, 3), (B, L, D))
     _same("y", _shape(y, 3), (B, L, D))
     _same("Bs", _shape(Bs, 3), (B, L, N))
@@ -217,7 +219,7 @@ def scan_forward(floating[:, :, ::1] y not None, floating[:, :, :, ::1] hstate n
     with nogil:
         rc = scan_forward_state(&y[0, 0, 0], &hstate[0, 0, 0, 0], phl, &u[0, 0, 0],
                                 &delta[0, 0, 0], &Bs[0, 0, 0], &Cs[0, 0, 0], N, &A_log[0, 0],
-                                &D_vec[0], ph0, B, L, D, N, disc, n_threads)
+                                &D_vec[0], ph0, B, L, D, N, disc, nt)
     if rc != 0:
         raise MemoryError("scan_forward: out of memory for scratch buffers")
 
@@ -231,13 +233,14 @@ def scan_backward(floating[:, :, ::1] du not None, floating[:, :, ::1] ddelta no
                   const floating[:, :, ::1] Bs not None, const floating[:, :, ::1] Cs not None,
                   const floating[:, ::1] A_log not None, const floating[::1] D_vec not None,
                   str discretization="zoh", const floating[:, :, ::1] dh_last=None,
-                  floating[:, :, ::1] dh0=None, int n_threads=0):
+                  floating[:, :, ::1] dh0=None, n_threads=None):
     """Gradients of the scan ACCUMULATE: du, ddelta (B, L, D), dBs, dCs (B, L, N), dA_log
     (D, N) (exactly 0 added where A_log is clamped), dD_vec (D,), dh0 (B, D, N) (None: not
     wanted), given dy (B, L, D), dh_last (B, D, N) (None: 0) and the forward's hstate
     and inputs."""
     cdef idx_t B = u.shape[0], L = u.shape[1], D = u.shape[2], N = A_log.shape[1]
     cdef int disc = _disc(discretization), rc
+    cdef int nt = check_n_threads(n_threads)
     for name, a in (("du", du), ("ddelta", ddelta), ("dy", dy), ("delta", delta)):
         _same(name, _shape(a, 3), (B, L, D))
     for name, a in (("dBs", dBs), ("dCs", dCs), ("Bs", Bs), ("Cs", Cs)):
@@ -260,7 +263,7 @@ def scan_backward(floating[:, :, ::1] du not None, floating[:, :, ::1] ddelta no
                                  &dA_log[0, 0], &dD_vec[0], pdh0, &dy[0, 0, 0], pdhl,
                                  &hstate[0, 0, 0, 0], &u[0, 0, 0], &delta[0, 0, 0],
                                  &Bs[0, 0, 0], &Cs[0, 0, 0], N, &A_log[0, 0], &D_vec[0],
-                                 B, L, D, N, disc, n_threads)
+                                 B, L, D, N, disc, nt)
     if rc != 0:
         raise MemoryError("scan_backward: out of memory for scratch buffers")
 
@@ -363,16 +366,18 @@ cdef double _cross_entropy(floating[:, ::1] dlogits, const floating[:, ::1] logi
 
 
 def cross_entropy_forward(const floating[:, ::1] logits not None,
-                          const int64_t[::1] targets not None, int n_threads=0):
+                          const int64_t[::1] targets not None, n_threads=None):
     """Mean over the M rows of logsumexp(logits (M, V)) - logits[target] (targets (M,))."""
     cdef floating[:, ::1] scratch = np.empty_like(np.asarray(logits))
-    return _cross_entropy(scratch, logits, targets, 1.0, n_threads)
+    cdef int nt = check_n_threads(n_threads)
+    return _cross_entropy(scratch, logits, targets, 1.0, nt)
 
 
 def cross_entropy_backward(floating[:, ::1] dlogits not None,
                            const floating[:, ::1] logits not None,
                            const int64_t[::1] targets not None, double loss_scale=1.0,
-                           int n_threads=0):
+                           n_threads=None):
     """dlogits (M, V) = d(mean loss)/dlogits * loss_scale = (softmax - onehot) * loss_scale
     / M: WRITTEN (the model computes it in place of the logits). Returns the mean loss."""
-    return _cross_entropy(dlogits, logits, targets, loss_scale, n_threads)
+    cdef int nt = check_n_threads(n_threads)
+    return _cross_entropy(dlogits, logits, targets, loss_scale, nt)

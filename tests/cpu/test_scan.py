@@ -89,3 +89,7 @@ def test_bad_arguments_are_named(rng):
         steps.scan_forward(y, hstate, *args, "exact")
     with pytest.raises(ValueError, match="h0"):
         steps.scan_forward(y, hstate, *args, h0=a["h0"][:1].copy())
+    for bad, err in ((0, ValueError), (10 ** 9, ValueError), (2.0, TypeError)):
+        with pytest.raises(err, match="n_threads"):    # never an OpenMP team of 10^9
+            steps.scan_forward(y, hstate, *args, n_threads=bad)
+    steps.scan_forward(y, hstate, *args, n_threads=1)
