@@ -529,6 +529,9 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
         corpus = load_corpus(cfg.data, cfg.max_bytes)
     if cfg.carry_state and (dist is not None or cfg.amp or cfg.device != "cpu"):
         raise ValueError("--carry-state: runs on the CPU, without --amp and without MPI (for now)")
+    if cfg.amp and cfg.device == "gpu" and dist is not None:
+        raise ValueError("--amp with --device gpu does not run with --distributed yet "
+                         "(use --device cpu, or drop --amp)")
     if cfg.carry_state:
         batches = ContiguousBatches(corpus, cfg.seq_len, cfg.batch, cfg.seed)
     elif dist is None:
@@ -562,9 +565,6 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
             _restore(resume, "field '__metadata__.extra.scaler'", scaler.load_state_dict,
                      state["scaler_state"])
     if cfg.device == "gpu":
-        if cfg.amp and dist is not None:
-            raise ValueError("--amp with --device gpu does not run with --distributed yet "
-                             "(use --device cpu, or drop --amp)")
         try:
             from ..gpu import ResidentTrainer
         except Exception as e:  # wgpu missing, no adapter, executor not built ...
