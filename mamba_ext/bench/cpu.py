@@ -109,17 +109,16 @@ def gemm_flops(size):
     return 6 * M * (Dm * 2 * D + D * P + R * D + D * Dm)
 
 
-def measure_bound(size, repeat, cores):
-    """(bound seconds, sgemm FLOP/s, exp/s) measured in this process; exp on ``cores`` threads."""
-    Dm, D, N, K, R, B, L = SIZES[size]
+def machine_rates(M, Dm, D, repeat, cores):
+    """(sgemm FLOP/s, exp/s) measured in this process: a NumPy float32 matmul of the in_proj
+    shape (M, Dm) x (Dm, 2D), and NumPy float32 exp on ``cores`` threads; the best of the
+    runs (a busy moment only makes them look slower)."""
     rng = np.random.default_rng(1)
-    a = rng.standard_normal((B * L, Dm), dtype=np.float32)
+    a = rng.standard_normal((M, Dm), dtype=np.float32)
     w = rng.standard_normal((Dm, 2 * D), dtype=np.float32)
-    out = np.empty((B * L, 2 * D), np.float32)
-    # the machine's rates: best of the runs (a busy moment only makes them look slower)
+    out = np.empty((M, 2 * D), np.float32)
     t_mm = _median_time(lambda: np.matmul(a, w, out=out), max(repeat, 10), stat=min)
-    sgemm_rate = 2 * B * L * Dm * 2 * D / t_mm
-
+    sgemm_rate = 2 * M * Dm * 2 * D / t_mm
     # exp on as many cores as our scan uses (it is parallel over (batch, channel))
     chunk = [-rng.random(1 << 20, dtype=np.float32) for _ in range(cores)]
     outs = [np.empty_like(c) for c in chunk]
@@ -127,10 +126,53 @@ def measure_bound(size, repeat, cores):
         def all_cores():
             list(pool.map(lambda i: [np.exp(chunk[i], out=outs[i]) for _ in range(4)], range(cores)))
         t_exp = _median_time(all_cores, max(repeat, 10), stat=min)
-    exp_rate = cores * 4 * (1 << 20) / t_exp
+    return sgemm_rate, cores * 4 * (1 << 20) / t_exp
 
+
+def measure_bound(size, repeat, cores):
+    """(bound seconds, sgemm FLOP/s, exp/s) measured in this process; exp on ``cores`` threads."""
+    Dm, D, N, K, R, B, L = SIZES[size]
+    sgemm_rate, exp_rate = machine_rates(B * L, Dm, D, repeat, cores)
     n_exp = 2 * B * L * D * N
     return gemm_flops(size) / sgemm_rate + n_exp / exp_rate, sgemm_rate, exp_rate
+
+
+# Whole training steps of ``bench --model-step``: name -> (V, Dm, n_layers, B, L), the two
+# configurations of issue 12 (byte-level LM, d_state 16, expand 2).
+MODEL_STEPS = {"2x64": (256, 64, 2, 16, 128), "4x256": (256, 256, 4, 8, 512)}
+
+
+def model_step(name, repeat=5, n_threads=None):
+    """Median seconds of one training step (model_loss_and_grads + AdamW) of
+    ``MODEL_STEPS[name]`` and its bound: the GEMM FLOPs of forward + backward (every
+    block's four linears and the tied head) at the sgemm rate, plus the scan's 2*M*D*N
+    exponentials per layer at the exp rate, both measured in this process.
+    Returns (step s, bound s, sgemm FLOP/s, exp/s)."""
+    from ..model import init_model_params, model_loss_and_grads
+    from ..optim import AdamW
+    V, Dm, nl, B, L = MODEL_STEPS[name]
+    params = init_model_params(V, Dm, nl, seed=0)
+    opt = AdamW(params, lr=1e-3)
+    tok = np.random.default_rng(0).integers(0, V, (B, L + 1))
+    x, y = tok[:, :-1], tok[:, 1:]
+    t = _median_time(lambda: opt.step(model_loss_and_grads(x, y, params, n_threads=n_threads)[1]),
+                     repeat)
+    D, N, R, M = 2 * Dm, 16, math.ceil(Dm / 16), B * L
+    flops = nl * 6 * M * (Dm * 2 * D + D * (R + 2 * N) + R * D + D * Dm) + 6 * M * V * Dm
+    sgemm_rate, exp_rate = machine_rates(M, Dm, D, repeat, n_threads or _cores())
+    return t, flops / sgemm_rate + nl * 2 * M * D * N / exp_rate, sgemm_rate, exp_rate
+
+
+def run_model_steps(names, repeat=5, n_threads=None) -> int:
+    """Print one line per model of ``names`` (keys of MODEL_STEPS); returns 0."""
+    for n in names:
+        t, bound, sg, ex = model_step(n, repeat, n_threads)
+        V, Dm, nl, B, L = MODEL_STEPS[n]
+        print(f"model {nl} x {Dm}, vocab {V}, B {B} x L {L}: training step (forward, backward, "
+              f"AdamW) {t * 1e3:.4g} ms = {B * L / t:,.0f} tokens/s; bound {bound * 1e3:.4g} ms "
+              f"(GEMMs at {sg / 1e9:.0f} GFLOP/s, exp at {ex / 1e9:.2f} G/s): step/bound "
+              f"{t / bound:.2f} (median of {repeat})", flush=True)
+    return 0
 
 
 def bench_torch(size, repeat, ours):

@@ -36,6 +36,9 @@ def build_parser():
                         "(mamba_ext.bench.sizes.TRAIN_STEPS)")
     p.add_argument("--checkpointing", action="store_true",
                    help="GPU --train-step: with activation checkpointing")
+    p.add_argument("--model-step", default=None, metavar="MODELS",
+                   help="CPU: time whole training steps against their bound instead of the block; "
+                        "comma-separated from 2x64, 4x256 (mamba_ext.bench.cpu.MODEL_STEPS)")
     p.add_argument("--markdown", action="store_true",
                    help="CPU: print the table as Markdown (the GPU tables always are)")
     p.add_argument("--generation", action="store_true",
@@ -65,6 +68,13 @@ def main(argv=None) -> int:
         bench_generation(n_tokens=args.tokens, models=models, repeats=args.repeat or 3,
                          n_threads=args.threads)
         return 0
+    if args.model_step is not None:
+        from ..bench import cpu
+        names = [m for m in args.model_step.split(",") if m]
+        if args.device != "cpu" or not names or any(m not in cpu.MODEL_STEPS for m in names):
+            ap.error(f"--model-step: CPU only, names from {sorted(cpu.MODEL_STEPS)}, got "
+                     f"{args.model_step!r}")
+        return cpu.run_model_steps(names, repeat=args.repeat or 5, n_threads=args.threads)
     if args.train_step is not None and args.device != "gpu":
         ap.error("--train-step needs --device gpu")
     if args.checkpointing and args.train_step is None:

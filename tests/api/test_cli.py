@@ -77,6 +77,23 @@ def test_block_benchmark_prints_bound_and_thread_scaling(capsys, monkeypatch):
     assert one > 0 and two > 0 and abs(speedup - one / two) <= 0.01 * speedup + 0.01
 
 
+def test_model_step_benchmark(capsys, monkeypatch):
+    """bench --model-step: a whole training step against its bound; bad names refused."""
+    from mamba_ext.bench import cpu
+    monkeypatch.setitem(cpu.MODEL_STEPS, "1x16", (31, 16, 1, 2, 24))
+    assert main(["bench", "--model-step", "1x16", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    m = re.search(r"model 1 x 16, vocab 31, B 2 x L 24: training step \(forward, backward, AdamW\) "
+                  r"([\d.]+) ms = [\d,]+ tokens/s; bound ([\d.]+) ms .*step/bound ([\d.]+)", out)
+    assert m, out
+    step, bound, ratio = (float(m.group(i)) for i in (1, 2, 3))
+    assert step > 0 and bound > 0 and abs(ratio - step / bound) <= 0.02 * ratio + 0.01
+    for argv in (["bench", "--model-step", "9x9"], ["bench", "--model-step", "1x16", "--device", "gpu"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+
+
 def test_cli_modules_are_thin():
     """Each command module only parses arguments and calls the library (no maths, no
     benchmark loops): a loose but honest bound on its size."""
