@@ -276,12 +276,17 @@ def _check_prompts(prompt) -> list[np.ndarray]:
         if arr.shape[1] < 1:
             raise ValueError(f"prompt: expected at least one token per sequence, got shape {arr.shape}")
         return list(arr)
+    return _id_sequences("prompt", prompt)
+
+
+def _id_sequences(name, seqs) -> list[np.ndarray]:
+    """Each of ``seqs`` as a checked 1-D int array of at least one token (``name[j]`` in errors)."""
     out = []
-    for b, p in enumerate(prompt):
-        a = np.asarray(p)
+    for j, s in enumerate(seqs):
+        a = np.asarray(s)
         if a.size < 1:          # before the dtype check: an empty list is float64 to NumPy
-            raise ValueError(f"prompt[{b}]: expected at least one token")
-        out.append(check_tokens(f"prompt[{b}]", a[None])[0])
+            raise ValueError(f"{name}[{j}]: expected at least one token")
+        out.append(check_tokens(f"{name}[{j}]", a[None])[0])
     return out
 
 
@@ -290,13 +295,7 @@ def _check_stop(stop) -> list[np.ndarray]:
         return []
     if isinstance(stop, np.ndarray) or not isinstance(stop, Sequence):
         raise TypeError(f"stop: expected a sequence of token-id sequences, got {type(stop).__name__}")
-    out = []
-    for j, s in enumerate(stop):
-        a = np.asarray(s)
-        if a.size < 1:          # before the dtype check: an empty list is float64 to NumPy
-            raise ValueError(f"stop[{j}]: expected at least one token")
-        out.append(check_tokens(f"stop[{j}]", a[None])[0])
-    return out
+    return _id_sequences("stop", stop)
 
 
 def filter_logits(logits: np.ndarray, temperature: float, top_k: int = 0,
@@ -371,7 +370,11 @@ def generate(params: Mapping[str, ArrayLike], prompt: ArrayLike | Sequence[Array
     if temperature > 0 and rng is None:
         rng = np.random.default_rng()
     state = init_state(params, B, eps=eps, discretization=discretization)
-    st, arrays = _stepper(params, state, weights_dtype, n_threads)
+    if device == "gpu":            # refused before the prefill; the stepper is built after it
+        st, arrays = None, _validated(params, state)[1]
+        _check_gpu_weights(arrays, weights_dtype)
+    else:
+        st, arrays = _stepper(params, state, weights_dtype, n_threads)
     V = arrays["embedding"].shape[0]
     if len({p.size for p in prompts}) == 1 and not _is_ragged(prompt):
         check_tokens("prompt", np.stack(prompts), vocab_size=V)     # names (batch, time)
@@ -399,7 +402,7 @@ def generate(params: Mapping[str, ArrayLike], prompt: ArrayLike | Sequence[Array
         logits = np.ascontiguousarray(logits, arrays["final_norm"].dtype)   # (B, V)
         state.position = max(p.size for p in prompts)
         if device == "gpu":
-            st = _gpu_stepper(params, arrays, state, weights_dtype)
+            st = _gpu_stepper(arrays, state)
         if temperature == 0 and not stops:               # the whole loop in C
             bad = st.greedy(logits, out)
             if bad >= 0:
@@ -408,15 +411,19 @@ def generate(params: Mapping[str, ArrayLike], prompt: ArrayLike | Sequence[Array
         return _continue(st, logits, out, prompts, stops, temperature, top_k, top_p, rng)
 
 
-def _gpu_stepper(params, arrays, state, weights_dtype):
-    """A GpuStepper over ``state`` (uploaded): float32 params and weights only."""
+def _check_gpu_weights(arrays, weights_dtype):
+    """device='gpu' runs float32 params with float32 weights only."""
     if arrays["embedding"].dtype != np.float32 or _check_weights_dtype(weights_dtype, np.float32):
         raise ValueError("device='gpu': generation on the GPU runs float32 params with float32 "
                          "weights (weights_dtype None)")
+
+
+def _gpu_stepper(arrays, state):
+    """A GpuStepper over ``state`` (uploaded); ``arrays``: the validated float32 params."""
     from .gpu.model import check_model
     from .gpu.recurrent import GpuStepper
-    arrays32, dims = check_model(params)
-    st = GpuStepper(arrays32, dims, state.batch, state.eps, state.discretization == "zoh")
+    arrays, dims = check_model(arrays)          # the dims (arrays are valid already)
+    st = GpuStepper(arrays, dims, state.batch, state.eps, state.discretization == "zoh")
     st.set_state(state.h, state.conv)
     return st
 

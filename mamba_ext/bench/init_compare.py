@@ -136,6 +136,11 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _cell(r) -> str:
+    """One arm's result as "train / held-out" (or "not run")."""
+    return f"{r['final_loss']:.4f} / {r['val_loss']:.4f}" if r else "not run"
+
+
 def table(results: list[dict]) -> str:
     """Markdown: one row per config, final train / held-out loss of each arm (results of
     several seeds: one row per config and seed, then their means)."""
@@ -152,7 +157,7 @@ def table(results: list[dict]) -> str:
         if not any(row):
             continue
         steps = next(r["steps"] for r in row if r)
-        cells = [f"{r['final_loss']:.4f} / {r['val_loss']:.4f}" if r else "not run" for r in row]
+        cells = [_cell(r) for r in row]
         lines.append(f"| {c} | {steps} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -172,7 +177,7 @@ def seed_table(results: list[dict], seeds: list[int]) -> str:
                 continue
             rows.append(row)
             steps = next(r["steps"] for r in row if r)
-            cells = [f"{r['final_loss']:.4f} / {r['val_loss']:.4f}" if r else "not run" for r in row]
+            cells = [_cell(r) for r in row]
             m, p = by.get((c, "mamba", sd)), by.get((c, "mambapy", sd))
             diff = f"{m['val_loss'] - p['val_loss']:+.4f}" if m and p else "-"
             lines.append(f"| {c} | {sd} | {steps} | " + " | ".join(cells) + f" | {diff} |")

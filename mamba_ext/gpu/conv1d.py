@@ -28,11 +28,10 @@ def conv1d_backward(g, M, L, D, K, du, w, o, dconv, dY, Y, gr):
     RB = max(1, min(COLUMN_SUM_BLOCKS, math.ceil(M / COLUMN_SUM_ROWS)))
     prm = _params(M, L, D, K, o, math.ceil(max(M, 1) / RB), RB)
     bufs = [dconv, Y, g.scratch("conv1d_weight", RB * (K + 1) * D), gr]
+    elem = _params(M, L, D, K, o)
     return [
-        elementwise(g, "conv1d", "conv1d_backward_dconv", M * D, _params(M, L, D, K, o),
-                    [Y, w, du, dconv]),
-        elementwise(g, "conv1d", "conv1d_backward_input", M * D, _params(M, L, D, K, o),
-                    [None, w, None, dconv, dY]),
+        elementwise(g, "conv1d", "conv1d_backward_dconv", M * D, elem, [Y, w, du, dconv]),
+        elementwise(g, "conv1d", "conv1d_backward_input", M * D, elem, [None, w, None, dconv, dY]),
         g.op("conv1d", "conv1d_backward_weight",
              g.check_grid((math.ceil(D / 32), K + 1, RB), "conv1d_backward_weight"), prm, bufs),
         g.op("conv1d", "conv1d_backward_weight_final",

@@ -39,6 +39,20 @@ def check_batch(tokens, targets, V):
     return tok, tgt
 
 
+def embedding_forward(g, M, Dm, tok, w, o, h):
+    """Op: h (M, Dm) = embedding rows of the token ids ``tok`` (M,) u32."""
+    return elementwise(g, "embedding", "embedding_forward", M * Dm, [M * Dm, Dm, o["embedding"]],
+                       [tok, w, h])
+
+
+def head_forward(g, M, V, Dm, x, w, o, xn, rstd, logits, eps):
+    """Ops: xn (M, Dm), rstd (M,) = final RMSNorm of x; logits (M, V) = xn @ embedding^T +
+    lm_head_bias (the tied head)."""
+    return [rmsnorm_forward(g, M, Dm, x, w, o["final_norm"], xn, rstd, eps),
+            *gemm(g, "linear_forward", M, V, Dm, xn, 0, Dm, 1, w, o["embedding"], 1, Dm,
+                  logits, 0, V, bias=w, bias_off=o["lm_head_bias"])]
+
+
 class ModelPlan:
     """Buffers and recorded ops of the model for one (layout, B, L, eps, discretization).
 
@@ -68,8 +82,7 @@ class ModelPlan:
         self.fxn, self.frstd = g.buffer(M * Dm, "final_xn"), g.buffer(M, "final_rstd")
         self.logits = g.buffer(M * V, "logits")            # (M, V)
         o, w, gr = self.offs, self.w, self.gr
-        ops = [elementwise(g, "embedding", "embedding_forward", M * Dm, [M * Dm, Dm, o["embedding"]],
-                           [self.tok, w, self.h[0]])]
+        ops = [embedding_forward(g, M, Dm, self.tok, w, o, self.h[0])]
         self.layers = []
         for i in range(nl):
             lo = {n: o[f"layer{i}.{n}"] for n in BLOCK_PARAM_NAMES}
@@ -78,12 +91,8 @@ class ModelPlan:
                              self.eps, discretization, chunk or _scan.SCAN_CHUNK, cache_of=shared)
             self.layers.append(lay)
             ops += lay.forward_ops()
-        ops += [
-            rmsnorm_forward(g, M, Dm, self.h[nl], w, o["final_norm"], self.fxn, self.frstd, self.eps),
-            # logits (M, V) = xn @ embedding^T + lm_head_bias (tied head)
-            *gemm(g, "linear_forward", M, V, Dm, self.fxn, 0, Dm, 1, w, o["embedding"], 1, Dm,
-                 self.logits, 0, V, bias=w, bias_off=o["lm_head_bias"]),
-        ]
+        ops += head_forward(g, M, V, Dm, self.h[nl], w, o, self.fxn, self.frstd, self.logits,
+                            self.eps)
         self.forward_ops = ops
         self._train = None
 

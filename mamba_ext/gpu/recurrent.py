@@ -13,7 +13,8 @@ from .._validate import BLOCK_PARAM_NAMES
 from ..constants import A_LOG_MAX, A_LOG_MIN
 from .activations import gate_forward
 from .device import arena_layout, elementwise, gpu
-from .linear import gemm, linear_forward
+from .linear import linear_forward
+from .model import embedding_forward, head_forward
 from .rmsnorm import rmsnorm_forward
 
 
@@ -45,8 +46,7 @@ class GpuStepper:
         self.tail = [g.buffer(B * D * (K - 1), f"tail{i}") for i in range(self.nl)]  # (B, D, K-1)
         self.logits = g.buffer(B * self.V, "logits")                     # (B, V)
         consts = {"a_log_min": float(A_LOG_MIN), "a_log_max": float(A_LOG_MAX)}
-        ops = [elementwise(g, "embedding", "embedding_forward", B * Dm, [B * Dm, Dm, o["embedding"]],
-                           [self.tok, self.w, self.x[0]])]
+        ops = [embedding_forward(g, B, Dm, self.tok, self.w, o, self.x[0])]
         cur = 0
         for i in range(self.nl):
             lo = {k: o[f"layer{i}.{k}"] for k in BLOCK_PARAM_NAMES}
@@ -68,10 +68,7 @@ class GpuStepper:
                     *linear_forward(g, B, D, Dm, gated, 0, D, self.w, lo["wOutProj"],
                                     lo["bOutProj"], out, 0, Dm, res=x)]
             cur = 1 - cur
-        ops += [rmsnorm_forward(g, B, Dm, self.x[cur], self.w, o["final_norm"], xn, rstd, eps),
-                # logits (B, V) = xn @ embedding^T + lm_head_bias (tied head)
-                *gemm(g, "linear_forward", B, self.V, Dm, xn, 0, Dm, 1, self.w, o["embedding"], 1,
-                      Dm, self.logits, 0, self.V, bias=self.w, bias_off=o["lm_head_bias"])]
+        ops += head_forward(g, B, self.V, Dm, self.x[cur], self.w, o, xn, rstd, self.logits, eps)
         self.ops = ops
 
     def set_state(self, h, conv):
