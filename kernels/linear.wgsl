@@ -33,30 +33,37 @@
 // |---------|-------|------------------------------|-----------------------------------------|
 // | 0       | p     | Params                       | uniform                                 |
 // | 1       | a     | A operand (M, K)             | read                                    |
-// | 2       | a4    | the same buffer as a, vec4   | read (16-byte loads when A_VEC)         |
+// | 2       | a4    | the same buffer as a, vec4   | read (16-byte loads, A_VEC, not A_KFAST)|
 // | 3       | b     | B operand (K, N)             | read                                    |
-// | 4       | b4    | the same buffer as b, vec4   | read (16-byte loads when B_VEC)         |
+// | 4       | b4    | the same buffer as b, vec4   | read (16-byte loads, B_VEC, not B_KFAST)|
 // | 5       | bias  | (N,) at bias_off             | read (when has_bias = 1)                |
 // | 6       | res   | (M, N), row stride c_rs      | read (when has_res = 1: out_proj's x)   |
 // | 7       | c     | C output (M, N)              | read_write                              |
 // | 8       | part  | (S*M*N + S*M)                | read_write (split-K partials, S > 1)    |
 // | 9       | dbias | (M,) at db_off               | read_write (when BIAS_GRAD)             |
+// | 10      | a2    | the same buffer as a, vec2   | read (8-byte loads, A_VEC and A_KFAST)  |
+// | 11      | b2    | the same buffer as b, vec2   | read (8-byte loads, B_VEC and B_KFAST)  |
 //
 // Tile: BM x BN = 128 x 128 outputs per workgroup of 16 x 16 invocations; each
 // invocation holds an 8 x 8 micro-tile (rows 4ty..4ty+3 and 64+4ty.., columns
 // 4tx.. and 64+4tx..) in 16 named vec4 registers (no private arrays: dynamically
 // indexed ones spill to local memory). k advances in steps of BK = 16 through
-// workgroup memory. PREFETCH: the next step's operands are loaded into
-// registers while this step is computed, then stored into the other buffer
-// (STAGES = 2, one barrier per step) or, after a barrier, into the same one
-// (STAGES = 1, 16 KiB: the default, measured faster on an H200, see
-// mamba_ext/gpu/linear.py). Both operands are kept k-major in
+// workgroup memory (16 KiB). The 16 k of a step are written out as 16 calls of
+// `mac` with a constant k, not a loop: the shader compiler then folds every
+// workgroup-memory address to a constant plus one of four values computed once,
+// where a loop pays index arithmetic and a bounds clamp per load for each k
+// (measured on an H200: 23.5 -> 28.7 TFLOP/s on in_proj's dX, docs/gpu_h200.txt).
+// PREFETCH: the next step's operands are loaded into registers while this step
+// is computed, then stored after a barrier. Both operands are kept k-major in
 // workgroup memory (As[k][i], Bs[k][j], 32 vec4 per k) with the vec4 slot of
-// row group s stored at s ^ swz(k), swz(k) = 2 * ((k / 4) % 4): the transposing
-// scalar stores of a k-contiguous operand then hit 32 different banks, and the
-// compute loop's reads stay conflict-free (broadcast for A, 16 consecutive
-// vec4 for B). Out-of-range rows, columns and k are zero-filled on load and
-// skipped on store, so no size needs to be a multiple of a tile.
+// row group s stored at s ^ swz(k), swz(k) = (k / 2) % 8. A k-contiguous operand
+// (the forward's X and W^T, the backward's dY) is loaded as 4 rows x 2 k per
+// invocation and transposed in registers, so that every workgroup store is
+// 16 bytes (scalar transposing stores cost a third of the forward's speed). The
+// swizzle keeps those stores and the compute loop's reads conflict-free
+// (broadcast for A, 16 consecutive vec4 for B). Out-of-range rows, columns and
+// k are zero-filled on load and skipped on store, so no size needs to be a
+// multiple of a tile.
 
 struct Params {
     M: u32, N: u32, K: u32,
@@ -69,15 +76,16 @@ struct Params {
 
 // A_KFAST: A is contiguous along k (a_cs = 1), else along i (a_rs = 1, or any
 // strides with A_VEC off). B_KFAST: B contiguous along k (b_rs = 1), else along j.
-// A_VEC / B_VEC: 16-byte aligned runs, loaded as vec4.
+// A_VEC / B_VEC: aligned runs, loaded as vec2 (KFAST: offset and row stride even) or
+// vec4 (else: offset and stride multiples of 4).
 override A_KFAST: bool = true;
 override B_KFAST: bool = true;
 override A_VEC: bool = false;
 override B_VEC: bool = false;
 override BIAS_GRAD: bool = false;
 override SPLIT: bool = false;
-override STAGES: u32 = 2u;
-// PREFETCH: double buffering through registers (see gemm_tile); off = the plain loop.
+// PREFETCH: the next step's loads in flight during this one (see gemm_tile); off = the
+// plain loop (load, store, barrier, compute, barrier).
 override PREFETCH: bool = true;
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -90,78 +98,143 @@ override PREFETCH: bool = true;
 @group(0) @binding(7) var<storage, read_write> c: array<f32>;
 @group(0) @binding(8) var<storage, read_write> part: array<f32>;
 @group(0) @binding(9) var<storage, read_write> dbias: array<f32>;
+@group(0) @binding(10) var<storage, read> a2: array<vec2<f32>>;
+@group(0) @binding(11) var<storage, read> b2: array<vec2<f32>>;
 
 const BK: u32 = 16u;
 const SLOTS: u32 = 32u;                 // vec4 slots per k row of a 128-wide tile
-const STAGE: u32 = BK * SLOTS;          // vec4 per buffer (2048 floats = 8 KiB)
 
-var<workgroup> As: array<vec4<f32>, STAGES * STAGE>;   // (STAGES, BK, 128) A tile, k-major
-var<workgroup> Bs: array<vec4<f32>, STAGES * STAGE>;   // (STAGES, BK, 128) B tile, k-major
+var<workgroup> As: array<array<vec4<f32>, SLOTS>, BK>;   // (BK, 128) A tile, k-major (8 KiB)
+var<workgroup> Bs: array<array<vec4<f32>, SLOTS>, BK>;   // (BK, 128) B tile, k-major (8 KiB)
 
-fn swz(k: u32) -> u32 { return ((k >> 2u) & 3u) << 1u; }
+// The micro-tile of this invocation (see gemm_tile): module-scope so that `mac` can
+// update it; the compiler keeps them in registers once `mac` is inlined.
+var<private> c00: vec4<f32>; var<private> c01: vec4<f32>;
+var<private> c10: vec4<f32>; var<private> c11: vec4<f32>;
+var<private> c20: vec4<f32>; var<private> c21: vec4<f32>;
+var<private> c30: vec4<f32>; var<private> c31: vec4<f32>;
+var<private> c40: vec4<f32>; var<private> c41: vec4<f32>;
+var<private> c50: vec4<f32>; var<private> c51: vec4<f32>;
+var<private> c60: vec4<f32>; var<private> c61: vec4<f32>;
+var<private> c70: vec4<f32>; var<private> c71: vec4<f32>;
+var<private> rs0: vec4<f32>; var<private> rs1: vec4<f32>;
 
-// A(i, k..k+3) (A_KFAST) or A(i..i+3, k) (else), zero outside [0, M) x [0, klim).
-fn load_a(i: u32, k: u32, klim: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    if (A_KFAST) {
-        if (i >= p.M) { return v; }
-        let base = p.a_off + i * p.a_rs + k;
-        if (A_VEC && k + 3u < klim) { return a4[base >> 2u]; }
-        for (var q = 0u; q < 4u; q++) { if (k + q < klim) { v[q] = a[base + q]; } }
-    } else {
-        if (k >= klim) { return v; }
-        let base = p.a_off + i * p.a_rs + k * p.a_cs;
-        if (A_VEC && i + 3u < p.M) { return a4[base >> 2u]; }
-        for (var q = 0u; q < 4u; q++) { if (i + q < p.M) { v[q] = a[base + q * p.a_rs]; } }
-    }
+fn swz(k: u32) -> u32 { return (k >> 1u) & 7u; }
+
+// A(i, k..k+1) (A_KFAST), zero outside [0, M) x [0, klim).
+fn load_a2(i: u32, k: u32, klim: u32) -> vec2<f32> {
+    var v = vec2<f32>(0.0);
+    if (i >= p.M) { return v; }
+    let base = p.a_off + i * p.a_rs + k;
+    if (A_VEC && k + 1u < klim) { return a2[base >> 1u]; }
+    if (k < klim) { v.x = a[base]; }
+    if (k + 1u < klim) { v.y = a[base + 1u]; }
     return v;
 }
 
-// B(k..k+3, j) (B_KFAST) or B(k, j..j+3) (else), zero outside [0, klim) x [0, N).
-fn load_b(j: u32, k: u32, klim: u32) -> vec4<f32> {
+// A(i..i+3, k) (not A_KFAST), zero outside [0, M) x [0, klim).
+fn load_a4(i: u32, k: u32, klim: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
-    if (B_KFAST) {
-        if (j >= p.N) { return v; }
-        let base = p.b_off + k + j * p.b_cs;
-        if (B_VEC && k + 3u < klim) { return b4[base >> 2u]; }
-        for (var q = 0u; q < 4u; q++) { if (k + q < klim) { v[q] = b[base + q]; } }
-    } else {
-        if (k >= klim) { return v; }
-        let base = p.b_off + k * p.b_rs + j;
-        if (B_VEC && j + 3u < p.N) { return b4[base >> 2u]; }
-        for (var q = 0u; q < 4u; q++) { if (j + q < p.N) { v[q] = b[base + q * p.b_cs]; } }
-    }
+    if (k >= klim) { return v; }
+    let base = p.a_off + i * p.a_rs + k * p.a_cs;
+    if (A_VEC && i + 3u < p.M) { return a4[base >> 2u]; }
+    for (var q = 0u; q < 4u; q++) { if (i + q < p.M) { v[q] = a[base + q * p.a_rs]; } }
     return v;
 }
 
-// The r-th (0, 1) vec4 this invocation loads of a tile: (row or column, k) in the tile.
-// KFAST: v = tid + 256 r -> row v / 4, k 4 * (v % 4); else k v / 32, row group v % 32.
-fn tile_pos(tid: u32, r: u32, kfast: bool) -> vec2<u32> {
-    let v = tid + 256u * r;
-    if (kfast) { return vec2<u32>(v >> 2u, (v & 3u) << 2u); }
-    return vec2<u32>((v & 31u) << 2u, v >> 5u);
+// B(k..k+1, j) (B_KFAST), zero outside [0, klim) x [0, N).
+fn load_b2(j: u32, k: u32, klim: u32) -> vec2<f32> {
+    var v = vec2<f32>(0.0);
+    if (j >= p.N) { return v; }
+    let base = p.b_off + k + j * p.b_cs;
+    if (B_VEC && k + 1u < klim) { return b2[base >> 1u]; }
+    if (k < klim) { v.x = b[base]; }
+    if (k + 1u < klim) { v.y = b[base + 1u]; }
+    return v;
 }
 
-fn store_a(st: u32, pos: vec2<u32>, v: vec4<f32>) {
+// B(k, j..j+3) (not B_KFAST), zero outside [0, klim) x [0, N).
+fn load_b4(j: u32, k: u32, klim: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    if (k >= klim) { return v; }
+    let base = p.b_off + k * p.b_rs + j;
+    if (B_VEC && j + 3u < p.N) { return b4[base >> 2u]; }
+    for (var q = 0u; q < 4u; q++) { if (j + q < p.N) { v[q] = b[base + q * p.b_cs]; } }
+    return v;
+}
+
+// An invocation's share q (0, 1) of one operand's tile for the step at k0, in a vec4:
+// - k-contiguous operand (KFAST): rows (columns) 4g+2q, 4g+2q+1 at k 2h, 2h+1 of the
+//   step, g = tid / 8, h = tid % 8, two 8-byte loads: (row 4g+2q: k, k+1 | next row: k, k+1);
+//   eight invocations read 64 contiguous bytes of a row;
+// - otherwise: vec4 number v = tid + 256 q of the tile, k = v / 32, rows 4 (v % 32)..+3.
+fn fetch_a(tid: u32, row0: u32, k0: u32, klim: u32, q: u32) -> vec4<f32> {
     if (A_KFAST) {
-        for (var q = 0u; q < 4u; q++) {
-            let k = pos.y + q;
-            As[st * STAGE + k * SLOTS + ((pos.x >> 2u) ^ swz(k))][pos.x & 3u] = v[q];
-        }
+        let i = row0 + 4u * (tid >> 3u) + 2u * q;
+        let k = k0 + 2u * (tid & 7u);
+        return vec4<f32>(load_a2(i, k, klim), load_a2(i + 1u, k, klim));
+    }
+    let v = tid + 256u * q;
+    return load_a4(row0 + ((v & 31u) << 2u), k0 + (v >> 5u), klim);
+}
+
+fn fetch_b(tid: u32, col0: u32, k0: u32, klim: u32, q: u32) -> vec4<f32> {
+    if (B_KFAST) {
+        let j = col0 + 4u * (tid >> 3u) + 2u * q;
+        let k = k0 + 2u * (tid & 7u);
+        return vec4<f32>(load_b2(j, k, klim), load_b2(j + 1u, k, klim));
+    }
+    let v = tid + 256u * q;
+    return load_b4(col0 + ((v & 31u) << 2u), k0 + (v >> 5u), klim);
+}
+
+// Store the two shares of fetch_a into the k-major tile: a KFAST share is transposed
+// in registers into two vec4 (rows 4g..4g+3 at k 2h and at 2h+1), so every store is
+// 16 bytes; the slots of eight neighbouring invocations land in eight distinct
+// 16-byte bank groups (swz).
+fn put_a(tid: u32, r0: vec4<f32>, r1: vec4<f32>) {
+    if (A_KFAST) {
+        let g = tid >> 3u;
+        let k = 2u * (tid & 7u);
+        As[k][g ^ swz(k)] = vec4<f32>(r0.x, r0.z, r1.x, r1.z);
+        As[k + 1u][g ^ swz(k + 1u)] = vec4<f32>(r0.y, r0.w, r1.y, r1.w);
     } else {
-        As[st * STAGE + pos.y * SLOTS + ((pos.x >> 2u) ^ swz(pos.y))] = v;
+        let v = tid + 256u;
+        As[tid >> 5u][(tid & 31u) ^ swz(tid >> 5u)] = r0;
+        As[v >> 5u][(v & 31u) ^ swz(v >> 5u)] = r1;
     }
 }
 
-fn store_b(st: u32, pos: vec2<u32>, v: vec4<f32>) {
+fn put_b(tid: u32, r0: vec4<f32>, r1: vec4<f32>) {
     if (B_KFAST) {
-        for (var q = 0u; q < 4u; q++) {
-            let k = pos.y + q;
-            Bs[st * STAGE + k * SLOTS + ((pos.x >> 2u) ^ swz(k))][pos.x & 3u] = v[q];
-        }
+        let g = tid >> 3u;
+        let k = 2u * (tid & 7u);
+        Bs[k][g ^ swz(k)] = vec4<f32>(r0.x, r0.z, r1.x, r1.z);
+        Bs[k + 1u][g ^ swz(k + 1u)] = vec4<f32>(r0.y, r0.w, r1.y, r1.w);
     } else {
-        Bs[st * STAGE + pos.y * SLOTS + ((pos.x >> 2u) ^ swz(pos.y))] = v;
+        let v = tid + 256u;
+        Bs[tid >> 5u][(tid & 31u) ^ swz(tid >> 5u)] = r0;
+        Bs[v >> 5u][(v & 31u) ^ swz(v >> 5u)] = r1;
     }
+}
+
+// Step k of the micro-tile: rows from As[k], columns from Bs[k] (k is a constant at
+// every call, see the header).
+fn mac(k: u32, ty: u32, tx: u32, rows_sum: bool) {
+    let sw = swz(k);
+    let a0 = As[k][ty ^ sw];
+    let a1 = As[k][(ty + 16u) ^ sw];
+    let b0 = Bs[k][tx ^ sw];
+    let b1 = Bs[k][(tx + 16u) ^ sw];
+    c00 = fma(vec4<f32>(a0.x), b0, c00); c01 = fma(vec4<f32>(a0.x), b1, c01);
+    c10 = fma(vec4<f32>(a0.y), b0, c10); c11 = fma(vec4<f32>(a0.y), b1, c11);
+    c20 = fma(vec4<f32>(a0.z), b0, c20); c21 = fma(vec4<f32>(a0.z), b1, c21);
+    c30 = fma(vec4<f32>(a0.w), b0, c30); c31 = fma(vec4<f32>(a0.w), b1, c31);
+    c40 = fma(vec4<f32>(a1.x), b0, c40); c41 = fma(vec4<f32>(a1.x), b1, c41);
+    c50 = fma(vec4<f32>(a1.y), b0, c50); c51 = fma(vec4<f32>(a1.y), b1, c51);
+    c60 = fma(vec4<f32>(a1.z), b0, c60); c61 = fma(vec4<f32>(a1.z), b1, c61);
+    c70 = fma(vec4<f32>(a1.w), b0, c70); c71 = fma(vec4<f32>(a1.w), b1, c71);
+    if (rows_sum) { rs0 += a0; rs1 += a1; }
 }
 
 // Results of row i, columns j..j+3 (fused epilogue).
@@ -202,7 +275,7 @@ fn gemm_tile(lid: vec3<u32>, wid: vec3<u32>, nwg: vec3<u32>) {
     if (p.M == 0xffffffffu) {
         // Never true (sizes are checked on the host): keeps every binding statically
         // used, so the "auto" pipeline layout has all of them whatever the overrides.
-        c[0] = a[0] + a4[0].x + b[0] + b4[0].x + bias[0] + res[0];
+        c[0] = a[0] + a4[0].x + a2[0].x + b[0] + b4[0].x + b2[0].x + bias[0] + res[0];
         part[0] = 0.0; dbias[0] = 0.0;
     }
     let tx = lid.x;
@@ -214,84 +287,43 @@ fn gemm_tile(lid: vec3<u32>, wid: vec3<u32>, nwg: vec3<u32>) {
     let kbeg = z * p.kc;
     let kend = min(p.K, kbeg + p.kc);
     let rows_sum = BIAS_GRAD && wid.x == 0u;     // uniform per workgroup
-    let pa0 = tile_pos(tid, 0u, A_KFAST);
-    let pa1 = tile_pos(tid, 1u, A_KFAST);
-    let pb0 = tile_pos(tid, 0u, B_KFAST);
-    let pb1 = tile_pos(tid, 1u, B_KFAST);
     // The 8 x 8 micro-tile of this invocation: rows 4ty+r (c0r..c3r) and 64+4ty+r
     // (c4r..c7r), columns 4tx.. (cr0) and 64+4tx.. (cr1); rs0/rs1: row sums of A
-    // (BIAS_GRAD). Function-local named variables (registers), updated in this one
-    // function: no private arrays and no module-scope state for the driver to keep
-    // in memory.
-    var c00 = vec4<f32>(0.0); var c01 = vec4<f32>(0.0);
-    var c10 = vec4<f32>(0.0); var c11 = vec4<f32>(0.0);
-    var c20 = vec4<f32>(0.0); var c21 = vec4<f32>(0.0);
-    var c30 = vec4<f32>(0.0); var c31 = vec4<f32>(0.0);
-    var c40 = vec4<f32>(0.0); var c41 = vec4<f32>(0.0);
-    var c50 = vec4<f32>(0.0); var c51 = vec4<f32>(0.0);
-    var c60 = vec4<f32>(0.0); var c61 = vec4<f32>(0.0);
-    var c70 = vec4<f32>(0.0); var c71 = vec4<f32>(0.0);
-    var rs0 = vec4<f32>(0.0); var rs1 = vec4<f32>(0.0);
+    // (BIAS_GRAD). Private variables start at zero.
     // PREFETCH: the next step's operands are loaded into registers while this step is
-    // computed, then stored into the other buffer (STAGES = 2: one barrier a step) or,
-    // after a barrier, into the same one (STAGES = 1). Off: the plain loop (load,
-    // store, barrier, compute, barrier; buffer 0 only, fewer live registers).
+    // computed, then stored after a barrier (everyone done reading the tile).
     var ra0 = vec4<f32>(0.0); var ra1 = vec4<f32>(0.0);
     var rb0 = vec4<f32>(0.0); var rb1 = vec4<f32>(0.0);
     if (PREFETCH) {
-        ra0 = load_a(row0 + pa0.x, kbeg + pa0.y, kend);
-        ra1 = load_a(row0 + pa1.x, kbeg + pa1.y, kend);
-        rb0 = load_b(col0 + pb0.x, kbeg + pb0.y, kend);
-        rb1 = load_b(col0 + pb1.x, kbeg + pb1.y, kend);
-        store_a(0u, pa0, ra0); store_a(0u, pa1, ra1);
-        store_b(0u, pb0, rb0); store_b(0u, pb1, rb1);
+        ra0 = fetch_a(tid, row0, kbeg, kend, 0u); ra1 = fetch_a(tid, row0, kbeg, kend, 1u);
+        rb0 = fetch_b(tid, col0, kbeg, kend, 0u); rb1 = fetch_b(tid, col0, kbeg, kend, 1u);
+        put_a(tid, ra0, ra1); put_b(tid, rb0, rb1);
         workgroupBarrier();
     }
-    var st = 0u;
     for (var k0 = kbeg; k0 < kend; k0 += BK) {
         let more = k0 + BK < kend;                // uniform
         if (!PREFETCH) {
-            store_a(0u, pa0, load_a(row0 + pa0.x, k0 + pa0.y, kend));
-            store_a(0u, pa1, load_a(row0 + pa1.x, k0 + pa1.y, kend));
-            store_b(0u, pb0, load_b(col0 + pb0.x, k0 + pb0.y, kend));
-            store_b(0u, pb1, load_b(col0 + pb1.x, k0 + pb1.y, kend));
+            put_a(tid, fetch_a(tid, row0, k0, kend, 0u), fetch_a(tid, row0, k0, kend, 1u));
+            put_b(tid, fetch_b(tid, col0, k0, kend, 0u), fetch_b(tid, col0, k0, kend, 1u));
             workgroupBarrier();
         } else if (more) {
             let kn = k0 + BK;
-            ra0 = load_a(row0 + pa0.x, kn + pa0.y, kend);
-            ra1 = load_a(row0 + pa1.x, kn + pa1.y, kend);
-            rb0 = load_b(col0 + pb0.x, kn + pb0.y, kend);
-            rb1 = load_b(col0 + pb1.x, kn + pb1.y, kend);
+            ra0 = fetch_a(tid, row0, kn, kend, 0u); ra1 = fetch_a(tid, row0, kn, kend, 1u);
+            rb0 = fetch_b(tid, col0, kn, kend, 0u); rb1 = fetch_b(tid, col0, kn, kend, 1u);
         }
-        // One BK step of the micro-tile from workgroup buffer st.
-        for (var kk = 0u; kk < BK; kk++) {
-            let sw = swz(kk);
-            let base = st * STAGE + kk * SLOTS;
-            let a0 = As[base + (ty ^ sw)];
-            let a1 = As[base + ((ty + 16u) ^ sw)];
-            let b0 = Bs[base + (tx ^ sw)];
-            let b1 = Bs[base + ((tx + 16u) ^ sw)];
-            c00 = fma(vec4<f32>(a0.x), b0, c00); c01 = fma(vec4<f32>(a0.x), b1, c01);
-            c10 = fma(vec4<f32>(a0.y), b0, c10); c11 = fma(vec4<f32>(a0.y), b1, c11);
-            c20 = fma(vec4<f32>(a0.z), b0, c20); c21 = fma(vec4<f32>(a0.z), b1, c21);
-            c30 = fma(vec4<f32>(a0.w), b0, c30); c31 = fma(vec4<f32>(a0.w), b1, c31);
-            c40 = fma(vec4<f32>(a1.x), b0, c40); c41 = fma(vec4<f32>(a1.x), b1, c41);
-            c50 = fma(vec4<f32>(a1.y), b0, c50); c51 = fma(vec4<f32>(a1.y), b1, c51);
-            c60 = fma(vec4<f32>(a1.z), b0, c60); c61 = fma(vec4<f32>(a1.z), b1, c61);
-            c70 = fma(vec4<f32>(a1.w), b0, c70); c71 = fma(vec4<f32>(a1.w), b1, c71);
-            if (rows_sum) { rs0 += a0; rs1 += a1; }
-        }
+        mac(0u, ty, tx, rows_sum); mac(1u, ty, tx, rows_sum);
+        mac(2u, ty, tx, rows_sum); mac(3u, ty, tx, rows_sum);
+        mac(4u, ty, tx, rows_sum); mac(5u, ty, tx, rows_sum);
+        mac(6u, ty, tx, rows_sum); mac(7u, ty, tx, rows_sum);
+        mac(8u, ty, tx, rows_sum); mac(9u, ty, tx, rows_sum);
+        mac(10u, ty, tx, rows_sum); mac(11u, ty, tx, rows_sum);
+        mac(12u, ty, tx, rows_sum); mac(13u, ty, tx, rows_sum);
+        mac(14u, ty, tx, rows_sum); mac(15u, ty, tx, rows_sum);
+        workgroupBarrier();                       // everyone done reading the tile
         if (PREFETCH && more) {
-            var nst = st ^ 1u;
-            if (STAGES == 1u) {
-                workgroupBarrier();               // one buffer: everyone done reading it
-                nst = 0u;
-            }
-            store_a(nst, pa0, ra0); store_a(nst, pa1, ra1);
-            store_b(nst, pb0, rb0); store_b(nst, pb1, rb1);
-            st = nst;
+            put_a(tid, ra0, ra1); put_b(tid, rb0, rb1);
+            workgroupBarrier();
         }
-        workgroupBarrier();
     }
     let i0 = row0 + 4u * ty;
     let i1 = row0 + 64u + 4u * ty;
@@ -336,7 +368,7 @@ fn linear_split_sum(@builtin(local_invocation_index) li: u32,
                     @builtin(workgroup_id) wid: vec3<u32>,
                     @builtin(num_workgroups) nwg: vec3<u32>) {
     if (p.M == 0xffffffffu) {
-        c[0] = a[0] + a4[0].x + b[0] + b4[0].x + bias[0] + res[0];
+        c[0] = a[0] + a4[0].x + a2[0].x + b[0] + b4[0].x + b2[0].x + bias[0] + res[0];
         dbias[0] = 0.0;
     }
     let e = flat_index(wid, nwg, li, WG);

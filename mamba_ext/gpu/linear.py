@@ -17,31 +17,20 @@ import math
 GEMM_TILE = (128, 128)   # rows x columns of C per workgroup of kernels/linear.wgsl
 GEMM_BK = 16             # contraction step of the tile loop
 # Split-K: a product of few tiles gets S slices so that at least this many
-# workgroups run (two per multiprocessor of a large GPU); each slice holds at
-# least MIN_SPLIT_K of the contraction.
-SPLIT_TARGET_GROUPS = 264
+# workgroups run (six per multiprocessor of a large GPU: with two resident per
+# multiprocessor, the last partial wave then costs little); each slice holds at
+# least MIN_SPLIT_K of the contraction. Measured on an H200 (docs/gpu_h200.txt,
+# session 4 run 1): block d's in_proj dW 27.2 TFLOP/s at 264 groups (S 2), 33.8 at
+# 792 (S 6), 34.6 at 1056 (S 8, 72 MiB of partials).
+SPLIT_TARGET_GROUPS = 792
 MIN_SPLIT_K = 512
 # Which products may be split: True = every product of few tiles (batch 1, x_proj's
 # and dt_proj's narrow outputs); False = only the dW products. Measured on an H200
 # (docs/gpu_h200.txt, run 5): block c (batch 1) fwd+bwd 3.33 ms against 4.48 ms.
 SPLIT_ALL = True
-_VEC = 4
-# Register prefetch + double-buffered workgroup memory in the tile loop (override
-# constant PREFETCH of kernels/linear.wgsl); False = the plain loop.
+# Register prefetch of the next step's operands in the tile loop (override constant
+# PREFETCH of kernels/linear.wgsl); False = the plain loop.
 PREFETCH = True
-
-
-# Workgroup buffers of the tile loop (override STAGES). 2 (double-buffered, 32 KiB)
-# measured slower on an H200 than 1 with register prefetch (block d's in_proj and
-# out_proj products: 16-18 against 18-22 TFLOP/s, docs/gpu_h200.txt), so 1.
-GEMM_STAGES = 1
-
-
-def _stages(g):
-    """GEMM_STAGES, or 1 where the adapter allows less than 32 KiB of workgroup
-    memory (WebGPU's default limit is 16 KiB)."""
-    lim = int(g.device.limits.get("max-compute-workgroup-storage-size", 16384))
-    return GEMM_STAGES if lim >= 32768 else 1
 
 
 def split_count(g, M, N, K):
@@ -70,9 +59,10 @@ def gemm(g, entry, M, N, K, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, c, c_off
     if not a_kfast and a_rs != 1 or not b_kfast and b_cs != 1:
         raise ValueError("linear gemm: each operand must be contiguous along k or along "
                          "its rows/columns")
-    aligned = lambda *v: all(int(x) % _VEC == 0 for x in v)
-    a_vec = aligned(a_off, a_rs) if a_kfast else aligned(a_off, a_cs)
-    b_vec = aligned(b_off, b_cs) if b_kfast else aligned(b_off, b_rs)
+    aligned = lambda n, *v: all(int(x) % n == 0 for x in v)
+    # vec2 loads along k (KFAST), vec4 loads along rows/columns (else)
+    a_vec = aligned(2, a_off, a_rs) if a_kfast else aligned(4, a_off, a_cs)
+    b_vec = aligned(2, b_off, b_cs) if b_kfast else aligned(4, b_off, b_rs)
     S = split_count(g, M, N, K) if SPLIT_ALL or dbias is not None else 1
     kc = math.ceil(math.ceil(K / S) / GEMM_BK) * GEMM_BK if S > 1 else max(K, 1)
     S = math.ceil(K / kc) if S > 1 else 1
@@ -80,11 +70,11 @@ def gemm(g, entry, M, N, K, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, c, c_off
     part = g.scratch("linear_split_k", split_scratch_len(M, N, S)) if S > 1 else dummy
     consts = {"A_KFAST": a_kfast, "B_KFAST": b_kfast, "A_VEC": a_vec, "B_VEC": b_vec,
               "BIAS_GRAD": dbias is not None,
-              "SPLIT": S > 1, "STAGES": _stages(g), "PREFETCH": PREFETCH}
+              "SPLIT": S > 1, "PREFETCH": PREFETCH}
     params = [M, N, K, a_off, a_rs, a_cs, b_off, b_rs, b_cs, c_off, c_rs, bias_off,
               0 if bias is None else 1, beta, 0 if res is None else 1, db_off, kc]
     buffers = [a, a, b, b, a if bias is None else bias, a if res is None else res, c,
-               part, dummy if dbias is None else dbias]
+               part, dummy if dbias is None else dbias, a, b]
     grid = (math.ceil(N / GEMM_TILE[1]), math.ceil(M / GEMM_TILE[0]), S)
     ops = [g.op("linear", entry, g.check_grid(grid, f"linear {entry}"), params, buffers, consts)]
     if S > 1:

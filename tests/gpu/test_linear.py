@@ -22,15 +22,14 @@ from mamba_ext.gpu.linear import linear_backward, linear_forward  # noqa: E402
 SHAPES = [(1, 1, 1), (3, 5, 7), (65, 17, 129), (130, 48, 70), (37, 200, 3)]
 
 
-@pytest.fixture(params=[(2, True, False), (1, True, False), (1, False, False), (1, True, True)],
-                ids=["2stages", "1stage", "plain", "split"])
+@pytest.fixture(params=[(True, False), (False, False), (True, True)],
+                ids=["prefetch", "plain", "split"])
 def stages(request, monkeypatch):
-    """Every tile loop: double-buffered (32 KiB of workgroup memory), single buffer
-    with register prefetch, the plain loop (no prefetch); and split-K forced on every
-    product with a contraction of 32 or more (slices, then linear_split_sum)."""
-    monkeypatch.setattr(lin, "_stages", lambda g: request.param[0])
-    monkeypatch.setattr(lin, "PREFETCH", request.param[1])
-    if request.param[2]:
+    """Every tile loop: with register prefetch, the plain loop (no prefetch); and
+    split-K forced on every product with a contraction of 32 or more (slices, then
+    linear_split_sum)."""
+    monkeypatch.setattr(lin, "PREFETCH", request.param[0])
+    if request.param[1]:
         monkeypatch.setattr(lin, "SPLIT_ALL", True)
         monkeypatch.setattr(lin, "MIN_SPLIT_K", 16)
         monkeypatch.setattr(lin, "SPLIT_TARGET_GROUPS", 10 ** 6)
