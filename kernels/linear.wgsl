@@ -33,16 +33,14 @@
 // |---------|-------|------------------------------|-----------------------------------------|
 // | 0       | p     | Params                       | uniform                                 |
 // | 1       | a     | A operand (M, K)             | read                                    |
-// | 2       | a4    | the same buffer as a, vec4   | read (16-byte loads, A_VEC, not A_KFAST)|
+// | 2       | a4    | the same buffer as a, vec4   | read (16-byte loads when A_VEC)         |
 // | 3       | b     | B operand (K, N)             | read                                    |
-// | 4       | b4    | the same buffer as b, vec4   | read (16-byte loads, B_VEC, not B_KFAST)|
+// | 4       | b4    | the same buffer as b, vec4   | read (16-byte loads when B_VEC)         |
 // | 5       | bias  | (N,) at bias_off             | read (when has_bias = 1)                |
 // | 6       | res   | (M, N), row stride c_rs      | read (when has_res = 1: out_proj's x)   |
 // | 7       | c     | C output (M, N)              | read_write                              |
 // | 8       | part  | (S*M*N + S*M)                | read_write (split-K partials, S > 1)    |
 // | 9       | dbias | (M,) at db_off               | read_write (when BIAS_GRAD)             |
-// | 10      | a2    | the same buffer as a, vec2   | read (8-byte loads, A_VEC and A_KFAST)  |
-// | 11      | b2    | the same buffer as b, vec2   | read (8-byte loads, B_VEC and B_KFAST)  |
 //
 // Tile: BM x BN = 128 x 128 outputs per workgroup of 16 x 16 invocations; each
 // invocation holds an 8 x 8 micro-tile (rows 4ty..4ty+3 and 64+4ty.., columns
@@ -57,7 +55,7 @@
 // is computed, then stored after a barrier. Both operands are kept k-major in
 // workgroup memory (As[k][i], Bs[k][j], 32 vec4 per k) with the vec4 slot of
 // row group s stored at s ^ swz(k), swz(k) = (k / 2) % 8. A k-contiguous operand
-// (the forward's X and W^T, the backward's dY) is loaded as 4 rows x 2 k per
+// (the forward's X and W^T, the backward's dY) is loaded as 4 rows x 4 k per
 // invocation and transposed in registers, so that every workgroup store is
 // 16 bytes (scalar transposing stores cost a third of the forward's speed). The
 // swizzle keeps those stores and the compute loop's reads conflict-free
@@ -76,8 +74,7 @@ struct Params {
 
 // A_KFAST: A is contiguous along k (a_cs = 1), else along i (a_rs = 1, or any
 // strides with A_VEC off). B_KFAST: B contiguous along k (b_rs = 1), else along j.
-// A_VEC / B_VEC: aligned runs, loaded as vec2 (KFAST: offset and row stride even) or
-// vec4 (else: offset and stride multiples of 4).
+// A_VEC / B_VEC: 16-byte aligned runs, loaded as vec4.
 override A_KFAST: bool = true;
 override B_KFAST: bool = true;
 override A_VEC: bool = false;
@@ -98,14 +95,13 @@ override PREFETCH: bool = true;
 @group(0) @binding(7) var<storage, read_write> c: array<f32>;
 @group(0) @binding(8) var<storage, read_write> part: array<f32>;
 @group(0) @binding(9) var<storage, read_write> dbias: array<f32>;
-@group(0) @binding(10) var<storage, read> a2: array<vec2<f32>>;
-@group(0) @binding(11) var<storage, read> b2: array<vec2<f32>>;
 
 const BK: u32 = 16u;
 const SLOTS: u32 = 32u;                 // vec4 slots per k row of a 128-wide tile
 
-var<workgroup> As: array<array<vec4<f32>, SLOTS>, BK>;   // (BK, 128) A tile, k-major (8 KiB)
-var<workgroup> Bs: array<array<vec4<f32>, SLOTS>, BK>;   // (BK, 128) B tile, k-major (8 KiB)
+// (2 BK, 128): rows k = 0..BK-1 the A tile As[k][i], rows BK + k the B tile Bs[k][j],
+// k-major, 16 KiB.
+var<workgroup> T: array<array<vec4<f32>, SLOTS>, 2u * BK>;
 
 // The micro-tile of this invocation (see gemm_tile): module-scope so that `mac` can
 // update it; the compiler keeps them in registers once `mac` is inlined.
@@ -121,100 +117,83 @@ var<private> rs0: vec4<f32>; var<private> rs1: vec4<f32>;
 
 fn swz(k: u32) -> u32 { return (k >> 1u) & 7u; }
 
-// A(i, k..k+1) (A_KFAST), zero outside [0, M) x [0, klim).
-fn load_a2(i: u32, k: u32, klim: u32) -> vec2<f32> {
-    var v = vec2<f32>(0.0);
-    if (i >= p.M) { return v; }
-    let base = p.a_off + i * p.a_rs + k;
-    if (A_VEC && k + 1u < klim) { return a2[base >> 1u]; }
-    if (k < klim) { v.x = a[base]; }
-    if (k + 1u < klim) { v.y = a[base + 1u]; }
-    return v;
-}
-
-// A(i..i+3, k) (not A_KFAST), zero outside [0, M) x [0, klim).
-fn load_a4(i: u32, k: u32, klim: u32) -> vec4<f32> {
+// A(i, k..k+3) (A_KFAST) or A(i..i+3, k) (else), zero outside [0, M) x [0, klim).
+fn load_a(i: u32, k: u32, klim: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
-    if (k >= klim) { return v; }
-    let base = p.a_off + i * p.a_rs + k * p.a_cs;
-    if (A_VEC && i + 3u < p.M) { return a4[base >> 2u]; }
-    for (var q = 0u; q < 4u; q++) { if (i + q < p.M) { v[q] = a[base + q * p.a_rs]; } }
-    return v;
-}
-
-// B(k..k+1, j) (B_KFAST), zero outside [0, klim) x [0, N).
-fn load_b2(j: u32, k: u32, klim: u32) -> vec2<f32> {
-    var v = vec2<f32>(0.0);
-    if (j >= p.N) { return v; }
-    let base = p.b_off + k + j * p.b_cs;
-    if (B_VEC && k + 1u < klim) { return b2[base >> 1u]; }
-    if (k < klim) { v.x = b[base]; }
-    if (k + 1u < klim) { v.y = b[base + 1u]; }
-    return v;
-}
-
-// B(k, j..j+3) (not B_KFAST), zero outside [0, klim) x [0, N).
-fn load_b4(j: u32, k: u32, klim: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    if (k >= klim) { return v; }
-    let base = p.b_off + k * p.b_rs + j;
-    if (B_VEC && j + 3u < p.N) { return b4[base >> 2u]; }
-    for (var q = 0u; q < 4u; q++) { if (j + q < p.N) { v[q] = b[base + q * p.b_cs]; } }
-    return v;
-}
-
-// An invocation's share q (0, 1) of one operand's tile for the step at k0, in a vec4:
-// - k-contiguous operand (KFAST): rows (columns) 4g+2q, 4g+2q+1 at k 2h, 2h+1 of the
-//   step, g = tid / 8, h = tid % 8, two 8-byte loads: (row 4g+2q: k, k+1 | next row: k, k+1);
-//   eight invocations read 64 contiguous bytes of a row;
-// - otherwise: vec4 number v = tid + 256 q of the tile, k = v / 32, rows 4 (v % 32)..+3.
-fn fetch_a(tid: u32, row0: u32, k0: u32, klim: u32, q: u32) -> vec4<f32> {
     if (A_KFAST) {
-        let i = row0 + 4u * (tid >> 3u) + 2u * q;
-        let k = k0 + 2u * (tid & 7u);
-        return vec4<f32>(load_a2(i, k, klim), load_a2(i + 1u, k, klim));
+        if (i >= p.M) { return v; }
+        let base = p.a_off + i * p.a_rs + k;
+        if (A_VEC && k + 3u < klim) { return a4[base >> 2u]; }
+        for (var q = 0u; q < 4u; q++) { if (k + q < klim) { v[q] = a[base + q]; } }
+    } else {
+        if (k >= klim) { return v; }
+        let base = p.a_off + i * p.a_rs + k * p.a_cs;
+        if (A_VEC && i + 3u < p.M) { return a4[base >> 2u]; }
+        for (var q = 0u; q < 4u; q++) { if (i + q < p.M) { v[q] = a[base + q * p.a_rs]; } }
     }
-    let v = tid + 256u * q;
-    return load_a4(row0 + ((v & 31u) << 2u), k0 + (v >> 5u), klim);
+    return v;
 }
 
-fn fetch_b(tid: u32, col0: u32, k0: u32, klim: u32, q: u32) -> vec4<f32> {
+// B(k..k+3, j) (B_KFAST) or B(k, j..j+3) (else), zero outside [0, klim) x [0, N).
+fn load_b(j: u32, k: u32, klim: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
     if (B_KFAST) {
-        let j = col0 + 4u * (tid >> 3u) + 2u * q;
-        let k = k0 + 2u * (tid & 7u);
-        return vec4<f32>(load_b2(j, k, klim), load_b2(j + 1u, k, klim));
+        if (j >= p.N) { return v; }
+        let base = p.b_off + k + j * p.b_cs;
+        if (B_VEC && k + 3u < klim) { return b4[base >> 2u]; }
+        for (var q = 0u; q < 4u; q++) { if (k + q < klim) { v[q] = b[base + q]; } }
+    } else {
+        if (k >= klim) { return v; }
+        let base = p.b_off + k * p.b_rs + j;
+        if (B_VEC && j + 3u < p.N) { return b4[base >> 2u]; }
+        for (var q = 0u; q < 4u; q++) { if (j + q < p.N) { v[q] = b[base + q * p.b_cs]; } }
     }
-    let v = tid + 256u * q;
-    return load_b4(col0 + ((v & 31u) << 2u), k0 + (v >> 5u), klim);
+    return v;
 }
 
-// Store the two shares of fetch_a into the k-major tile: a KFAST share is transposed
-// in registers into two vec4 (rows 4g..4g+3 at k 2h and at 2h+1), so every store is
+// One step's tiles are loaded by the workgroup split in two (warp-uniform): invocations
+// 0..127 load A's tile, 128..255 B's, four vec4 each (share q = 0..3). Position of
+// share q in its tile (row or column, k):
+// - k-contiguous operand (KFAST): rows (columns) 4g+q at k 4h..4h+3, g = t / 4,
+//   h = t % 4 (four invocations read 64 contiguous bytes of a row);
+// - otherwise: vec4 number v = t + 128 q of the tile: k = v / 32, rows 4 (v % 32)..+3.
+fn share_pos(t: u32, q: u32, kfast: bool) -> vec2<u32> {
+    if (kfast) { return vec2<u32>(4u * (t >> 2u) + q, (t & 3u) << 2u); }
+    let v = t + 128u * q;
+    return vec2<u32>((v & 31u) << 2u, v >> 5u);
+}
+
+fn fetch(tid: u32, row0: u32, col0: u32, k0: u32, klim: u32, q: u32) -> vec4<f32> {
+    if (tid < 128u) {
+        let pos = share_pos(tid, q, A_KFAST);
+        return load_a(row0 + pos.x, k0 + pos.y, klim);
+    }
+    let pos = share_pos(tid - 128u, q, B_KFAST);
+    return load_b(col0 + pos.x, k0 + pos.y, klim);
+}
+
+// Store the four shares of fetch into T (A at rows 0..15, B at 16..31). A KFAST share
+// (4 rows x 4 k) is transposed in registers into one vec4 per k, so every store is
 // 16 bytes; the slots of eight neighbouring invocations land in eight distinct
 // 16-byte bank groups (swz).
-fn put_a(tid: u32, r0: vec4<f32>, r1: vec4<f32>) {
-    if (A_KFAST) {
-        let g = tid >> 3u;
-        let k = 2u * (tid & 7u);
-        As[k][g ^ swz(k)] = vec4<f32>(r0.x, r0.z, r1.x, r1.z);
-        As[k + 1u][g ^ swz(k + 1u)] = vec4<f32>(r0.y, r0.w, r1.y, r1.w);
+fn put(tid: u32, r0: vec4<f32>, r1: vec4<f32>, r2: vec4<f32>, r3: vec4<f32>) {
+    let t = tid & 127u;
+    let base = select(BK, 0u, tid < 128u);
+    if (select(B_KFAST, A_KFAST, tid < 128u)) {
+        let g = t >> 2u;
+        let k = (t & 3u) << 2u;
+        T[base + k][g ^ swz(k)] = vec4<f32>(r0.x, r1.x, r2.x, r3.x);
+        T[base + k + 1u][g ^ swz(k + 1u)] = vec4<f32>(r0.y, r1.y, r2.y, r3.y);
+        T[base + k + 2u][g ^ swz(k + 2u)] = vec4<f32>(r0.z, r1.z, r2.z, r3.z);
+        T[base + k + 3u][g ^ swz(k + 3u)] = vec4<f32>(r0.w, r1.w, r2.w, r3.w);
     } else {
-        let v = tid + 256u;
-        As[tid >> 5u][(tid & 31u) ^ swz(tid >> 5u)] = r0;
-        As[v >> 5u][(v & 31u) ^ swz(v >> 5u)] = r1;
-    }
-}
-
-fn put_b(tid: u32, r0: vec4<f32>, r1: vec4<f32>) {
-    if (B_KFAST) {
-        let g = tid >> 3u;
-        let k = 2u * (tid & 7u);
-        Bs[k][g ^ swz(k)] = vec4<f32>(r0.x, r0.z, r1.x, r1.z);
-        Bs[k + 1u][g ^ swz(k + 1u)] = vec4<f32>(r0.y, r0.w, r1.y, r1.w);
-    } else {
-        let v = tid + 256u;
-        Bs[tid >> 5u][(tid & 31u) ^ swz(tid >> 5u)] = r0;
-        Bs[v >> 5u][(v & 31u) ^ swz(v >> 5u)] = r1;
+        let v = vec4<u32>(t, t + 128u, t + 256u, t + 384u);
+        let k = v >> vec4<u32>(5u);
+        let sl = v & vec4<u32>(31u);
+        T[base + k.x][sl.x ^ swz(k.x)] = r0;
+        T[base + k.y][sl.y ^ swz(k.y)] = r1;
+        T[base + k.z][sl.z ^ swz(k.z)] = r2;
+        T[base + k.w][sl.w ^ swz(k.w)] = r3;
     }
 }
 
@@ -222,10 +201,10 @@ fn put_b(tid: u32, r0: vec4<f32>, r1: vec4<f32>) {
 // every call, see the header).
 fn mac(k: u32, ty: u32, tx: u32, rows_sum: bool) {
     let sw = swz(k);
-    let a0 = As[k][ty ^ sw];
-    let a1 = As[k][(ty + 16u) ^ sw];
-    let b0 = Bs[k][tx ^ sw];
-    let b1 = Bs[k][(tx + 16u) ^ sw];
+    let a0 = T[k][ty ^ sw];
+    let a1 = T[k][(ty + 16u) ^ sw];
+    let b0 = T[BK + k][tx ^ sw];
+    let b1 = T[BK + k][(tx + 16u) ^ sw];
     c00 = fma(vec4<f32>(a0.x), b0, c00); c01 = fma(vec4<f32>(a0.x), b1, c01);
     c10 = fma(vec4<f32>(a0.y), b0, c10); c11 = fma(vec4<f32>(a0.y), b1, c11);
     c20 = fma(vec4<f32>(a0.z), b0, c20); c21 = fma(vec4<f32>(a0.z), b1, c21);
@@ -275,7 +254,7 @@ fn gemm_tile(lid: vec3<u32>, wid: vec3<u32>, nwg: vec3<u32>) {
     if (p.M == 0xffffffffu) {
         // Never true (sizes are checked on the host): keeps every binding statically
         // used, so the "auto" pipeline layout has all of them whatever the overrides.
-        c[0] = a[0] + a4[0].x + a2[0].x + b[0] + b4[0].x + b2[0].x + bias[0] + res[0];
+        c[0] = a[0] + a4[0].x + b[0] + b4[0].x + bias[0] + res[0];
         part[0] = 0.0; dbias[0] = 0.0;
     }
     let tx = lid.x;
@@ -292,24 +271,24 @@ fn gemm_tile(lid: vec3<u32>, wid: vec3<u32>, nwg: vec3<u32>) {
     // (BIAS_GRAD). Private variables start at zero.
     // PREFETCH: the next step's operands are loaded into registers while this step is
     // computed, then stored after a barrier (everyone done reading the tile).
-    var ra0 = vec4<f32>(0.0); var ra1 = vec4<f32>(0.0);
-    var rb0 = vec4<f32>(0.0); var rb1 = vec4<f32>(0.0);
+    var r0 = vec4<f32>(0.0); var r1 = vec4<f32>(0.0);
+    var r2 = vec4<f32>(0.0); var r3 = vec4<f32>(0.0);
     if (PREFETCH) {
-        ra0 = fetch_a(tid, row0, kbeg, kend, 0u); ra1 = fetch_a(tid, row0, kbeg, kend, 1u);
-        rb0 = fetch_b(tid, col0, kbeg, kend, 0u); rb1 = fetch_b(tid, col0, kbeg, kend, 1u);
-        put_a(tid, ra0, ra1); put_b(tid, rb0, rb1);
+        r0 = fetch(tid, row0, col0, kbeg, kend, 0u); r1 = fetch(tid, row0, col0, kbeg, kend, 1u);
+        r2 = fetch(tid, row0, col0, kbeg, kend, 2u); r3 = fetch(tid, row0, col0, kbeg, kend, 3u);
+        put(tid, r0, r1, r2, r3);
         workgroupBarrier();
     }
     for (var k0 = kbeg; k0 < kend; k0 += BK) {
         let more = k0 + BK < kend;                // uniform
         if (!PREFETCH) {
-            put_a(tid, fetch_a(tid, row0, k0, kend, 0u), fetch_a(tid, row0, k0, kend, 1u));
-            put_b(tid, fetch_b(tid, col0, k0, kend, 0u), fetch_b(tid, col0, k0, kend, 1u));
+            put(tid, fetch(tid, row0, col0, k0, kend, 0u), fetch(tid, row0, col0, k0, kend, 1u),
+                fetch(tid, row0, col0, k0, kend, 2u), fetch(tid, row0, col0, k0, kend, 3u));
             workgroupBarrier();
         } else if (more) {
             let kn = k0 + BK;
-            ra0 = fetch_a(tid, row0, kn, kend, 0u); ra1 = fetch_a(tid, row0, kn, kend, 1u);
-            rb0 = fetch_b(tid, col0, kn, kend, 0u); rb1 = fetch_b(tid, col0, kn, kend, 1u);
+            r0 = fetch(tid, row0, col0, kn, kend, 0u); r1 = fetch(tid, row0, col0, kn, kend, 1u);
+            r2 = fetch(tid, row0, col0, kn, kend, 2u); r3 = fetch(tid, row0, col0, kn, kend, 3u);
         }
         mac(0u, ty, tx, rows_sum); mac(1u, ty, tx, rows_sum);
         mac(2u, ty, tx, rows_sum); mac(3u, ty, tx, rows_sum);
@@ -321,7 +300,7 @@ fn gemm_tile(lid: vec3<u32>, wid: vec3<u32>, nwg: vec3<u32>) {
         mac(14u, ty, tx, rows_sum); mac(15u, ty, tx, rows_sum);
         workgroupBarrier();                       // everyone done reading the tile
         if (PREFETCH && more) {
-            put_a(tid, ra0, ra1); put_b(tid, rb0, rb1);
+            put(tid, r0, r1, r2, r3);
             workgroupBarrier();
         }
     }
@@ -368,7 +347,7 @@ fn linear_split_sum(@builtin(local_invocation_index) li: u32,
                     @builtin(workgroup_id) wid: vec3<u32>,
                     @builtin(num_workgroups) nwg: vec3<u32>) {
     if (p.M == 0xffffffffu) {
-        c[0] = a[0] + a4[0].x + a2[0].x + b[0] + b4[0].x + b2[0].x + bias[0] + res[0];
+        c[0] = a[0] + a4[0].x + b[0] + b4[0].x + bias[0] + res[0];
         dbias[0] = 0.0;
     }
     let e = flat_index(wid, nwg, li, WG);

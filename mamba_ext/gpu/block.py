@@ -67,7 +67,9 @@ class BlockScratch:
         # Buffers whose lifetimes within backward_ops do not overlap share one (the
         # steps: 1 out_proj, 2 gate, 3 scan, 4 dt_proj, 5 x_proj, 6 conv1d, 7 in_proj,
         # 8 RMSNorm): dgated [1, 2] / ddelta_pre [3, 4] / dxn [7, 8], and
-        # dy [2, 3] / dconv [6] / gw [8].
+        # dy [2, 3] / dconv [6] / gw [8]. The split-K partials of the dW products (see
+        # linear.gemm) live in a buffer dead at their step: dy's at steps 1, 4 and 5,
+        # du's at step 7.
         W = max(D, Dm)                               # the widest tenant of a shared buffer
         self.dgated = mk(M * W, "dgated")            # (M, D)
         self.ddelta_pre = self.dgated                # (M, D)
@@ -165,22 +167,22 @@ class BlockLayer:
         return [
             # out_proj: dgated = dout @ wOutProj; dW += dout^T gated; db += colsum(dout)
             *linear_backward(g, M, D, Dm, dout, 0, Dm, self.gated, 0, D, w, o["wOutProj"],
-                             o["bOutProj"], gr, dx=sc.dgated, dx_rs=D),
+                             o["bOutProj"], gr, dx=sc.dgated, dx_rs=D, part=sc.dy),
             gate_backward(g, M, D, sc.dgated, self.y, self.Y, sc.dy, sc.dY),
             *_scan.scan_backward(g, self.s, sc.scan, self.xproj, self.u, self.delta_pre, w, o,
                                  sc.dy, self.hstate, self.achunk, sc.du, sc.ddelta_pre,
                                  sc.dxproj, gr),
             # dt_proj: dxproj[:, 0:R] = ddelta_pre @ wDtProj; dW += ddelta_pre^T dt_low; db
             *linear_backward(g, M, R, D, sc.ddelta_pre, 0, D, self.xproj, 0, P, w, o["wDtProj"],
-                             o["bDtProj"], gr, dx=sc.dxproj, dx_rs=P),
+                             o["bDtProj"], gr, dx=sc.dxproj, dx_rs=P, part=sc.dy),
             # x_proj: du += dxproj @ wXProj; dW += dxproj^T u; db += colsum(dxproj)
             *linear_backward(g, M, D, P, sc.dxproj, 0, P, self.u, 0, D, w, o["wXProj"],
-                             o["bXProj"], gr, dx=sc.du, dx_rs=D, dx_beta=1),
+                             o["bXProj"], gr, dx=sc.du, dx_rs=D, dx_beta=1, part=sc.dconv),
             # conv + SiLU: dconv, dY[:, 0:D]; dwConv, dbConv
             *conv1d_backward(g, M, L, D, d.K, sc.du, w, o, sc.dconv, sc.dY, self.Y, gr),
             # in_proj: dxn = dY @ wInProj; dW += dY^T xn; db += colsum(dY)
             *linear_backward(g, M, Dm, 2 * D, sc.dY, 0, 2 * D, self.xn, 0, Dm, w, o["wInProj"],
-                             o["bInProj"], gr, dx=sc.dxn, dx_rs=Dm),
+                             o["bInProj"], gr, dx=sc.dxn, dx_rs=Dm, part=sc.du),
             # RMSNorm + residual: dx = dout + norm backward; dnormWeight = colsum(gw)
             *rmsnorm_backward(g, M, Dm, self.x, w, o["normWeight"], sc.dxn, self.rstd, dx, sc.gw,
                               gr, self.eps, dres=dout),

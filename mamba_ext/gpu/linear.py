@@ -44,37 +44,44 @@ def split_count(g, M, N, K):
 
 def split_scratch_len(M, N, S):
     """Floats of the split-K scratch: S partial products (M, N) and S row sums (M,)."""
-    return S * M * N + S * M if S > 1 else 0
+    return S * M * N + S * M
 
 
 def gemm(g, entry, M, N, K, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, c, c_off, c_rs,
-         bias=None, bias_off=0, beta=0, res=None, dbias=None, db_off=0):
+         bias=None, bias_off=0, beta=0, res=None, dbias=None, db_off=0, part=None):
     """Ops for C = beta*C + A @ B (+ bias) (+ res), see kernels/linear.wgsl for the
     strides; ``dbias`` =
     buffer whose [db_off, db_off + M) gets += the row sums of A. A product of few
-    tiles runs as S split-K slices into the device's scratch buffer, then one
-    fixed-order sum that applies the same epilogue."""
+    tiles runs as S split-K slices into a scratch buffer, then one fixed-order sum
+    that applies the same epilogue. The scratch is ``part`` when given (a buffer
+    that is free while these ops run, e.g. a dead backward temporary: S is then
+    capped to what it holds, so the partials cost no memory of their own), else the
+    device's scratch buffer."""
     a_kfast = a_cs == 1
     b_kfast = b_rs == 1
     if not a_kfast and a_rs != 1 or not b_kfast and b_cs != 1:
         raise ValueError("linear gemm: each operand must be contiguous along k or along "
                          "its rows/columns")
-    aligned = lambda n, *v: all(int(x) % n == 0 for x in v)
-    # vec2 loads along k (KFAST), vec4 loads along rows/columns (else)
-    a_vec = aligned(2, a_off, a_rs) if a_kfast else aligned(4, a_off, a_cs)
-    b_vec = aligned(2, b_off, b_cs) if b_kfast else aligned(4, b_off, b_rs)
+    aligned = lambda *v: all(int(x) % 4 == 0 for x in v)      # vec4 loads
+    a_vec = aligned(a_off, a_rs) if a_kfast else aligned(a_off, a_cs)
+    b_vec = aligned(b_off, b_cs) if b_kfast else aligned(b_off, b_rs)
     S = split_count(g, M, N, K) if SPLIT_ALL or dbias is not None else 1
+    if part is not None:
+        S = min(S, part.size // (4 * split_scratch_len(M, N, 1)))
     kc = math.ceil(math.ceil(K / S) / GEMM_BK) * GEMM_BK if S > 1 else max(K, 1)
     S = math.ceil(K / kc) if S > 1 else 1
     dummy = g.dummy()
-    part = g.scratch("linear_split_k", split_scratch_len(M, N, S)) if S > 1 else dummy
+    if S == 1:
+        part = dummy
+    elif part is None:
+        part = g.scratch("linear_split_k", split_scratch_len(M, N, S))
     consts = {"A_KFAST": a_kfast, "B_KFAST": b_kfast, "A_VEC": a_vec, "B_VEC": b_vec,
               "BIAS_GRAD": dbias is not None,
               "SPLIT": S > 1, "PREFETCH": PREFETCH}
     params = [M, N, K, a_off, a_rs, a_cs, b_off, b_rs, b_cs, c_off, c_rs, bias_off,
               0 if bias is None else 1, beta, 0 if res is None else 1, db_off, kc]
     buffers = [a, a, b, b, a if bias is None else bias, a if res is None else res, c,
-               part, dummy if dbias is None else dbias, a, b]
+               part, dummy if dbias is None else dbias]
     grid = (math.ceil(N / GEMM_TILE[1]), math.ceil(M / GEMM_TILE[0]), S)
     ops = [g.op("linear", entry, g.check_grid(grid, f"linear {entry}"), params, buffers, consts)]
     if S > 1:
@@ -97,14 +104,15 @@ def linear_forward(g, M, I, O, x, x_off, x_rs, w, w_off, b_off, y, y_off, y_rs, 
 
 
 def linear_backward(g, M, I, O, dy, dy_off, dy_rs, x, x_off, x_rs, w, w_off, b_off, gr,
-                    dx=None, dx_off=0, dx_rs=0, dx_beta=0):
+                    dx=None, dx_off=0, dx_rs=0, dx_beta=0, part=None):
     """Ops of the backward of :func:`linear_forward`: dx (M, I) = dy @ W (``+=`` when
     ``dx_beta``; skipped when ``dx`` is None); dW (at ``w_off`` of the gradient arena
-    ``gr``) += dy^T @ x and db (at ``b_off``) += column sums of dy, in one product."""
+    ``gr``) += dy^T @ x and db (at ``b_off``) += column sums of dy, in one product
+    (split-K partials in ``part`` when given: a buffer none of these ops touches)."""
     ops = []
     if dx is not None:
         ops += gemm(g, "linear_backward", M, I, O, dy, dy_off, dy_rs, 1, w, w_off, I, 1,
                     dx, dx_off, dx_rs, beta=dx_beta)
     ops += gemm(g, "linear_backward", O, I, M, dy, dy_off, 1, dy_rs, x, x_off, x_rs, 1,
-                gr, w_off, I, beta=1, dbias=gr, db_off=b_off)
+                gr, w_off, I, beta=1, dbias=gr, db_off=b_off, part=part)
     return ops

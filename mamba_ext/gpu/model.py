@@ -115,9 +115,10 @@ class ModelPlan:
                           [self.logits, self.tgt, self.dlogits, self.losses])
         ops = list(self.forward_ops) + [
             self.ce_op,
-            # head backward: dxn = dlogits @ embedding; dE += dlogits^T xn; dbias
+            # head backward: dxn = dlogits @ embedding; dE += dlogits^T xn; dbias (split-K
+            # partials in fgw, written only by the RMSNorm backward after it)
             *linear_backward(g, M, Dm, V, self.dlogits, 0, V, self.fxn, 0, Dm, w, E,
-                             o["lm_head_bias"], gr, dx=self.fdxn, dx_rs=Dm),
+                             o["lm_head_bias"], gr, dx=self.fdxn, dx_rs=Dm, part=self.fgw),
             *rmsnorm_backward(g, M, Dm, self.h[nl], w, o["final_norm"], self.fdxn, self.frstd,
                               self.dh[0], self.fgw, gr, self.eps),
         ]
@@ -155,9 +156,12 @@ class ModelPlan:
         g.write(self.pos, order)
         g.write(self.csr, offs)
 
-    def loss(self):
-        """Mean of the per-row losses, summed in float64 on the host."""
-        return float(np.mean(gpu().read(self.losses, self.M).astype(np.float64)))
+    def loss(self, values=None):
+        """Mean of the per-row losses (``values``: already read back), summed in float64
+        on the host."""
+        if values is None:
+            values = gpu().read(self.losses, self.M)
+        return float(np.mean(values.astype(np.float64)))
 
     def read_tensors(self, buf, arrays):
         flat = gpu().read(buf, self.n)

@@ -119,13 +119,14 @@ class ResidentTrainer:
             ops = [self._amp.weights_op, *ops, self._amp.grads_op]
         if reduce is None:
             g.submit(ops + self._adamw.ops, plan.clears)
-            loss = plan.loss()
+            losses, st = g.read_many([(plan.losses, plan.M), (self._adamw.stat, 2)])
+            loss = plan.loss(losses)
         else:
             g.submit(ops, plan.clears)
             flat, loss, _ = reduce(g.read(self.gr, self.n), plan.loss(), False)
             g.write(self.gr, flat)
             g.submit(self._adamw.ops)
-        st = g.read(self._adamw.stat, 2)
+            st = g.read(self._adamw.stat, 2)
         self.last_grad_norm = float(np.sqrt(np.float64(st[0])))
         if st[1] > 0:
             self.skipped += 1

@@ -52,6 +52,27 @@ def test_pipelines_built_once():
     assert a is b and a is not c
 
 
+def test_submit_in_several_command_buffers_runs_every_op_after_the_clears():
+    """A submit longer than SUBMIT_FIRST goes in several command buffers: every op runs
+    once, after the clears (and the clears only once), as in one pass."""
+    import numpy as np
+    from mamba_ext.gpu import device as dev
+    from mamba_ext.gpu.linear import gemm
+    rng = np.random.default_rng(0)
+    A = rng.integers(-3, 4, (5, 6)).astype(np.float32)
+    B = rng.integers(-3, 4, (6, 7)).astype(np.float32)
+    a, b = g.buffer(A.size, "t_a", A), g.buffer(B.size, "t_b", B)
+    c = g.buffer(35, "t_c", np.full(35, 99.0, np.float32))
+    count = 3 * dev.SUBMIT_FIRST + 5                  # three command buffers
+    op = gemm(g, "linear_forward", 5, 7, 6, a, 0, 6, 1, b, 0, 7, 1, c, 0, 7, beta=1)
+    g.submit(op * count, clears=[c])
+    got = g.read(c, 35).reshape(5, 7)
+    np.testing.assert_array_equal(got, count * (A @ B))   # small integers: exact
+    first, second = g.read_many([(c, 35), (a, 30)])
+    np.testing.assert_array_equal(first, got.ravel())
+    np.testing.assert_array_equal(second, A.ravel())
+
+
 @pytest.mark.parametrize("name", KERNEL_FILES)
 def test_every_kernel_file_has_legend_and_binding_table(name):
     """Each file opens with its comment block: what it is, the size letters, its bindings."""

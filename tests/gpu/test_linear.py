@@ -107,6 +107,28 @@ def test_linear_split_k(M, I, O, monkeypatch):
         assert nerr(got[W.size:], dy64.sum(0)) <= 1e-4
 
 
+@pytest.mark.parametrize("slices", [1, 2, 3])
+def test_linear_split_k_partials_in_a_given_buffer(slices, monkeypatch):
+    """dW's split-K partials in a caller's free buffer (a dead backward temporary): the
+    slices are capped to what it holds (none when it holds one), same result."""
+    monkeypatch.setattr(lin, "MIN_SPLIT_K", 16)
+    M, I, O = 300, 40, 24
+    rng = np.random.default_rng(slices)
+    x, W, dy = f32(rng, M, I), f32(rng, O, I, sd=I ** -0.5), f32(rng, M, O)
+    arena = np.concatenate([W.ravel(), f32(rng, O)])
+    bx, bw, bdy = upload(g, "x", x), upload(g, "w", arena), upload(g, "dy", dy)
+    gr0 = f32(rng, arena.size)
+    gr = upload(g, "gr", gr0)
+    part = g.buffer(lin.split_scratch_len(O, I, slices), "given_part")
+    ops = linear_backward(g, M, I, O, bdy, 0, O, bx, 0, I, bw, 0, W.size, gr, part=part)
+    assert ops[0].grid[2] == slices and lin.split_count(g, O, I, M) > slices
+    run(g, ops)
+    got = read(g, gr, (arena.size,)) - gr0.astype(np.float64)
+    x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
+    assert nerr(got[:W.size].reshape(O, I), dy64.T @ x64) <= 1e-4
+    assert nerr(got[W.size:], dy64.sum(0)) <= 1e-4
+
+
 def test_linear_column_slices():
     """Operands addressed by offset and row stride (x_proj's dt_low columns feeding
     dt_proj; the z half of in_proj's output): no copies, other columns untouched."""
