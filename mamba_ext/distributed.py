@@ -6,10 +6,11 @@ training loop of your own; ``Distributed`` is the object
 ``mamba_ext.training.distributed`` and docs/distributed.md.
 """
 from .training.distributed import (DEFAULT_BUCKET_BYTES, DEFAULT_CHECK_EVERY, DEFAULT_TIMEOUT,
-                                   Distributed, DistributedError, DivergenceError, GradReducer,
+                                   Distributed, DistributedError, DivergenceError, FlatStream,
+                                   GradReducer,
                                    ShardedBatches, allreduce_grads, launcher_world_size,
                                    reduce_flat, require_mpi, weights_checksum)
 
-__all__ = ["allreduce_grads", "reduce_flat", "ShardedBatches", "GradReducer", "Distributed",
+__all__ = ["allreduce_grads", "reduce_flat", "FlatStream", "ShardedBatches", "GradReducer", "Distributed",
            "DistributedError", "DivergenceError", "launcher_world_size", "require_mpi",
            "weights_checksum", "DEFAULT_BUCKET_BYTES", "DEFAULT_CHECK_EVERY", "DEFAULT_TIMEOUT"]

@@ -206,6 +206,36 @@ class Gpu:
             off += n
         return out
 
+    def read_start(self, buf, ranges, stagings):
+        """Queue copies of the float32 ranges ``(lo, hi)`` of ``buf`` into the
+        MAP_READ buffers ``stagings`` (one each, see :meth:`staging`) after everything
+        submitted so far, and start mapping them; returns at once. The GPU goes on with
+        work submitted later; :meth:`read_finish` waits for one copy alone."""
+        enc = self.device.create_command_encoder()
+        for (lo, hi), st in zip(ranges, stagings):
+            enc.copy_buffer_to_buffer(buf, 4 * lo, st, 0, 4 * (hi - lo))
+        self.device.queue.submit([enc.finish()])
+        return [st.map_async(self.wgpu.MapMode.READ, 0, st.size) for st in stagings]
+
+    @staticmethod
+    def read_finish(staging, promise, out, idle=None):
+        """Wait for a copy of :meth:`read_start` and put it into ``out`` (float32, its
+        size). ``idle``: called every 0.2 ms while waiting (e.g. to let MPI progress
+        all-reduces already started), where the backend lets us wait in slices."""
+        event = getattr(promise, "_thread_event", None)   # wgpu-native: set by its poller
+        if idle is not None and event is not None:
+            while not event.wait(2e-4):
+                idle()
+        promise.sync_wait()
+        out[:] = np.frombuffer(staging.read_mapped(copy=False), np.float32, out.size)
+        staging.unmap()
+
+    def staging(self, n_floats, name):
+        """A host-readable buffer (MAP_READ) of ``n_floats`` for :meth:`read_start`."""
+        w = self.wgpu
+        return self.device.create_buffer(label=name, size=4 * max(n_floats, 1),
+                                         usage=w.BufferUsage.COPY_DST | w.BufferUsage.MAP_READ)
+
     def read(self, buf, n: int, dtype=np.float32, offset: int = 0) -> np.ndarray:
         """Copy ``n`` elements starting at element ``offset`` back to the host."""
         if n == 0:

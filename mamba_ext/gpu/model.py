@@ -122,6 +122,10 @@ class ModelPlan:
             *rmsnorm_backward(g, M, Dm, self.h[nl], w, o["final_norm"], self.fdxn, self.frstd,
                               self.dh[0], self.fgw, gr, self.eps),
         ]
+        # segments: (ops done, the parameters whose gradients are then complete), in
+        # order, for a caller that reads gradients back during the backward
+        self.segments = [(len(ops), [k for k in self.order if not k.startswith("layer")
+                                     and k != "embedding"])]
         cur = 0
         if self.layers:
             scratch = BlockScratch(g, self.dims.block, self.layers[0].s)
@@ -131,8 +135,11 @@ class ModelPlan:
                     ops += lay.cache_ops()
                 ops += lay.backward_ops(self.dh[cur], self.dh[1 - cur], scratch)
                 cur = 1 - cur
+                self.segments.append((len(ops), [k for k in self.order
+                                                 if k.startswith(f"layer{i}.")]))
         ops.append(elementwise(g, "embedding", "embedding_backward", V * Dm, [V * Dm, Dm, E],
                                [self.csr, self.pos, self.dh[cur], gr]))
+        self.segments.append((len(ops), ["embedding"]))
         self._train = ops
         self.clears = [gr]
         return ops

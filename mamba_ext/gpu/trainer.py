@@ -8,6 +8,7 @@ Size letters: B batch, L seqLen, n elements of the parameter arena.
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
@@ -93,11 +94,15 @@ class ResidentTrainer:
     def step(self, tokens, targets, reduce=None) -> float:
         """One training step; returns the mean cross-entropy before the update.
 
-        ``reduce``: distributed hook (``mamba_ext.training.distributed``): the
-        gradient arena is read back after the backward, passed as one flat
-        float32 array to ``reduce(flat, loss, False) -> (flat, loss, _)``
-        (all-reduced in place), written back, and grad norm + AdamW run in a
-        second submit."""
+        ``reduce``: distributed hook (``mamba_ext.training.distributed``), one of
+        - an object with ``flat_stream()`` (a ``Distributed``): the gradients are read
+          back during the backward, each layer's as soon as its backward is done, and
+          each part's all-reduce starts at once while the layers below still run on the
+          GPU (``FlatStream``); then written back, and grad norm + AdamW run in a
+          second submit. ``last_reduce_s``: the seconds spent after the last submit of
+          the backward waiting for read-backs and all-reduces;
+        - a function ``reduce(flat, loss, False) -> (flat, loss, _)``: the whole arena
+          is read back after the backward and all-reduced in place, then as above."""
         tok, tgt = check_batch(tokens, targets, self.arrays["embedding"].shape[0])
         plan = self._plans.get(tok.shape)
         if plan is None:
@@ -122,8 +127,11 @@ class ResidentTrainer:
             losses, st = g.read_many([(plan.losses, plan.M), (self._adamw.stat, 2)])
             loss = plan.loss(losses)
         else:
-            g.submit(ops, plan.clears)
-            flat, loss, _ = reduce(g.read(self.gr, self.n), plan.loss(), False)
+            if hasattr(reduce, "flat_stream"):
+                flat, loss = self._streamed_reduce(plan, ops, reduce.flat_stream())
+            else:
+                g.submit(ops, plan.clears)
+                flat, loss, _ = reduce(g.read(self.gr, self.n), plan.loss(), False)
             g.write(self.gr, flat)
             g.submit(self._adamw.ops)
             st = g.read(self._adamw.stat, 2)
@@ -136,6 +144,46 @@ class ResidentTrainer:
         if self.scaler is not None:
             self.scaler.update(bool(st[1] > 0))
         return loss
+
+    def _stream_parts(self, plan):
+        """Per segment of ``plan.train_ops()``: (ops done, arena ranges (lo, hi) whose
+        gradients are then complete, one MAP_READ staging buffer per range); cached."""
+        parts = getattr(plan, "_stream_parts", None)
+        if parts is None:
+            g, parts = gpu(), []
+            for end, names in plan.segments:
+                ranges = []
+                for k in sorted(names, key=lambda k: self.offs[k]):
+                    lo, hi = self.offs[k], self.offs[k] + self.arrays[k].size
+                    if ranges and ranges[-1][1] == lo:
+                        ranges[-1] = (ranges[-1][0], hi)      # adjacent: one range
+                    else:
+                        ranges.append((lo, hi))
+                parts.append((end, ranges, [g.staging(hi - lo, "grad_readback")
+                                            for lo, hi in ranges]))
+            plan._stream_parts = parts
+        return parts
+
+    def _streamed_reduce(self, plan, ops, stream):
+        """Submit ``ops`` segment by segment, reading each segment's finished gradients
+        back behind it, and all-reduce every range as soon as it arrives (the GPU goes
+        on with the layers below meanwhile). Returns (reduced arena, mean loss)."""
+        g = gpu()
+        if getattr(self, "_host", None) is None:
+            self._host = np.empty(self.n, np.float32)              # (n,) reduced arena
+        host, begin, pending = self._host, 0, []
+        for end, ranges, stagings in self._stream_parts(plan):
+            g.submit(ops[begin:end], plan.clears if begin == 0 else ())
+            begin = end
+            pending += zip(ranges, stagings, g.read_start(self.gr, ranges, stagings))
+        assert begin == len(ops), "ModelPlan.segments must cover every op"
+        t0 = time.perf_counter()
+        for (lo, hi), staging, promise in pending:
+            g.read_finish(staging, promise, host[lo:hi], idle=stream.progress)
+            stream.add(host[lo:hi])
+        loss, _ = stream.finish(plan.loss(), False)
+        self.last_reduce_s = time.perf_counter() - t0
+        return host, loss
 
     def _read(self, buf) -> dict:
         """One arena buffer copied back to the host, split per tensor (keys like the input)."""

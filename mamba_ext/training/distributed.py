@@ -291,30 +291,62 @@ class GradReducer:
         return self.views, float(self.scalars[0]) / P, bool(self.scalars[1] > 0)
 
 
+class FlatStream:
+    """All-reduce of one flat float array in parts, each started as soon as it is
+    ready: the GPU trainer reads its gradient arena back layer by layer while the
+    backward of the layers below still runs (:meth:`ResidentTrainer.step
+    <mamba_ext.gpu.trainer.ResidentTrainer.step>`). ``add(part)`` scales a writeable
+    contiguous 1-D view by 1/P (the mean, as in :meth:`GradReducer.reduce`) and
+    starts its non-blocking all-reduce in place; ``finish(loss, overflow)``
+    all-reduces those two in float64 and waits for everything (``waiter``, e.g.
+    :meth:`Distributed.wait` with its deadline): (mean loss, any overflow). Every
+    rank adds the same parts in the same order."""
+
+    def __init__(self, comm, *, average: bool = True, waiter=None, what: str = "gradients"):
+        from mpi4py import MPI
+        self.MPI, self.comm, self.P = MPI, comm, comm.Get_size()
+        self.average, self.waiter, self.what = average, waiter or _plain_wait, what
+        self.reqs = []
+
+    def add(self, part: np.ndarray) -> None:
+        if not isinstance(part, np.ndarray) or part.ndim != 1 or not part.flags.c_contiguous \
+                or not part.flags.writeable:
+            raise TypeError("FlatStream.add: part: expected a writeable, contiguous 1-D array")
+        _float_dtype("FlatStream.add: part", part.dtype)
+        if self.average and self.P != 1:
+            np.multiply(part, part.dtype.type(1.0 / self.P), out=part)
+        self.reqs.append(self.comm.Iallreduce(self.MPI.IN_PLACE, part, op=self.MPI.SUM))
+        self.MPI.Request.Testall(self.reqs)      # let MPI progress before the next part
+
+    def progress(self) -> None:
+        """Let MPI advance the all-reduces started so far (most MPI libraries move a
+        non-blocking collective only inside MPI calls); call it while waiting."""
+        if self.reqs:
+            self.MPI.Request.Testall(self.reqs)
+
+    def finish(self, loss: float = 0.0, overflow: bool = False):
+        scalars = np.array([float(loss), 1.0 if overflow else 0.0])   # (2,) float64
+        self.reqs.append(self.comm.Iallreduce(self.MPI.IN_PLACE, scalars, op=self.MPI.SUM))
+        self.waiter(self.reqs, self.what)
+        self.reqs = []
+        return float(scalars[0]) / self.P, bool(scalars[1] > 0)
+
+
 def reduce_flat(comm, flat: np.ndarray, loss: float = 0.0, overflow: bool = False, *,
                 average: bool = True, bucket_bytes: int = DEFAULT_BUCKET_BYTES, waiter=None,
                 what: str = "gradients"):
     """All-reduce one contiguous float array in place, in ``bucket_bytes`` slices
-    (e.g. the GPU trainer's gradient arena: already one flat buffer, so no
-    copy). Returns ``(flat, mean loss, any overflow)``."""
-    from mpi4py import MPI
+    (one flat buffer, so no copy). Returns ``(flat, mean loss, any overflow)``."""
     if not isinstance(flat, np.ndarray) or flat.ndim != 1 or not flat.flags.c_contiguous \
             or not flat.flags.writeable:
         raise TypeError("reduce_flat: flat: expected a writeable, contiguous 1-D array")
     _float_dtype("reduce_flat: flat", flat.dtype)
-    P = comm.Get_size()
-    inv = flat.dtype.type(1.0 / P if average else 1.0)
-    scalars = np.array([float(loss), 1.0 if overflow else 0.0])   # (2,) float64
-    reqs = [comm.Iallreduce(MPI.IN_PLACE, scalars, op=MPI.SUM)]
+    stream = FlatStream(comm, average=average, waiter=waiter, what=what)
     step = max(1, int(bucket_bytes) // flat.itemsize)
     for lo in range(0, flat.size, step):
-        part = flat[lo:lo + step]
-        if inv != 1:
-            np.multiply(part, inv, out=part)     # the mean, as in GradReducer.reduce
-        reqs.append(comm.Iallreduce(MPI.IN_PLACE, part, op=MPI.SUM))
-        MPI.Request.Testall(reqs)
-    (waiter or _plain_wait)(reqs, what)
-    return flat, float(scalars[0]) / P, bool(scalars[1] > 0)
+        stream.add(flat[lo:lo + step])
+    loss, overflow = stream.finish(loss, overflow)
+    return flat, loss, overflow
 
 
 def _plain_wait(reqs, what):
@@ -519,6 +551,10 @@ class Distributed:
                 "data_order": "sharded-stream/1"}
 
     # -- gradients ------------------------------------------------------------
+    def flat_stream(self) -> FlatStream:
+        """A :class:`FlatStream` over this job's ranks, waited for under the deadline."""
+        return FlatStream(self.comm, waiter=self.wait, what="gradients")
+
     def reduce(self, grads, loss: float = 0.0, overflow: bool = False):
         """Mean of ``grads`` over ranks (a dict, through the buckets, or one
         flat array, in place), mean loss, any overflow: ``(grads, loss, overflow)``."""

@@ -296,8 +296,9 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
         if trainer is not None:
             trainer.lr = lr
             before = trainer.skipped
-            loss = float(trainer.step(tok, tgt) if reduce is None
-                         else trainer.step(tok, tgt, reduce=reduce))
+            # the GPU trainer streams its gradients into the all-reduce (dist.flat_stream)
+            loss = float(trainer.step(tok, tgt) if dist is None
+                         else trainer.step(tok, tgt, reduce=dist))
             skipped += trainer.skipped != before
         elif scaler is not None:
             _set_lr(opt, lr)

@@ -81,6 +81,16 @@ def api(corpus, out):
     _, loss, overflow = dist.reduce(flat, loss=float(RANK), overflow=RANK == 1)
     res["overflow_any"], res["loss_mean"] = COMM.allgather(overflow), loss
 
+    # 2b. FlatStream (the GPU trainer's streamed all-reduce): parts added one by one
+    flat = np.random.default_rng(10 + RANK).standard_normal(50).astype(np.float32)
+    both = COMM.allgather(flat.copy())
+    stream = dist.flat_stream()
+    for lo, hi in ((30, 50), (0, 7), (7, 30)):
+        stream.add(flat[lo:hi])
+    loss, overflow = stream.finish(float(RANK), False)
+    res["stream_max_err"] = float(np.max(np.abs(flat - (both[0].astype(np.float64) + both[1]) / 2)))
+    res["stream_scalars"] = [loss, overflow]
+
     # 3. P=2, per-rank batch b=4, k=6 steps vs P=1 batch 8 on the same samples
     p2 = train(tiny(corpus), os.path.join(out, "p2"), dist=Distributed(COMM, check_every=1),
                **QUIET)

@@ -155,6 +155,7 @@ def test_two_ranks_match_one_rank_with_the_doubled_batch_and_resume_exactly(corp
     # allreduce_grads: the mean of the two ranks (float32 sum, exact /2), the same bits on both
     assert res["allreduce_max_err"] < 1e-6 and res["allreduce_identical"]
     assert res["overflow_any"] == [True, True] and res["loss_mean"] == 0.5
+    assert res["stream_max_err"] < 1e-6 and res["stream_scalars"] == [0.5, False]
     # P=2 x b=4 vs P=1 x b=8 on the same 6 x 8 samples: equal up to float32 summation order
     # (two means of 128 positions averaged vs one mean of 256 in the compiled backward,
     # ~1e-7 relative per gradient, amplified a little by Adam's normalisation); measured
