@@ -16,12 +16,15 @@ import math
 
 GEMM_TILE = (128, 128)   # rows x columns of C per workgroup of kernels/linear.wgsl
 GEMM_BK = 16             # contraction step of the tile loop
-# Split-K: a product of few tiles gets S slices so that at least this many
-# workgroups run (six per multiprocessor of a large GPU: with two resident per
-# multiprocessor, the last partial wave then costs little); each slice holds at
-# least MIN_SPLIT_K of the contraction. Measured on an H200 (docs/gpu_h200.txt,
-# session 4 run 1): block d's in_proj dW 27.2 TFLOP/s at 264 groups (S 2), 33.8 at
-# 792 (S 6), 34.6 at 1056 (S 8, 72 MiB of partials).
+# Split-K: a product of fewer tiles than SPLIT_BELOW_TILES (one wave of resident
+# workgroups on a large GPU: two per multiprocessor of an H200) gets S slices, enough
+# for about SPLIT_TARGET_GROUPS workgroups (three waves, so the last partial wave
+# costs little); each slice holds at least MIN_SPLIT_K of the contraction. Measured
+# on an H200 (docs/gpu_h200.txt, session 4): block d's in_proj dW (144 tiles) 27.2
+# TFLOP/s at S 2, 33.8 at S 6, 34.6 at S 8; its out_proj dW (72 tiles) 34.4 at S 11.
+# Products of more tiles (in_proj's dX, 768) stay whole: splitting them gained
+# nothing and cost a 100 MB partial buffer.
+SPLIT_BELOW_TILES = 264
 SPLIT_TARGET_GROUPS = 792
 MIN_SPLIT_K = 512
 # Which products may be split: True = every product of few tiles (batch 1, x_proj's
@@ -36,7 +39,7 @@ PREFETCH = True
 def split_count(g, M, N, K):
     """Split-K slices S for a (M x N, contraction K) product: 1 unless few tiles."""
     tiles = math.ceil(M / GEMM_TILE[0]) * math.ceil(N / GEMM_TILE[1])
-    if tiles >= SPLIT_TARGET_GROUPS:
+    if tiles >= SPLIT_BELOW_TILES:
         return 1
     s = min(math.ceil(SPLIT_TARGET_GROUPS / tiles), max(1, K // MIN_SPLIT_K))
     return max(1, min(s, g.max_groups))

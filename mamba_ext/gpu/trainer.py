@@ -99,8 +99,8 @@ class ResidentTrainer:
           back during the backward, each layer's as soon as its backward is done, and
           each part's all-reduce starts at once while the layers below still run on the
           GPU (``FlatStream``); then written back, and grad norm + AdamW run in a
-          second submit. ``last_reduce_s``: the seconds spent after the last submit of
-          the backward waiting for read-backs and all-reduces;
+          second submit. ``last_reduce_s``: the seconds from the last submit of the
+          backward to the last write-back (read-backs, all-reduces, write-backs);
         - a function ``reduce(flat, loss, False) -> (flat, loss, _)``: the whole arena
           is read back after the backward and all-reduced in place, then as above."""
         tok, tgt = check_batch(tokens, targets, self.arrays["embedding"].shape[0])
@@ -128,11 +128,11 @@ class ResidentTrainer:
             loss = plan.loss(losses)
         else:
             if hasattr(reduce, "flat_stream"):
-                flat, loss = self._streamed_reduce(plan, ops, reduce.flat_stream())
+                loss = self._streamed_reduce(plan, ops, reduce.flat_stream())
             else:
                 g.submit(ops, plan.clears)
                 flat, loss, _ = reduce(g.read(self.gr, self.n), plan.loss(), False)
-            g.write(self.gr, flat)
+                g.write(self.gr, flat)
             g.submit(self._adamw.ops)
             st = g.read(self._adamw.stat, 2)
         self.last_grad_norm = float(np.sqrt(np.float64(st[0])))
@@ -166,8 +166,10 @@ class ResidentTrainer:
 
     def _streamed_reduce(self, plan, ops, stream):
         """Submit ``ops`` segment by segment, reading each segment's finished gradients
-        back behind it, and all-reduce every range as soon as it arrives (the GPU goes
-        on with the layers below meanwhile). Returns (reduced arena, mean loss)."""
+        back behind it; all-reduce every range as soon as it arrives and write it back
+        as soon as its all-reduce is done (the GPU goes on with the layers below
+        meanwhile; the writes land before the next submit, AdamW's). Returns the mean
+        loss over ranks."""
         g = gpu()
         if getattr(self, "_host", None) is None:
             self._host = np.empty(self.n, np.float32)              # (n,) reduced arena
@@ -178,12 +180,21 @@ class ResidentTrainer:
             pending += zip(ranges, stagings, g.read_start(self.gr, ranges, stagings))
         assert begin == len(ops), "ModelPlan.segments must cover every op"
         t0 = time.perf_counter()
+        reducing = []                                # (request, lo, hi) not yet written back
+
+        def write_back_done():
+            stream.progress()
+            while reducing and reducing[0][0].Test():
+                _, lo, hi = reducing.pop(0)
+                g.write(self.gr, host[lo:hi], 4 * lo)
         for (lo, hi), staging, promise in pending:
-            g.read_finish(staging, promise, host[lo:hi], idle=stream.progress)
-            stream.add(host[lo:hi])
+            g.read_finish(staging, promise, host[lo:hi], idle=write_back_done)
+            reducing.append((stream.add(host[lo:hi]), lo, hi))
         loss, _ = stream.finish(plan.loss(), False)
+        for _, lo, hi in reducing:
+            g.write(self.gr, host[lo:hi], 4 * lo)
         self.last_reduce_s = time.perf_counter() - t0
-        return host, loss
+        return loss
 
     def _read(self, buf) -> dict:
         """One arena buffer copied back to the host, split per tensor (keys like the input)."""

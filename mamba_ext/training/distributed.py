@@ -296,8 +296,9 @@ class FlatStream:
     ready: the GPU trainer reads its gradient arena back layer by layer while the
     backward of the layers below still runs (:meth:`ResidentTrainer.step
     <mamba_ext.gpu.trainer.ResidentTrainer.step>`). ``add(part)`` scales a writeable
-    contiguous 1-D view by 1/P (the mean, as in :meth:`GradReducer.reduce`) and
-    starts its non-blocking all-reduce in place; ``finish(loss, overflow)``
+    contiguous 1-D view by 1/P (the mean, as in :meth:`GradReducer.reduce`),
+    starts its non-blocking all-reduce in place and returns its request (``Test()``
+    tells when that part is final); ``finish(loss, overflow)``
     all-reduces those two in float64 and waits for everything (``waiter``, e.g.
     :meth:`Distributed.wait` with its deadline): (mean loss, any overflow). Every
     rank adds the same parts in the same order."""
@@ -308,15 +309,17 @@ class FlatStream:
         self.average, self.waiter, self.what = average, waiter or _plain_wait, what
         self.reqs = []
 
-    def add(self, part: np.ndarray) -> None:
+    def add(self, part: np.ndarray):
         if not isinstance(part, np.ndarray) or part.ndim != 1 or not part.flags.c_contiguous \
                 or not part.flags.writeable:
             raise TypeError("FlatStream.add: part: expected a writeable, contiguous 1-D array")
         _float_dtype("FlatStream.add: part", part.dtype)
         if self.average and self.P != 1:
             np.multiply(part, part.dtype.type(1.0 / self.P), out=part)
-        self.reqs.append(self.comm.Iallreduce(self.MPI.IN_PLACE, part, op=self.MPI.SUM))
+        req = self.comm.Iallreduce(self.MPI.IN_PLACE, part, op=self.MPI.SUM)
+        self.reqs.append(req)
         self.MPI.Request.Testall(self.reqs)      # let MPI progress before the next part
+        return req
 
     def progress(self) -> None:
         """Let MPI advance the all-reduces started so far (most MPI libraries move a
