@@ -92,6 +92,8 @@ def main(argv=None) -> int:
         from ..gpu.device import gpu
         trainer = ResidentTrainer(params, lr=1e-3, clip=1.0)
         adapter = gpu().info.get("device", "?")
+        phases = []
+
         def step(k):
             tok, tgt = shard.get(k)
             t0 = time.perf_counter()
@@ -104,6 +106,7 @@ def main(argv=None) -> int:
             else:
                 trainer.step(tok, tgt, reduce=dist)   # ends with the grad-stat read: GPU idle
                 comm = trainer.last_reduce_s
+                phases.append(trainer.last_stream_s)
             dt = time.perf_counter() - t0
             return dt - comm, comm, 0.0, dt
     else:
@@ -174,6 +177,11 @@ def main(argv=None) -> int:
               + (f", busbw {busbw / 1e9:.2f} GB/s" if P > 1 else "")
               + (f"; read-back + write-back {readback * 1e3:.1f} ms" if readback == readback else "")
               + f"; 6N FLOP/token: {row['flops_per_rank'] / 1e12:.2f} TFLOP/s per rank", flush=True)
+        if args.device == "gpu" and P > 1:
+            ph = {k: statistics.median(p[k] for p in phases[args.warmup:]) * 1e3 for k in phases[0]}
+            print("  rank 0, streamed gradients (median ms): " + ", ".join(
+                f"{k} {v:.1f}" for k, v in ph.items()), flush=True)
+            row["stream_ms"] = ph
         if args.json:
             with open(args.json, "a") as f:
                 f.write(json.dumps(row) + "\n")

@@ -209,26 +209,36 @@ class Gpu:
     def read_start(self, buf, ranges, stagings):
         """Queue copies of the float32 ranges ``(lo, hi)`` of ``buf`` into the
         MAP_READ buffers ``stagings`` (one each, see :meth:`staging`) after everything
-        submitted so far, and start mapping them; returns at once. The GPU goes on with
-        work submitted later; :meth:`read_finish` waits for one copy alone."""
+        submitted so far; returns at once. Then :meth:`map_read` each, :meth:`wait_for`
+        it, :meth:`copy_mapped`, and unmap it.
+
+        While a map is pending, wgpu-py's poller thread waits on the device for the
+        last submission (``wgpuDevicePoll(wait=True)``), which holds up every later
+        submit, write or unmap of the device until then (measured on an H200: a submit
+        held 143 ms); callers that must go on meanwhile map from another thread."""
         enc = self.device.create_command_encoder()
         for (lo, hi), st in zip(ranges, stagings):
             enc.copy_buffer_to_buffer(buf, 4 * lo, st, 0, 4 * (hi - lo))
         self.device.queue.submit([enc.finish()])
-        return [st.map_async(self.wgpu.MapMode.READ, 0, st.size) for st in stagings]
+
+    def map_read(self, staging):
+        """Start mapping a staging buffer for reading; returns the promise."""
+        return staging.map_async(self.wgpu.MapMode.READ, 0, staging.size)
 
     @staticmethod
-    def read_finish(staging, promise, out, idle=None):
-        """Wait for a copy of :meth:`read_start` and put it into ``out`` (float32, its
-        size). ``idle``: called every 0.2 ms while waiting (e.g. to let MPI progress
-        all-reduces already started), where the backend lets us wait in slices."""
+    def wait_for(promise, idle=None):
+        """Wait for ``promise``; ``idle``: called every 0.2 ms meanwhile (e.g. to let MPI
+        progress), where the backend lets us wait in slices."""
         event = getattr(promise, "_thread_event", None)   # wgpu-native: set by its poller
         if idle is not None and event is not None:
             while not event.wait(2e-4):
                 idle()
         promise.sync_wait()
+
+    @staticmethod
+    def copy_mapped(staging, out):
+        """``out`` (float32, its size) = the mapped staging buffer's first elements."""
         out[:] = np.frombuffer(staging.read_mapped(copy=False), np.float32, out.size)
-        staging.unmap()
 
     def staging(self, n_floats, name):
         """A host-readable buffer (MAP_READ) of ``n_floats`` for :meth:`read_start`."""

@@ -8,6 +8,8 @@ Size letters: B batch, L seqLen, n elements of the parameter arena.
 from __future__ import annotations
 
 import math
+import queue
+import threading
 import time
 
 import numpy as np
@@ -99,8 +101,11 @@ class ResidentTrainer:
           back during the backward, each layer's as soon as its backward is done, and
           each part's all-reduce starts at once while the layers below still run on the
           GPU (``FlatStream``); then written back, and grad norm + AdamW run in a
-          second submit. ``last_reduce_s``: the seconds from the last submit of the
-          backward to the last write-back (read-backs, all-reduces, write-backs);
+          second submit. ``last_reduce_s``: the seconds from the start of the step's
+          submits to the write-back of the reduced arena; ``last_stream_s``: its phases
+          (submit: the feeder thread's submits and maps; wait: until the last range is
+          read back and its all-reduce started; finish: the last all-reduces; write:
+          the write-back);
         - a function ``reduce(flat, loss, False) -> (flat, loss, _)``: the whole arena
           is read back after the backward and all-reduced in place, then as above."""
         tok, tgt = check_batch(tokens, targets, self.arrays["embedding"].shape[0])
@@ -165,35 +170,72 @@ class ResidentTrainer:
         return parts
 
     def _streamed_reduce(self, plan, ops, stream):
-        """Submit ``ops`` segment by segment, reading each segment's finished gradients
-        back behind it; all-reduce every range as soon as it arrives and write it back
-        as soon as its all-reduce is done (the GPU goes on with the layers below
-        meanwhile; the writes land before the next submit, AdamW's). Returns the mean
-        loss over ranks."""
+        """The step's ops and gradient read-backs overlapped with the all-reduce.
+
+        A feeder thread submits ``ops`` segment by segment (``plan.segments``), each
+        followed by the copies of the gradients it finished into staging buffers,
+        and maps those (where wgpu-py's poller makes it wait for the GPU, see
+        Gpu.read_start). This thread takes each range as soon as it is mapped,
+        scales it and starts its all-reduce (``stream``), letting MPI progress while
+        it waits for the next. The ranges are unmapped and the reduced arena written
+        back once the GPU is done. Returns the mean loss over ranks."""
         g = gpu()
         if getattr(self, "_host", None) is None:
             self._host = np.empty(self.n, np.float32)              # (n,) reduced arena
-        host, begin, pending = self._host, 0, []
-        for end, ranges, stagings in self._stream_parts(plan):
-            g.submit(ops[begin:end], plan.clears if begin == 0 else ())
-            begin = end
-            pending += zip(ranges, stagings, g.read_start(self.gr, ranges, stagings))
-        assert begin == len(ops), "ModelPlan.segments must cover every op"
-        t0 = time.perf_counter()
-        reducing = []                                # (request, lo, hi) not yet written back
+        host, parts = self._host, self._stream_parts(plan)
+        flat = [(lo, hi, st) for _, ranges, stagings in parts
+                for (lo, hi), st in zip(ranges, stagings)]
+        mapped = queue.Queue()                        # promises in flat's order, or an error
+        times = dict(submit=0.0, wait=0.0, write=0.0, finish=0.0)   # seconds, last_stream_s
 
-        def write_back_done():
-            stream.progress()
-            while reducing and reducing[0][0].Test():
-                _, lo, hi = reducing.pop(0)
-                g.write(self.gr, host[lo:hi], 4 * lo)
-        for (lo, hi), staging, promise in pending:
-            g.read_finish(staging, promise, host[lo:hi], idle=write_back_done)
-            reducing.append((stream.add(host[lo:hi]), lo, hi))
+        def feeder():
+            try:
+                t, begin = time.perf_counter(), 0
+                for end, ranges, stagings in parts:
+                    g.submit(ops[begin:end], plan.clears if begin == 0 else ())
+                    begin = end
+                    g.read_start(self.gr, ranges, stagings)
+                    for st in stagings:
+                        mapped.put(g.map_read(st))
+                times["submit"] = time.perf_counter() - t
+            except BaseException as e:             # handed to the main thread
+                mapped.put(e)
+
+        if parts[-1][0] != len(ops):
+            raise AssertionError("ModelPlan.segments must cover every op")
+        t1 = time.perf_counter()
+        thread = threading.Thread(target=feeder, name="mamba_ext-gpu-feeder", daemon=True)
+        thread.start()
+        n_mapped = 0
+        try:
+            for lo, hi, st in flat:
+                while True:
+                    try:
+                        item = mapped.get(timeout=2e-4)
+                        break
+                    except queue.Empty:
+                        stream.progress()
+                if isinstance(item, BaseException):
+                    raise item
+                g.wait_for(item, idle=stream.progress)
+                n_mapped += 1
+                g.copy_mapped(st, host[lo:hi])
+                stream.add(host[lo:hi])
+        finally:
+            thread.join()
+            for _, _, st in flat[:n_mapped]:
+                st.unmap()
+        t2 = time.perf_counter()
         loss, _ = stream.finish(plan.loss(), False)
-        for _, lo, hi in reducing:
-            g.write(self.gr, host[lo:hi], 4 * lo)
-        self.last_reduce_s = time.perf_counter() - t0
+        t3 = time.perf_counter()
+        # one write of the reduced arena once the GPU is done (writing each range back
+        # from a third thread as soon as it was reduced measured slower on the two-H200
+        # host: 1.20x against 1.42x, docs/distributed.md)
+        g.write(self.gr, host)
+        t4 = time.perf_counter()
+        times.update(wait=t2 - t1, finish=t3 - t2, write=t4 - t3)
+        self.last_reduce_s = t4 - t1
+        self.last_stream_s = times
         return loss
 
     def _read(self, buf) -> dict:
