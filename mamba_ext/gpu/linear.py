@@ -32,8 +32,11 @@ MIN_SPLIT_K = 512
 # (docs/gpu_h200.txt, run 5): block c (batch 1) fwd+bwd 3.33 ms against 4.48 ms.
 SPLIT_ALL = True
 # Register prefetch of the next step's operands in the tile loop (override constant
-# PREFETCH of kernels/linear.wgsl); False = the plain loop.
-PREFETCH = True
+# PREFETCH of kernels/linear.wgsl): None = only for products with no k-contiguous
+# operand (the dW products), True / False = for every product or none. Measured on an
+# H200 (docs/gpu_h200.txt, run 26): without it in_proj's forward 34.2 against 32.1
+# TFLOP/s and out_proj's 33.9 against 32.0; with it the dW products 32.3 against 29.8.
+PREFETCH = None
 
 
 def split_count(g, M, N, K):
@@ -80,7 +83,8 @@ def gemm(g, entry, M, N, K, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, c, c_off
         part = g.scratch("linear_split_k", split_scratch_len(M, N, S))
     consts = {"A_KFAST": a_kfast, "B_KFAST": b_kfast, "A_VEC": a_vec, "B_VEC": b_vec,
               "BIAS_GRAD": dbias is not None,
-              "SPLIT": S > 1, "PREFETCH": PREFETCH}
+              "SPLIT": S > 1,
+              "PREFETCH": not (a_kfast or b_kfast) if PREFETCH is None else PREFETCH}
     params = [M, N, K, a_off, a_rs, a_cs, b_off, b_rs, b_cs, c_off, c_rs, bias_off,
               0 if bias is None else 1, beta, 0 if res is None else 1, db_off, kc]
     buffers = [a, a, b, b, a if bias is None else bias, a if res is None else res, c,
