@@ -185,18 +185,21 @@ class ResidentTrainer:
         host, parts = self._host, self._stream_parts(plan)
         flat = [(lo, hi, st) for _, ranges, stagings in parts
                 for (lo, hi), st in zip(ranges, stagings)]
-        mapped = queue.Queue()                        # promises in flat's order, or an error
+        promises = [None] * len(flat)                 # the map of each staging buffer
+        mapped = queue.Queue()                        # indices into flat as maps start, or an error
         times = dict(submit=0.0, wait=0.0, write=0.0, finish=0.0)   # seconds, last_stream_s
 
         def feeder():
             try:
-                t, begin = time.perf_counter(), 0
+                t, begin, i = time.perf_counter(), 0, 0
                 for end, ranges, stagings in parts:
                     g.submit(ops[begin:end], plan.clears if begin == 0 else ())
                     begin = end
                     g.read_start(self.gr, ranges, stagings)
                     for st in stagings:
-                        mapped.put(g.map_read(st))
+                        promises[i] = g.map_read(st)
+                        mapped.put(i)
+                        i += 1
                 times["submit"] = time.perf_counter() - t
             except BaseException as e:             # handed to the main thread
                 mapped.put(e)
@@ -206,7 +209,6 @@ class ResidentTrainer:
         t1 = time.perf_counter()
         thread = threading.Thread(target=feeder, name="mamba_ext-gpu-feeder", daemon=True)
         thread.start()
-        n_mapped = 0
         try:
             for lo, hi, st in flat:
                 while True:
@@ -217,14 +219,21 @@ class ResidentTrainer:
                         stream.progress()
                 if isinstance(item, BaseException):
                     raise item
-                g.wait_for(item, idle=stream.progress)
-                n_mapped += 1
+                g.wait_for(promises[item], idle=stream.progress)
                 g.copy_mapped(st, host[lo:hi])
                 stream.add(host[lo:hi])
         finally:
+            # every map started is finished and undone, also after an error above, so
+            # that the next step can copy into the staging buffers again
             thread.join()
-            for _, _, st in flat[:n_mapped]:
-                st.unmap()
+            for (_, _, st), promise in zip(flat, promises):
+                if promise is not None:
+                    try:
+                        promise.sync_wait()
+                    except Exception:                 # a failed map: nothing to undo
+                        pass
+                    if st.map_state == "mapped":
+                        st.unmap()
         t2 = time.perf_counter()
         loss, _ = stream.finish(plan.loss(), False)
         t3 = time.perf_counter()
