@@ -44,9 +44,10 @@ cdef void cross_entropy_forward_backward(double* row_loss, floating* logits,
                                          const int64_t* targets, idx_t M, idx_t V,
                                          double seed_scale, int n_threads) noexcept nogil
 
-# Bytes of the internal workspace model_loss_and_grads allocates (malloc) for
-# these sizes and element size; checkpointing != 0 keeps one block cache
-# instead of n_layers (layer inputs are kept in both modes).
+# Bytes of the internal workspace model_loss_and_grads uses for these sizes and
+# element size (the calling thread's reused buffer, kept and grown across calls,
+# freed when the thread exits); checkpointing != 0 keeps one block cache instead of
+# n_layers (layer inputs are kept in both modes).
 cdef size_t model_workspace_bytes(const model_dims* d, int checkpointing,
                                   size_t itemsize) noexcept nogil
 

@@ -8,7 +8,10 @@ Steps of the model beyond the blocks (declared in model.pxd): embedding_forward 
 embedding_backward (the table lookup and its scatter-add) and
 cross_entropy_forward_backward (mean loss and dLoss/dlogits in one pass, in place).
 
-Workspace (one malloc of `floating`, one of double), in this order:
+Workspace (this thread's reused buffer of `floating`, mx_workspace in csrc/mx_threads.h: kept
+and grown across calls, freed when the thread exits, because a fresh malloc of a few
+hundred MB per training step is a fresh mmap whose page faults cost ~15% of a 4 x 256
+step; plus one small malloc of double), in this order:
   hs      ((n_layers+1), M, Dm)  every layer's input, then the last output
   caches  (n_caches, cache_len)  n_caches = n_layers, or 1 when checkpointing
   xn      (M, Dm)                final RMSNorm output
@@ -39,6 +42,11 @@ from mamba_ext.cpu.linear cimport linear_forward, linear_backward
 from mamba_ext.cpu.rmsnorm cimport rmsnorm_forward, rmsnorm_backward
 
 cnp.import_array()
+
+cdef extern from "csrc/mx_threads.h" nogil:
+    # this thread's reused scratch of this module (static in the header: the blocks'
+    # own mx_workspace is a different one), or NULL; never freed by the caller
+    void* mx_workspace(size_t nbytes) noexcept
 
 
 cdef inline idx_t _n_caches(const model_dims* d, int checkpointing) noexcept nogil:
@@ -144,8 +152,8 @@ cdef int model_forward_state(floating* logits, const int64_t* tokens,
     if _check_ids(tokens, M, d.V) != MODEL_OK:
         return MODEL_ERR_TOKEN
     # hs ((n_layers+1), M, Dm), one shared cache (cl,), xn (M, Dm), rstd (M,)
-    cdef floating* ws = <floating*>malloc(((d.n_layers + 1) * M * Dm + cl + M * Dm + M)
-                                          * sizeof(floating))
+    cdef floating* ws = <floating*>mx_workspace(((d.n_layers + 1) * M * Dm + cl + M * Dm + M)
+                                                * sizeof(floating))
     if ws == NULL:
         return MODEL_ERR_NOMEM
     cdef floating* hs = ws
@@ -154,7 +162,6 @@ cdef int model_forward_state(floating* logits, const int64_t* tokens,
     cdef floating* rstd = xn + M * Dm
     status = _forward_trunk(hs, cache, 0, xn, rstd, logits, tokens, embedding, final_norm,
                             lm_head_bias, layer_params, states, d, n_threads)
-    free(ws)
     return status
 
 
@@ -228,11 +235,10 @@ cdef int model_loss_and_grads_state(double* loss,
     if _check_ids(tokens, M, V) != MODEL_OK or _check_ids(targets, M, V) != MODEL_OK:
         return MODEL_ERR_TOKEN
 
-    cdef floating* ws = <floating*>malloc(((nl + 1) * M * Dm + n_caches * cl + M * Dm + M
-                                           + M * V + 3 * M * Dm) * sizeof(floating))
+    cdef floating* ws = <floating*>mx_workspace(((nl + 1) * M * Dm + n_caches * cl + M * Dm + M
+                                                 + M * V + 3 * M * Dm) * sizeof(floating))
     cdef double* row_loss = <double*>malloc(M * sizeof(double))
     if ws == NULL or row_loss == NULL:
-        free(ws)
         free(row_loss)
         return MODEL_ERR_NOMEM
     cdef floating* hs = ws                          # ((nl+1), M, Dm)
@@ -289,7 +295,6 @@ cdef int model_loss_and_grads_state(double* loss,
         if status == MODEL_OK:
             # lookup: g_embedding[tokens[r]] += dLoss/dh0[r]
             embedding_backward(g_embedding, da, tokens, M, Dm)
-    free(ws)
     free(row_loss)
     return status
 

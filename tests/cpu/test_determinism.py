@@ -81,3 +81,37 @@ def test_model_checkpointing_bitwise_equal():
     assert l1 == l0
     diff = [k for k in g0 if not np.array_equal(g0[k], g1[k])]
     assert not diff, f"checkpointing changes gradients: {diff}"
+
+
+def test_model_reused_workspace_stale_contents_and_threads():
+    """The model keeps each calling thread's workspace from one call to the next: a call
+    after a larger one (stale, non-zero contents; a forward with NaN weights leaves NaN
+    everywhere in it) gives the same bits as before, and two threads calling at once
+    (each with its own workspace) give the same bits as one thread alone."""
+    import threading
+    from mamba_ext import model_forward
+    p, tok, tgt = _model_case()
+    l0, g0 = model_loss_and_grads(tok, tgt, p, n_threads=1)
+    big = init_model_params(64, 96, 3, seed=1)
+    big = {k: np.full_like(v, np.nan) for k, v in big.items()}
+    rng = np.random.default_rng(1)
+    bt = rng.integers(0, 64, (5, 170))
+    model_loss_and_grads(bt, bt, big, n_threads=1)              # poisons the workspace
+    assert np.isnan(model_forward(bt, big, n_threads=1)).all()
+    for ckpt in (False, True):
+        l1, g1 = model_loss_and_grads(tok, tgt, p, n_threads=1, checkpointing=ckpt)
+        assert l1 == l0
+        assert not [k for k in g0 if not np.array_equal(g0[k], g1[k])]
+    results = [None, None]
+
+    def run(i):
+        results[i] = model_loss_and_grads(tok, tgt, p, n_threads=1)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for l2, g2 in results:
+        assert l2 == l0
+        assert not [k for k in g0 if not np.array_equal(g0[k], g2[k])]
