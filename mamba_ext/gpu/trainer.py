@@ -81,7 +81,8 @@ class ResidentTrainer:
             from .amp import AmpOps
             self.w16 = g.buffer(self.n, "params_fp16")
             self._amp = AmpOps(g, self.n, self.w, self.w16, self.gr)
-        self._plans = {}
+        self._plans = {}            # (B, L) -> ModelPlan
+        self._parts = {}            # (B, L) -> _stream_parts of that plan (distributed steps)
         self.t = 0
         self.skipped = 0
         self.nonfinite = 0      # carried in state_dict for AdamW compatibility (see state_dict)
@@ -153,7 +154,7 @@ class ResidentTrainer:
     def _stream_parts(self, plan):
         """Per segment of ``plan.train_ops()``: (ops done, arena ranges (lo, hi) whose
         gradients are then complete, one MAP_READ staging buffer per range); cached."""
-        parts = getattr(plan, "_stream_parts", None)
+        parts = self._parts.get((plan.B, plan.L))
         if parts is None:
             g, parts = gpu(), []
             for end, names in plan.segments:
@@ -166,7 +167,7 @@ class ResidentTrainer:
                         ranges.append((lo, hi))
                 parts.append((end, ranges, [g.staging(hi - lo, "grad_readback")
                                             for lo, hi in ranges]))
-            plan._stream_parts = parts
+            self._parts[(plan.B, plan.L)] = parts
         return parts
 
     def _streamed_reduce(self, plan, ops, stream):
