@@ -147,7 +147,7 @@ def torch_bench(x, params, dout, ref_out, ref_dx, repeat, loops):
     return rows, ""
 
 
-def bench_size(size, repeat, use_torch, loops, profile=False):
+def bench_size(size, repeat, use_torch, loops, profile=False, discretization="zoh"):
     from ..gpu import linear, scan
     from ..gpu.block import _Plan
     Dm, D, N, K, R, B, L = SIZES[size]
@@ -158,7 +158,7 @@ def bench_size(size, repeat, use_torch, loops, profile=False):
     x = rng.standard_normal((B, L, Dm)).astype(np.float32)
     dout = rng.standard_normal((B, L, Dm)).astype(np.float32)
     before = g.bytes_allocated
-    plan = _Plan(dims, B, L, DEFAULT_EPS, "zoh", scan.layout_key())
+    plan = _Plan(dims, B, L, DEFAULT_EPS, discretization, scan.layout_key())
     mem = g.bytes_allocated - before
     from .._validate import BLOCK_PARAM_NAMES
     plan.upload_params({k: params[k] for k in BLOCK_PARAM_NAMES})
@@ -189,7 +189,7 @@ def bench_size(size, repeat, use_torch, loops, profile=False):
     return res
 
 
-def train_step(name, steps=5, warmup=2, checkpointing=False):
+def train_step(name, steps=5, warmup=2, checkpointing=False, discretization="zoh"):
     """Whole-model training step of ``TRAIN_STEPS[name]`` (byte-level LM: embedding,
     blocks, final norm, tied head, cross-entropy, grad norm, AdamW in one submit,
     mamba_ext.gpu.ResidentTrainer, with activation checkpointing when asked): median
@@ -202,7 +202,8 @@ def train_step(name, steps=5, warmup=2, checkpointing=False):
     g = gpu()
     params = init_model_params(V, Dm, nl, seed=0)
     before = g.bytes_allocated
-    tr = ResidentTrainer(params, lr=1e-4, checkpointing=checkpointing)
+    tr = ResidentTrainer(params, lr=1e-4, checkpointing=checkpointing,
+                         discretization=discretization)
     tok = np.random.default_rng(0).integers(0, V, (B, L + 1))
     x, y = tok[:, :-1], tok[:, 1:]
     for _ in range(warmup):
@@ -219,15 +220,16 @@ def train_step(name, steps=5, warmup=2, checkpointing=False):
                 loss=loss)
 
 
-def run_train_steps(names, steps=5, checkpointing=False) -> int:
+def run_train_steps(names, steps=5, checkpointing=False, discretization="zoh") -> int:
     """Print one line per model of ``names`` (keys of TRAIN_STEPS); returns 0."""
     g = gpu()
     print(f"adapter: {g.info.get('device')} ({g.info.get('backend_type')})")
     for n in names:
-        r = train_step(n, steps, checkpointing=checkpointing)
+        r = train_step(n, steps, checkpointing=checkpointing, discretization=discretization)
         V, Dm, nl, B, L = r["cfg"]
         print(f"model V {V}, {nl} layers x d_model {Dm}, B {B} x L {L}, fp32 WGSL"
-              f"{', checkpointing' if checkpointing else ''}: step "
+              f"{', checkpointing' if checkpointing else ''}"
+              f"{', Euler' if discretization == 'euler' else ''}: step "
               f"{r['ms']:.2f} ms = {r['tokens_s']:,.0f} tokens/s (wall, median of {steps}, loss "
               f"read back), GPU memory {r['mem'] / 2**20:.0f} MiB, loss {r['loss']:.4f}",
               flush=True)
@@ -235,12 +237,17 @@ def run_train_steps(names, steps=5, checkpointing=False) -> int:
 
 
 def run(size: str = "all", *, repeat: int = 10, use_torch: bool = True, loops: bool = True,
-        profile: bool = False) -> int:
+        profile: bool = False, discretization: str = "zoh") -> int:
     """Run the GPU benchmark for ``size`` ("a" .. "d", or "all" = a, b, c) and print its tables;
     returns 0. ``use_torch``: also time the PyTorch CUDA baselines; ``loops``: include
-    the slow Python-time-loop one; ``profile``: also time every dispatch alone."""
+    the slow Python-time-loop one; ``profile``: also time every dispatch alone;
+    ``discretization``: "zoh" (the package default) or "euler" (b_bar = Delta*B, as
+    mamba_ssm's kernel computes; its PyTorch baselines here are ZOH, so not with them)."""
     if repeat < 1:
         raise ValueError(f"repeat: expected an integer >= 1, got {repeat!r}")
+    if discretization != "zoh" and use_torch:
+        raise ValueError("discretization: the PyTorch baselines of this bench compute ZOH; "
+                         "bench Euler without them (use_torch=False)")
     g = gpu()
     info = g.info
     print(f"adapter: {info.get('device')} ({info.get('backend_type')}, {info.get('adapter_type')}); "
@@ -248,12 +255,13 @@ def run(size: str = "all", *, repeat: int = 10, use_torch: bool = True, loops: b
     bw = copy_bandwidth(g)
     print(f"copy kernel bandwidth (read+write): {bw / 1e12:.2f} TB/s")
     sizes = ["a", "b", "c"] if size == "all" else [size]
+    print(f"discretization: {discretization}")
     print("\n| size | Dm,D,N,K,R,B,L | WGSL fwd+bwd GPU ms | wall ms | GPU mem MiB | scan ms | "
           "scan GB/s | scan / copy bw | scan / 4 TB/s |")
     print("|---|---|---|---|---|---|---|---|---|")
     results = []
     for s in sizes:
-        r = bench_size(s, repeat, use_torch, loops, profile)
+        r = bench_size(s, repeat, use_torch, loops, profile, discretization)
         results.append(r)
         sbw = r["scan_bytes"] / (r["scan_ms"] * 1e-3)
         gms = f"{r['gpu_ms']:.3f}" if r["gpu_ms"] is not None else "n/a"

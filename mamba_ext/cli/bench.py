@@ -34,6 +34,9 @@ def build_parser():
                    help="GPU: time whole-model training steps instead of the block; "
                         "comma-separated from 24x768, 4x256, 24x768-L8192 "
                         "(mamba_ext.bench.sizes.TRAIN_STEPS)")
+    p.add_argument("--discretization", choices=["zoh", "euler"], default="zoh",
+                   help="GPU: the block's discretization (euler: b_bar = Delta*B, as mamba_ssm's "
+                        "kernel; with --no-torch for the block)")
     p.add_argument("--checkpointing", action="store_true",
                    help="GPU --train-step: with activation checkpointing")
     p.add_argument("--model-step", default=None, metavar="MODELS",
@@ -79,7 +82,12 @@ def main(argv=None) -> int:
         ap.error("--train-step needs --device gpu")
     if args.checkpointing and args.train_step is None:
         ap.error("--checkpointing applies to --device gpu --train-step")
+    if args.discretization != "zoh" and args.device != "gpu":
+        ap.error("--discretization applies to --device gpu")
     if args.device == "gpu":
+        if args.discretization != "zoh" and args.train_step is None and not args.no_torch:
+            ap.error("--discretization euler: the block's PyTorch baselines compute ZOH; "
+                     "add --no-torch")
         if args.dtype != "float32":
             ap.error("--device gpu runs float32 only")
         from ..bench import gpu
@@ -90,9 +98,11 @@ def main(argv=None) -> int:
                 ap.error(f"--train-step: expected names from {sorted(TRAIN_STEPS)}, got "
                          f"{args.train_step!r}")
             return gpu.run_train_steps(names, steps=args.repeat or 5,
-                                       checkpointing=args.checkpointing)
+                                       checkpointing=args.checkpointing,
+                                       discretization=args.discretization)
         return gpu.run(args.size, repeat=args.repeat or 10, use_torch=not args.no_torch,
-                       loops=not args.no_loop, profile=args.profile)
+                       loops=not args.no_loop, profile=args.profile,
+                       discretization=args.discretization)
     from ..bench import cpu
     return cpu.run(args.size, repeat=args.repeat or 5, dtype=args.dtype, n_threads=args.threads,
                    use_torch=not args.no_torch, markdown=args.markdown)

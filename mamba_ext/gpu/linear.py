@@ -59,9 +59,9 @@ def gemm(g, entry, M, N, K, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, c, c_off
     strides; ``dbias`` =
     buffer whose [db_off, db_off + M) gets += the row sums of A. A product of few
     tiles runs as S split-K slices into a scratch buffer, then one fixed-order sum
-    that applies the same epilogue. The scratch is ``part`` when given (a buffer
-    that is free while these ops run, e.g. a dead backward temporary: S is then
-    capped to what it holds, so the partials cost no memory of their own), else the
+    that applies the same epilogue. The scratch is ``part`` when given and large
+    enough for all S slices (a buffer that is free while these ops run, e.g. a dead
+    backward temporary, so the partials cost no memory of their own), else the
     device's scratch buffer."""
     a_kfast = a_cs == 1
     b_kfast = b_rs == 1
@@ -72,14 +72,14 @@ def gemm(g, entry, M, N, K, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, c, c_off
     a_vec = aligned(a_off, a_rs) if a_kfast else aligned(a_off, a_cs)
     b_vec = aligned(b_off, b_cs) if b_kfast else aligned(b_off, b_rs)
     S = split_count(g, M, N, K) if SPLIT_ALL or dbias is not None else 1
-    if part is not None:
-        S = min(S, part.size // (4 * split_scratch_len(M, N, 1)))
     kc = math.ceil(math.ceil(K / S) / GEMM_BK) * GEMM_BK if S > 1 else max(K, 1)
     S = math.ceil(K / kc) if S > 1 else 1
     dummy = g.dummy()
     if S == 1:
         part = dummy
-    elif part is None:
+    elif part is None or part.size < 4 * split_scratch_len(M, N, S):
+        # (a given buffer too small for every slice is not used: fewer slices cost more
+        # than the scratch, e.g. block c's in_proj dW unsplit, session 4 runs 22 and 27)
         part = g.scratch("linear_split_k", split_scratch_len(M, N, S))
     consts = {"A_KFAST": a_kfast, "B_KFAST": b_kfast, "A_VEC": a_vec, "B_VEC": b_vec,
               "BIAS_GRAD": dbias is not None,

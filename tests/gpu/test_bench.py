@@ -33,6 +33,11 @@ def test_train_step_mode_prints_tokens_per_second(monkeypatch, capsys):
     assert float(line.group(1)) > 0 and int(line.group(2).replace(",", "")) > 0
     ck = gb.train_step("2x32", steps=2, warmup=1, checkpointing=True)
     assert ck["loss"] == r["loss"] and ck["mem"] < r["mem"]     # same step, less memory
+    eu = gb.train_step("2x32", steps=2, warmup=1, discretization="euler")
+    assert eu["loss"] != r["loss"] and abs(eu["loss"] - r["loss"]) < 0.05   # other b_bar, close
+    assert cli.main(["--device", "gpu", "--train-step", "2x32", "--repeat", "2",
+                     "--discretization", "euler"]) == 0
+    assert "fp32 WGSL, Euler: step" in capsys.readouterr().out
 
 
 def test_sizes_and_modes():
@@ -41,7 +46,10 @@ def test_sizes_and_modes():
     for argv in (["--train-step", "4x256"],                              # CPU
                  ["--device", "gpu", "--checkpointing"],                 # without --train-step
                  ["--device", "gpu", "--train-step", "9x9"],             # unknown model
-                 ["--device", "gpu", "--size", "e"]):
+                 ["--device", "gpu", "--size", "e"],
+                 ["--discretization", "euler"],                          # CPU
+                 ["--device", "gpu", "--size", "a", "--discretization", "euler"],  # ZOH baselines
+                 ["--device", "gpu", "--discretization", "foh"]):
         with pytest.raises(SystemExit) as e:
             cli.main(argv)
         assert e.value.code == 2

@@ -107,10 +107,11 @@ def test_linear_split_k(M, I, O, monkeypatch):
         assert nerr(got[W.size:], dy64.sum(0)) <= 1e-4
 
 
-@pytest.mark.parametrize("slices", [1, 2, 3])
+@pytest.mark.parametrize("slices", [1, 3, 10, 12])
 def test_linear_split_k_partials_in_a_given_buffer(slices, monkeypatch):
-    """dW's split-K partials in a caller's free buffer (a dead backward temporary): the
-    slices are capped to what it holds (none when it holds one), same result."""
+    """dW's split-K partials in a caller's free buffer (a dead backward temporary) when
+    it holds every slice (10 here), else in the device's scratch: the same slices and
+    result either way."""
     monkeypatch.setattr(lin, "MIN_SPLIT_K", 16)
     M, I, O = 300, 40, 24
     rng = np.random.default_rng(slices)
@@ -120,8 +121,12 @@ def test_linear_split_k_partials_in_a_given_buffer(slices, monkeypatch):
     gr0 = f32(rng, arena.size)
     gr = upload(g, "gr", gr0)
     part = g.buffer(lin.split_scratch_len(O, I, slices), "given_part")
+    asked = []
+    real = g.scratch
+    monkeypatch.setattr(g, "scratch", lambda name, n: asked.append(name) or real(name, n))
     ops = linear_backward(g, M, I, O, bdy, 0, O, bx, 0, I, bw, 0, W.size, gr, part=part)
-    assert ops[0].grid[2] == slices and lin.split_count(g, O, I, M) > slices
+    assert ops[0].grid[2] == 10 and lin.split_count(g, O, I, M) == 18   # 18 of 300 -> 10 of 32
+    assert ("linear_split_k" in asked) == (slices < 10)
     run(g, ops)
     got = read(g, gr, (arena.size,)) - gr0.astype(np.float64)
     x64, dy64 = x.astype(np.float64), dy.astype(np.float64)
