@@ -137,6 +137,46 @@ def measure_bound(size, repeat, cores):
     return gemm_flops(size) / sgemm_rate + n_exp / exp_rate, sgemm_rate, exp_rate
 
 
+def block_gemms(size):
+    """The block's twelve GEMMs as mamba_ext/cpu/linear.pyx calls BLAS (column-major: C (m, n)
+    = op(A) (m, k) . op(B) (k, n)): (name, transa, transb, m, n, k) per linear, forward,
+    dinput and dweight."""
+    Dm, D, N, K, R, B, L = SIZES[size]
+    M, P = B * L, R + 2 * N
+    out = []
+    for name, IC, OC in (("in_proj", Dm, 2 * D), ("x_proj", D, P), ("dt_proj", R, D),
+                         ("out_proj", D, Dm)):
+        out += [(f"{name} forward", "T", "N", OC, M, IC), (f"{name} dinput", "N", "N", IC, M, OC),
+                (f"{name} dweight", "N", "T", IC, OC, M)]
+    return out
+
+
+def gemm_layouts(size, repeat):
+    """Each GEMM of the block timed alone through SciPy's BLAS (the library our kernels
+    call through scipy.linalg.cython_blas), in our operand layout and in the three others
+    of the same (m, n, k): [(name, layout, GFLOP/s ours, GFLOP/s of the best layout, best
+    layout)], best of max(repeat, 10) runs each. ours / best >= 0.85 is issue 12's goal."""
+    from scipy.linalg import blas
+    rng = np.random.default_rng(2)
+    rows = []
+    for name, ta, tb, m, n, k in block_gemms(size):
+        c = np.asfortranarray(rng.standard_normal((m, n), dtype=np.float32))
+        rate = {}
+        for la, lb in (("N", "N"), ("N", "T"), ("T", "N"), ("T", "T")):
+            # F-ordered operands: f2py passes them to BLAS without a copy
+            a = np.asfortranarray(rng.standard_normal((m, k) if la == "N" else (k, m),
+                                                      dtype=np.float32))
+            b = np.asfortranarray(rng.standard_normal((k, n) if lb == "N" else (n, k),
+                                                      dtype=np.float32))
+            t = _median_time(lambda a=a, b=b, c=c, ta_=la == "T", tb_=lb == "T":
+                             blas.sgemm(1.0, a, b, 1.0, c, trans_a=ta_, trans_b=tb_,
+                                        overwrite_c=True), max(repeat, 10), stat=min)
+            rate[la + lb] = 2.0 * m * n * k / t
+        best = max(rate, key=rate.get)
+        rows.append((name, ta + tb, rate[ta + tb], rate[best], best))
+    return rows
+
+
 # Whole training steps of ``bench --model-step``: name -> (V, Dm, n_layers, B, L), the two
 # configurations of issue 12 (byte-level LM, d_state 16, expand 2).
 MODEL_STEPS = {"2x64": (256, 64, 2, 16, 128), "4x256": (256, 256, 4, 8, 512)}
@@ -236,6 +276,7 @@ def run(size: str = "all", *, repeat: int = 5, dtype: str = "float32", n_threads
     # 2. the bound
     progress("sgemm and exp rates")
     bound = {s: measure_bound(s, repeat, n_threads or _cores()) for s in sizes}
+    gemms = {s: gemm_layouts(s, repeat) for s in sizes} if dtype == np.float32 else {}
     # 3. torch eager (float32), if installed
     torch_res, torch_note = {}, ""
     if use_torch:
@@ -283,6 +324,13 @@ def run(size: str = "all", *, repeat: int = 5, dtype: str = "float32", n_threads
             line += (f"; torch best with {torch_res[s][1]} thread(s), "
                      f"max|torch - ours|/max|ours| over out, dx, grads {torch_res[s][2]:.1e}")
         print(line)
+    for s, rows_ in gemms.items():
+        worst = min(rows_, key=lambda r: r[2] / r[3])
+        print(f"size {s}: GEMMs alone (SciPy sgemm, best of {max(repeat, 10)}), ours / best "
+              f"operand layout of the shape: worst {worst[0]} {worst[2] / worst[3]:.2f}")
+        for name, lay, ours_r, best_r, best_lay in rows_:
+            print(f"  {name:17s} {lay}: {ours_r / 1e9:6.1f} GFLOP/s; best {best_lay} "
+                  f"{best_r / 1e9:6.1f}: {ours_r / best_r:.2f}")
     for s, (one, many) in scaling.items():
         print(f"size {s}: thread scaling: 1 thread {one * 1e3:.1f} ms, {cores} threads "
               f"{many * 1e3:.1f} ms: speed-up {one / many:.2f}x, efficiency {one / many / cores:.0%}")

@@ -75,6 +75,27 @@ def test_block_benchmark_prints_bound_and_thread_scaling(capsys, monkeypatch):
     assert m, out
     one, two, speedup = float(m.group(1)), float(m.group(2)), float(m.group(3))
     assert one > 0 and two > 0 and abs(speedup - one / two) <= 0.01 * speedup + 0.01
+    # every GEMM of the block against the best operand layout of its shape
+    rows = re.findall(r"^  (\w+ (?:forward|dinput|dweight)) +(TN|NN|NT): +([\d.]+) GFLOP/s; best "
+                      r"(NN|NT|TN|TT) +([\d.]+): ([\d.]+)$", out, re.M)
+    assert [r[0] for r in rows] == [n for n, *_ in cpu.block_gemms("a")] and len(rows) == 12
+    for _name, lay, ours, best_lay, best, ratio in rows:
+        assert 0 < float(ours) <= float(best) and float(ratio) <= 1.0
+        assert lay != best_lay or float(ratio) == 1.0
+    assert re.search(r"size a: GEMMs alone \(SciPy sgemm, best of 10\), ours / best operand "
+                     r"layout of the shape: worst \w+ \w+ [\d.]+", out)
+
+
+def test_block_gemms_are_the_linears_calls():
+    """The GEMMs the bench times are the ones linear.pyx issues: forward T,N (OC, M, IC),
+    dinput N,N (IC, M, OC), dweight N,T (IC, OC, M), for the block's four linears."""
+    from mamba_ext.bench import cpu
+    Dm, D, N, K, R, B, L = cpu.SIZES["c"]
+    g = {name: (ta + tb, m, n, k) for name, ta, tb, m, n, k in cpu.block_gemms("c")}
+    assert g["in_proj forward"] == ("TN", 2 * D, B * L, Dm)
+    assert g["x_proj dinput"] == ("NN", D, B * L, R + 2 * N)
+    assert g["dt_proj dweight"] == ("NT", R, D, B * L)
+    assert sum(2 * m * n * k for _, m, n, k in g.values()) == cpu.gemm_flops("c")
 
 
 def test_model_step_benchmark(capsys, monkeypatch):
