@@ -69,6 +69,11 @@ cdef enum:
     CHANNEL_BLOCK = 256
     # output columns per float16 matrix-vector job
     HALF_BLOCK = 64
+    # below this many multiply-adds a float16 product runs on one thread: with
+    # mamba_ext.configure_threads()'s OMP_WAIT_POLICY=PASSIVE each parallel region wakes
+    # sleeping threads (futex), ~70 us here, against ~30 us for 2^18 float16 multiply-adds
+    # on one core (2 x 64 at batch 16: 27,900 -> see docs/performance.md, Generation)
+    HALF_PARALLEL_MIN_WORK = 1 << 20
 
 # the four projection matrices are float16 bits when `half`
 LAYER_ARRAYS = ("wInProj", "bInProj", "wConv", "bConv", "wXProj", "bXProj", "wDtProj",
@@ -87,7 +92,7 @@ cdef void _linear(floating* out, const floating* x, const void* w, const floatin
     if floating is float:
         if half:
             nb = (OC + HALF_BLOCK - 1) // HALF_BLOCK
-            if B * IC * OC < PARALLEL_MIN_WORK:
+            if B * IC * OC < HALF_PARALLEL_MIN_WORK:
                 nt = 1
             for j in prange(nb, schedule='static', num_threads=nt):
                 o0 = j * HALF_BLOCK

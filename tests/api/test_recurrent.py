@@ -218,6 +218,21 @@ def test_float16_weights_equal_the_forward_of_the_rounded_weights():
     assert np.abs(_run_steps(p, tokens) - ours).max() > 1e-5 * np.abs(ours).max()
 
 
+@pytest.mark.parametrize("B, Dm, D", [(1, 13, 26), (2, 24, 56), (3, 40, 78), (5, 8, 16),
+                                     (3, 16, 530)])
+def test_float16_weights_any_batch_and_width(B, Dm, D):
+    """The float16 product's paths (short rows: in fours and one by one, batch rows in pairs
+    and alone, 16-, 8- and 1-wide steps along the input; rows of 512 and more (D 530: x_proj
+    and out_proj) one by one) against the forward of the rounded weights."""
+    p = _random_params(40 + B, V=31, Dm=Dm, D=D, N=4, K=3, R=3, n_layers=2)
+    tokens = np.random.default_rng(B).integers(0, 31, (B, 5))
+    full = model_forward(tokens, _rounded_to_half(p))
+    state = init_state(p, B)
+    ours = np.stack([step(tokens[:, t], p, state, weights_dtype="float16")[0]
+                     for t in range(tokens.shape[1])], axis=1)
+    assert_golden_close("logits", ours, full, "random")
+
+
 def test_prefill_then_steps_equal_steps_alone():
     # generate's chunked prefill leaves the same state as feeding the prompt step by step
     p = _random_params(23, V=29, Dm=8, D=16, N=4, K=4, R=2, n_layers=3)
