@@ -92,6 +92,10 @@ override SG: u32 = 1u;
 override NV: u32 = 4u;
 override TS: u32 = 4u;
 override RB: u32 = 2u;
+// HS: partial sums of dBs/dCs per workgroup (scan_backward_grads): each sums WG / SG / HS
+// of its channels, so that HS * 32 invocations share the per-step sums instead of 32
+// (dbc_part holds G * HS partials; Params.G counts them).
+override HS: u32 = 1u;
 const TSMAX: u32 = 8u;     // recomputed steps held in registers (hist)
 const CKMAX: u32 = 16u;    // checkpoints per chunk (the host keeps chunk <= CKMAX * TS)
 const RS: u32 = 35u;       // floats per (step, invocation) row of red: dBs 16 | dCs 16 |
@@ -481,8 +485,10 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
                 }
                 workgroupBarrier();
                 // dBs, dCs partials of the round: sums over this group's CPW channels
-                let cpw = WG / SG;
-                for (var o = li; o < RB * SG * 32u; o += WG) {
+                let cpw = WG / SG / HS;                 // channels per partial
+                for (var o2 = li; o2 < HS * RB * SG * 32u; o2 += WG) {
+                    let hh = o2 / (RB * SG * 32u);     // which partial: channels hh*cpw..
+                    let o = o2 % (RB * SG * 32u);
                     let k = o / (SG * 32u);
                     let s = (o / 32u) % SG;
                     let jcol = o % 32u;
@@ -490,7 +496,7 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
                     let t = tb + TS - 1u - (rr * RB + k);
                     if (t < t1 && n < p.N) {
                         // four independent partial sums (a short dependency chain), fixed order
-                        let i0 = (k * WG + s) * RS + jcol;
+                        let i0 = (k * WG + hh * cpw * SG + s) * RS + jcol;
                         let st = SG * RS;               // from one channel's row to the next
                         var s0 = 0.0; var s1 = 0.0; var s2 = 0.0; var s3 = 0.0;
                         var c = 0u;
@@ -500,7 +506,7 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
                         }
                         for (; c < cpw; c++) { s0 += red[i0 + c * st]; }
                         let acc = (s0 + s1) + (s2 + s3);
-                        dbc_part[(wid.x * M + l.b * p.L + t) * 2u * p.N + (jcol / 16u) * p.N + n] = acc;
+                        dbc_part[((wid.x * HS + hh) * M + l.b * p.L + t) * 2u * p.N + (jcol / 16u) * p.N + n] = acc;
                     }
                 }
                 if (SG > 1u && l.on && l.s == 0u) {

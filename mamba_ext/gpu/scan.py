@@ -29,6 +29,12 @@ SCAN_TS_FORWARD = 8
 SCAN_TS_BACKWARD = 4
 # steps per dBs/dCs reduction round of scan_backward_grads (divides SCAN_TS_BACKWARD).
 SCAN_RB = 1
+# partial sums of dBs/dCs per workgroup of scan_backward_grads (override HS): 2 = every
+# invocation of a 64-wide workgroup sums half of the channels of one column, where 1
+# leaves half of them idle at each step's sums; dbc_part holds HS times more partials.
+# Measured on an H200 at block d (docs/gpu_h200.txt, run 33, alternated): 6.15 against
+# 6.35 ms (ZOH), 5.61 against 5.8-7.8 (Euler); GPU memory 1529 against 1520 MiB.
+SCAN_SUM_PARTS = 2
 _TSMAX, _CKMAX, _RS = 8, 16, 35           # consts of kernels/scan.wgsl
 # Workgroup memory the chunk kernels may use when the caller does not pass the
 # device's limit: WebGPU's guaranteed minimum of max_compute_workgroup_storage_size.
@@ -37,7 +43,7 @@ WG_MEMORY_MIN = 16384
 
 def layout_key():
     """The module settings a recorded plan depends on (part of the plan caches' keys)."""
-    return (SCAN_CHUNK, SCAN_WG, SCAN_TS_FORWARD, SCAN_TS_BACKWARD, SCAN_RB)
+    return (SCAN_CHUNK, SCAN_WG, SCAN_TS_FORWARD, SCAN_TS_BACKWARD, SCAN_RB, SCAN_SUM_PARTS)
 
 
 def scan_constants(wg):
@@ -81,10 +87,12 @@ class ScanShape:
         self.C = max(math.ceil(L / self.chunk), 1)
         self.zoh = 1 if zoh else 0
         self.G = math.ceil(D / self.cpw)
+        # partials of dBs/dCs per workgroup: each sums cpw / hs channels (whole ones)
+        self.hs = SCAN_SUM_PARTS if self.cpw % SCAN_SUM_PARTS == 0 else 1
         self.chunk_elems = B * self.C * D * N          # size of a (B, C, D, N) chunk tensor
 
     def params(self, alog_off, dvec_off):
-        return [self.B, self.L, self.D, self.N, self.R, self.P, self.chunk, self.C, self.G,
+        return [self.B, self.L, self.D, self.N, self.R, self.P, self.chunk, self.C, self.G * self.hs,
                 self.zoh, alog_off, dvec_off]
 
 
@@ -100,6 +108,8 @@ def _chunk_op(g, s, entry, params, **named):
     """One workgroup per (channel group, chunk, batch row)."""
     ts = s.ts_b if entry == "scan_backward_grads" else s.ts_f
     consts = {**scan_constants(s.wg), "SG": s.SG, "NV": s.NV, "TS": ts, "RB": s.rb}
+    if entry == "scan_backward_grads":
+        consts["HS"] = s.hs
     return g.op("scan", entry, (s.G, s.C, s.B), params, _bind(**named), consts)
 
 
@@ -131,7 +141,7 @@ class ScanScratch:
         self.gchunk = g.scratch("scan_chunk", n)     # (B, C, D, N), the forward's hchunk too
         self.gcarry = g.buffer(n, "scan_gcarry")      # (B, C, D, N)
         self.da_part = g.buffer(s.chunk_elems, "scan_da_part")    # (B, C, D, N)
-        self.dbc_part = g.buffer(s.G * s.M * 2 * s.N, "scan_dbc_part")   # (G, M, 2N)
+        self.dbc_part = g.buffer(s.G * s.hs * s.M * 2 * s.N, "scan_dbc_part")   # (G hs, M, 2N)
 
 
 def scan_backward(g, s, sc: ScanScratch, xproj, u, delta_pre, w, o, dy, hstate, achunk,

@@ -25,8 +25,10 @@ from mamba_ext.gpu import scan as S  # noqa: E402
 def scan_mode(request, monkeypatch):
     """Every test in two workgroup layouts: the default one and 32 invocations with
     staged blocks of 4 (forward) and 2 (backward) steps, two steps per reduction
-    round (more blocks, rounds and partial blocks per chunk)."""
+    round (more blocks, rounds and partial blocks per chunk), one partial of the dBs/dCs
+    sums per workgroup (the default has two)."""
     if request.param != "default":
+        monkeypatch.setattr(S, "SCAN_SUM_PARTS", 1)
         monkeypatch.setattr(S, "SCAN_WG", 32)
         monkeypatch.setattr(S, "SCAN_TS_FORWARD", 4)
         monkeypatch.setattr(S, "SCAN_TS_BACKWARD", 2)
