@@ -357,6 +357,151 @@ fn scan_backward_carry(@builtin(local_invocation_index) li: u32,
     }
 }
 
+// scan_backward_grads keeps its per-block values in module-scope private arrays and runs
+// the steps of a block as calls with a constant step index (pass2_load/pass2_recompute/
+// pass2_back(l, .., 0u), (.., 1u), ...), not as loops, as linear.wgsl's `mac`: the
+// arrays are then indexed by constants (registers) wherever the compiler does not unroll
+// loops. Same results bit for bit; lavapipe runs the kernel 2x faster, an H200 1.5-3.5%
+// (docs/gpu_h200.txt, run 34).
+var<private> hist: array<vec4<f32>, 4u * TSMAX>;   // (TSMAX, 4): h_{t-1} of the block's steps
+var<private> gc: array<vec4<f32>, 4>;              // carry a_{t+1} g_{t+1}
+var<private> dA: array<vec4<f32>, 4>;              // dLoss/dA summed over the chunk
+var<private> b_dl: array<f32, TSMAX>;              // the block's delta, u, dy and
+var<private> b_u: array<f32, TSMAX>;               // sigmoid(delta_pre) (the softplus
+var<private> b_dy: array<f32, TSMAX>;              // backward), loaded once per block
+var<private> b_sg: array<f32, TSMAX>;
+
+// Where a block of TS steps starts (tb), where its chunk ends (t1), and what pass 2 needs.
+struct Blk { tb: u32, t1: u32, M: u32, dvec: f32, gx: u32 }
+
+// Step ts's inputs (all of a block's loads are issued before its recomputation).
+fn pass2_load(l: Lane, bk: Blk, ts: u32) {
+    if (ts < TS && l.on && bk.tb + ts < bk.t1) {
+        let r = (l.b * p.L + bk.tb + ts) * p.D + l.d;
+        let dp = delta_pre[r];
+        b_dl[ts] = softplus(dp); b_u[ts] = u[r]; b_dy[ts] = dy[r];
+        b_sg[ts] = sigmoid(dp);
+    }
+}
+
+// Step ts forward again from hv, keeping h_{t-1} in hist.
+fn pass2_recompute(l: Lane, bk: Blk, ts: u32) {
+    if (ts < TS && l.on && bk.tb + ts < bk.t1) {
+        for (var q = 0u; q < 4u; q++) { hist[ts * 4u + q] = hv[q]; }
+        step_h(l, ts, b_dl[ts], b_u[ts], false);
+    }
+}
+
+// Step ts backward (the block's steps run from ts = TS - 1 down); its contributions go to
+// row k of red; the last step of a round of RB steps then sums the round (barriers: the
+// calls are uniform, ts a constant and the rest per workgroup).
+fn pass2_back(l: Lane, li: u32, bk: Blk, ts: u32) {
+    if (ts >= TS) { return; }
+    let tb = bk.tb;
+    let t1 = bk.t1;
+    let M = bk.M;
+    let dvec = bk.dvec;
+    let kk = TS - 1u - ts;                     // steps of the block done before this one
+    let rr = kk / RB;                          // its round
+    let k = kk % RB;                           // its row in the round
+    let t = tb + ts;
+    var db: array<vec4<f32>, 4>;
+    var dc: array<vec4<f32>, 4>;
+    var sdu = 0.0;
+    var sdd = 0.0;
+    if (l.on && t < t1) {
+        let r = (l.b * p.L + t) * p.D + l.d;
+        let dl = b_dl[ts];
+        let uu = b_u[ts];
+        let dyv = b_dy[ts];
+        for (var q = 0u; q < 4u; q++) {
+            if (q < NV) {
+                let A = Av[q];
+                let x = dl * A;
+                let ex = exp(x);
+                let Bq = bc_at(ts, 0u, l.s, q);
+                let Cq = bc_at(ts, 1u, l.s, q);
+                let em1 = expm1_v4(x, ex);
+                let coef = select(vec4<f32>(dl), em1 * rA[q], p.zoh == 1u);
+                let hp = hist[ts * 4u + q];
+                let bu = Bq * uu;
+                let g = fma(Cq, vec4<f32>(dyv), gc[q]);
+                gc[q] = ex * g;
+                let gbu = g * bu;                  // dLoss/dcoef
+                let ghe = g * hp * ex;
+                sdu += dot(g * coef, Bq);
+                db[q] = g * coef * uu;
+                dc[q] = dyv * fma(ex, hp, coef * bu);   // dyv * h_t
+                if (p.zoh == 1u) {
+                    sdd += dot(ghe, A) + dot(gbu, ex);
+                    dA[q] += ghe * dl + gbu * (dl * dl) * zoh_dfactor_v4(x, ex, em1);
+                } else {
+                    sdd += dot(ghe, A) + dot(gbu, vec4<f32>(1.0));
+                    dA[q] += ghe * dl;
+                }
+            }
+        }
+        if (SG == 1u) {
+            out1[r] = sdu + dvec * dyv;
+            out2[r] = sdd * b_sg[ts];
+        }
+    }
+    let row = (k * WG + li) * RS;
+    for (var q = 0u; q < 4u; q++) {
+        for (var e = 0u; e < 4u; e++) {
+            red[row + 4u * q + e] = db[q][e];
+            red[row + 16u + 4u * q + e] = dc[q][e];
+        }
+    }
+    red[row + 32u] = sdu;
+    red[row + 33u] = sdd;
+    if (k + 1u < RB) { return; }
+    workgroupBarrier();
+    // dBs, dCs partials of the round: sums over this group's CPW channels
+    let cpw = WG / SG / HS;                 // channels per partial
+    for (var o2 = li; o2 < HS * RB * SG * 32u; o2 += WG) {
+        let hh = o2 / (RB * SG * 32u);     // which partial: channels hh*cpw..
+        let o = o2 % (RB * SG * 32u);
+        let k = o / (SG * 32u);
+        let s = (o / 32u) % SG;
+        let jcol = o % 32u;
+        let n = s * 16u + jcol % 16u;
+        let t = tb + TS - 1u - (rr * RB + k);
+        if (t < t1 && n < p.N) {
+            // four independent partial sums (a short dependency chain), fixed order
+            let i0 = (k * WG + hh * cpw * SG + s) * RS + jcol;
+            let st = SG * RS;               // from one channel's row to the next
+            var s0 = 0.0; var s1 = 0.0; var s2 = 0.0; var s3 = 0.0;
+            var c = 0u;
+            for (; c + 3u < cpw; c += 4u) {
+                s0 += red[i0 + c * st]; s1 += red[i0 + (c + 1u) * st];
+                s2 += red[i0 + (c + 2u) * st]; s3 += red[i0 + (c + 3u) * st];
+            }
+            for (; c < cpw; c++) { s0 += red[i0 + c * st]; }
+            let acc = (s0 + s1) + (s2 + s3);
+            dbc_part[((bk.gx * HS + hh) * M + l.b * p.L + t) * 2u * p.N + (jcol / 16u) * p.N + n] = acc;
+        }
+    }
+    if (SG > 1u && l.on && l.s == 0u) {
+        // du, ddelta: sums over the channel's state groups (fixed order)
+        for (var k = 0u; k < RB; k++) {
+            let t = tb + TS - 1u - (rr * RB + k);
+            if (t < t1) {
+                var su = 0.0;
+                var sd = 0.0;
+                for (var j2 = 0u; j2 < SG; j2++) {
+                    su += red[(k * WG + li + j2) * RS + 32u];
+                    sd += red[(k * WG + li + j2) * RS + 33u];
+                }
+                let r = (l.b * p.L + t) * p.D + l.d;
+                out1[r] = su + dvec * dy[r];
+                out2[r] = sd * sigmoid(delta_pre[r]);
+            }
+        }
+    }
+    workgroupBarrier();
+}
+
 @compute @workgroup_size(WG)
 fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let l = lane(li, wid);
@@ -366,9 +511,6 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
     let M = p.B * p.L;
     load_a(l);
     var hblock: array<vec4<f32>, 4u * CKMAX>;    // (CKMAX, 4): state entering each block
-    var hist: array<vec4<f32>, 4u * TSMAX>;   // (TSMAX, 4): h_{t-1} of the block's steps
-    var gc: array<vec4<f32>, 4>;              // carry a_{t+1} g_{t+1}
-    var dA: array<vec4<f32>, 4>;              // dLoss/dA summed over the chunk
     for (var q = 0u; q < 4u; q++) {
         hv[q] = vec4<f32>(0.0); gc[q] = vec4<f32>(0.0); dA[q] = vec4<f32>(0.0);
     }
@@ -396,139 +538,23 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
         }
     }
     let dvec = select(0.0, w[p.dvec_off + min(l.d, p.D - 1u)], l.on);
-    // 2. the blocks from the last: recompute, then the steps backward
+    // 2. the blocks from the last: recompute, then the steps backward (TS <= TSMAX = 8;
+    // the calls past TS return at once)
     for (var jj = 0u; jj < nblk; jj++) {
         let j = nblk - 1u - jj;
-        let tb = t0 + j * TS;
+        let bk = Blk(t0 + j * TS, t1, M, dvec, wid.x);
         workgroupBarrier();
-        stage_bc(li, l.b, tb, t1);
+        stage_bc(li, l.b, bk.tb, t1);
         workgroupBarrier();
-        // the block's per-step inputs, loaded once (all loads issued together)
-        var b_dl: array<f32, TSMAX>;
-        var b_u: array<f32, TSMAX>;
-        var b_dy: array<f32, TSMAX>;
-        var b_sg: array<f32, TSMAX>;     // sigmoid(delta_pre): the softplus backward
-        if (l.on) {
-            for (var ts = 0u; ts < TSMAX; ts++) {
-                if (ts < TS && tb + ts < t1) {
-                    let r = (l.b * p.L + tb + ts) * p.D + l.d;
-                    let dp = delta_pre[r];
-                    b_dl[ts] = softplus(dp); b_u[ts] = u[r]; b_dy[ts] = dy[r];
-                    b_sg[ts] = sigmoid(dp);
-                }
-            }
-            for (var q = 0u; q < 4u; q++) { hv[q] = hblock[j * 4u + q]; }
-            for (var ts = 0u; ts < TSMAX; ts++) {
-                if (ts < TS && tb + ts < t1) {
-                    for (var q = 0u; q < 4u; q++) { hist[ts * 4u + q] = hv[q]; }
-                    step_h(l, ts, b_dl[ts], b_u[ts], false);
-                }
-            }
-        }
-        for (var rr = 0u; rr < TSMAX; rr++) {     // rounds of RB steps from the block's end
-            if (rr * RB < TS) {
-                for (var k = 0u; k < TSMAX; k++) {
-                    if (k < RB) {
-                        let ts = TS - 1u - (rr * RB + k);
-                        let t = tb + ts;
-                        var db: array<vec4<f32>, 4>;
-                        var dc: array<vec4<f32>, 4>;
-                        var sdu = 0.0;
-                        var sdd = 0.0;
-                        if (l.on && t < t1) {
-                            let r = (l.b * p.L + t) * p.D + l.d;
-                            let dl = b_dl[ts];
-                            let uu = b_u[ts];
-                            let dyv = b_dy[ts];
-                            for (var q = 0u; q < 4u; q++) {
-                                if (q < NV) {
-                                    let A = Av[q];
-                                    let x = dl * A;
-                                    let ex = exp(x);
-                                    let Bq = bc_at(ts, 0u, l.s, q);
-                                    let Cq = bc_at(ts, 1u, l.s, q);
-                                    let em1 = expm1_v4(x, ex);
-                                    let coef = select(vec4<f32>(dl), em1 * rA[q], p.zoh == 1u);
-                                    let hp = hist[ts * 4u + q];
-                                    let bu = Bq * uu;
-                                    let g = fma(Cq, vec4<f32>(dyv), gc[q]);
-                                    gc[q] = ex * g;
-                                    let gbu = g * bu;                  // dLoss/dcoef
-                                    let ghe = g * hp * ex;
-                                    sdu += dot(g * coef, Bq);
-                                    db[q] = g * coef * uu;
-                                    dc[q] = dyv * fma(ex, hp, coef * bu);   // dyv * h_t
-                                    if (p.zoh == 1u) {
-                                        sdd += dot(ghe, A) + dot(gbu, ex);
-                                        dA[q] += ghe * dl + gbu * (dl * dl) * zoh_dfactor_v4(x, ex, em1);
-                                    } else {
-                                        sdd += dot(ghe, A) + dot(gbu, vec4<f32>(1.0));
-                                        dA[q] += ghe * dl;
-                                    }
-                                }
-                            }
-                            if (SG == 1u) {
-                                out1[r] = sdu + dvec * dyv;
-                                out2[r] = sdd * b_sg[ts];
-                            }
-                        }
-                        let row = (k * WG + li) * RS;
-                        for (var q = 0u; q < 4u; q++) {
-                            for (var e = 0u; e < 4u; e++) {
-                                red[row + 4u * q + e] = db[q][e];
-                                red[row + 16u + 4u * q + e] = dc[q][e];
-                            }
-                        }
-                        red[row + 32u] = sdu;
-                        red[row + 33u] = sdd;
-                    }
-                }
-                workgroupBarrier();
-                // dBs, dCs partials of the round: sums over this group's CPW channels
-                let cpw = WG / SG / HS;                 // channels per partial
-                for (var o2 = li; o2 < HS * RB * SG * 32u; o2 += WG) {
-                    let hh = o2 / (RB * SG * 32u);     // which partial: channels hh*cpw..
-                    let o = o2 % (RB * SG * 32u);
-                    let k = o / (SG * 32u);
-                    let s = (o / 32u) % SG;
-                    let jcol = o % 32u;
-                    let n = s * 16u + jcol % 16u;
-                    let t = tb + TS - 1u - (rr * RB + k);
-                    if (t < t1 && n < p.N) {
-                        // four independent partial sums (a short dependency chain), fixed order
-                        let i0 = (k * WG + hh * cpw * SG + s) * RS + jcol;
-                        let st = SG * RS;               // from one channel's row to the next
-                        var s0 = 0.0; var s1 = 0.0; var s2 = 0.0; var s3 = 0.0;
-                        var c = 0u;
-                        for (; c + 3u < cpw; c += 4u) {
-                            s0 += red[i0 + c * st]; s1 += red[i0 + (c + 1u) * st];
-                            s2 += red[i0 + (c + 2u) * st]; s3 += red[i0 + (c + 3u) * st];
-                        }
-                        for (; c < cpw; c++) { s0 += red[i0 + c * st]; }
-                        let acc = (s0 + s1) + (s2 + s3);
-                        dbc_part[((wid.x * HS + hh) * M + l.b * p.L + t) * 2u * p.N + (jcol / 16u) * p.N + n] = acc;
-                    }
-                }
-                if (SG > 1u && l.on && l.s == 0u) {
-                    // du, ddelta: sums over the channel's state groups (fixed order)
-                    for (var k = 0u; k < RB; k++) {
-                        let t = tb + TS - 1u - (rr * RB + k);
-                        if (t < t1) {
-                            var su = 0.0;
-                            var sd = 0.0;
-                            for (var j2 = 0u; j2 < SG; j2++) {
-                                su += red[(k * WG + li + j2) * RS + 32u];
-                                sd += red[(k * WG + li + j2) * RS + 33u];
-                            }
-                            let r = (l.b * p.L + t) * p.D + l.d;
-                            out1[r] = su + dvec * dy[r];
-                            out2[r] = sd * sigmoid(delta_pre[r]);
-                        }
-                    }
-                }
-                workgroupBarrier();
-            }
-        }
+        pass2_load(l, bk, 0u); pass2_load(l, bk, 1u); pass2_load(l, bk, 2u); pass2_load(l, bk, 3u);
+        pass2_load(l, bk, 4u); pass2_load(l, bk, 5u); pass2_load(l, bk, 6u); pass2_load(l, bk, 7u);
+        if (l.on) { for (var q = 0u; q < 4u; q++) { hv[q] = hblock[j * 4u + q]; } }
+        pass2_recompute(l, bk, 0u); pass2_recompute(l, bk, 1u); pass2_recompute(l, bk, 2u);
+        pass2_recompute(l, bk, 3u); pass2_recompute(l, bk, 4u); pass2_recompute(l, bk, 5u);
+        pass2_recompute(l, bk, 6u); pass2_recompute(l, bk, 7u);
+        pass2_back(l, li, bk, 7u); pass2_back(l, li, bk, 6u); pass2_back(l, li, bk, 5u);
+        pass2_back(l, li, bk, 4u); pass2_back(l, li, bk, 3u); pass2_back(l, li, bk, 2u);
+        pass2_back(l, li, bk, 1u); pass2_back(l, li, bk, 0u);
     }
     for (var q = 0u; q < 4u; q++) {
         for (var k = 0u; k < 4u; k++) {
