@@ -219,11 +219,12 @@ def test_float16_weights_equal_the_forward_of_the_rounded_weights():
 
 
 @pytest.mark.parametrize("B, Dm, D", [(1, 13, 26), (2, 24, 56), (3, 40, 78), (5, 8, 16),
-                                     (3, 16, 530)])
+                                     (3, 16, 530), (5, 16, 530)])
 def test_float16_weights_any_batch_and_width(B, Dm, D):
     """The float16 product's paths (short rows: in fours and one by one, batch rows in pairs
     and alone, 16-, 8- and 1-wide steps along the input; rows of 512 and more (D 530: x_proj
-    and out_proj) one by one) against the forward of the rounded weights."""
+    and out_proj) one by one, batch rows in fours and alone) against the forward of the
+    rounded weights."""
     p = _random_params(40 + B, V=31, Dm=Dm, D=D, N=4, K=3, R=3, n_layers=2)
     tokens = np.random.default_rng(B).integers(0, 31, (B, 5))
     full = model_forward(tokens, _rounded_to_half(p))
