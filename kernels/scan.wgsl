@@ -65,7 +65,7 @@
 // | 8       | ck3       | (B,C,D,N) |                | gcarry w       | da_part w         |
 // | 9       | out1      | (M, D)    |                |                | du w (scan part)  |
 // | 10      | out2      | (M, D)    |                |                | ddelta_pre w      |
-// | 11      | dbc_part  | (G,M,2N)  |                |                | w                 |
+// | 11      | dbc_part  | (GHS,M,2N)|                |                | w (GHS = G * HS)  |
 // scan_backward_sum_bc: 11 dbc_part r, 9 out1 = dxproj (M, P) rw (columns R..P
 // overwritten). scan_backward_sum_a_log: 8 ck3 = da_part r, 4 w r, 9 out1 = the
 // gradient arena rw (A_log at alog_off, +=).

@@ -33,7 +33,8 @@ SCAN_RB = 1
 # invocation of a 64-wide workgroup sums half of the channels of one column, where 1
 # leaves half of them idle at each step's sums; dbc_part holds HS times more partials.
 # Measured on an H200 at block d (docs/gpu_h200.txt, run 33, alternated): 6.15 against
-# 6.35 ms (ZOH), 5.61 against 5.8-7.8 (Euler); GPU memory 1529 against 1520 MiB.
+# 6.35 ms (ZOH), 5.61 against 5.8-7.8 (Euler); block d's GPU memory 1568 against 1520
+# MiB (run 35; the anchor's is 1583).
 SCAN_SUM_PARTS = 2
 _TSMAX, _CKMAX, _RS = 8, 16, 35           # consts of kernels/scan.wgsl
 # Workgroup memory the chunk kernels may use when the caller does not pass the
