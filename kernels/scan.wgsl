@@ -372,7 +372,7 @@ var<private> b_dy: array<f32, TSMAX>;              // backward), loaded once per
 var<private> b_sg: array<f32, TSMAX>;
 
 // Where a block of TS steps starts (tb), where its chunk ends (t1), and what pass 2 needs.
-struct Blk { tb: u32, t1: u32, M: u32, dvec: f32, gx: u32 }
+struct Blk { tb: u32, t1: u32, dvec: f32, gx: u32 }
 
 // Step ts's inputs (all of a block's loads are issued before its recomputation).
 fn pass2_load(l: Lane, bk: Blk, ts: u32) {
@@ -399,7 +399,7 @@ fn pass2_back(l: Lane, li: u32, bk: Blk, ts: u32) {
     if (ts >= TS) { return; }
     let tb = bk.tb;
     let t1 = bk.t1;
-    let M = bk.M;
+    let M = p.B * p.L;
     let dvec = bk.dvec;
     let kk = TS - 1u - ts;                     // steps of the block done before this one
     let rr = kk / RB;                          // its round
@@ -508,7 +508,6 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
     let t0 = wid.y * p.chunk;
     let t1 = min(t0 + p.chunk, p.L);
     let nblk = (t1 - t0 + TS - 1u) / TS;
-    let M = p.B * p.L;
     load_a(l);
     var hblock: array<vec4<f32>, 4u * CKMAX>;    // (CKMAX, 4): state entering each block
     for (var q = 0u; q < 4u; q++) {
@@ -542,7 +541,7 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
     // the calls past TS return at once)
     for (var jj = 0u; jj < nblk; jj++) {
         let j = nblk - 1u - jj;
-        let bk = Blk(t0 + j * TS, t1, M, dvec, wid.x);
+        let bk = Blk(t0 + j * TS, t1, dvec, wid.x);
         workgroupBarrier();
         stage_bc(li, l.b, bk.tb, t1);
         workgroupBarrier();

@@ -72,7 +72,7 @@ cdef enum:
     # below this many multiply-adds a float16 product runs on one thread: with
     # mamba_ext.configure_threads()'s OMP_WAIT_POLICY=PASSIVE each parallel region wakes
     # sleeping threads (futex), ~70 us here, against ~30 us for 2^18 float16 multiply-adds
-    # on one core (2 x 64 at batch 16: 27,900 -> see docs/performance.md, Generation)
+    # on one core (2 x 64 at batch 16: 27,900 -> 83,300 tok/s, docs/performance.md)
     HALF_PARALLEL_MIN_WORK = 1 << 20
 
 # the four projection matrices are float16 bits when `half`

@@ -185,10 +185,7 @@ class Gpu:
         """float32 arrays of the first ``n`` elements of each (buffer, n) in ``parts``,
         copied into one staging buffer and mapped once (one round trip, not one per
         buffer)."""
-        w = self.wgpu
-        total = sum(4 * n for _, n in parts)
-        staging = self.device.create_buffer(size=max(total, 4), usage=w.BufferUsage.COPY_DST
-                                            | w.BufferUsage.MAP_READ)
+        staging = self.staging(sum(n for _, n in parts), "read_many")
         enc = self.device.create_command_encoder()
         off = 0
         for buf, n in parts:
@@ -196,7 +193,7 @@ class Gpu:
                 enc.copy_buffer_to_buffer(buf, 0, staging, off, 4 * n)
             off += 4 * n
         self.device.queue.submit([enc.finish()])
-        staging.map_sync(w.MapMode.READ)
+        staging.map_sync(self.wgpu.MapMode.READ)
         raw = np.frombuffer(staging.read_mapped(), np.float32).copy()
         staging.unmap()
         staging.destroy()
@@ -241,7 +238,8 @@ class Gpu:
         out[:] = np.frombuffer(staging.read_mapped(copy=False), np.float32, out.size)
 
     def staging(self, n_floats, name):
-        """A host-readable buffer (MAP_READ) of ``n_floats`` for :meth:`read_start`."""
+        """A host-readable buffer (MAP_READ) of ``n_floats`` for :meth:`read_start` and
+        :meth:`read_many`."""
         w = self.wgpu
         return self.device.create_buffer(label=name, size=4 * max(n_floats, 1),
                                          usage=w.BufferUsage.COPY_DST | w.BufferUsage.MAP_READ)

@@ -83,6 +83,7 @@ class ResidentTrainer:
             self._amp = AmpOps(g, self.n, self.w, self.w16, self.gr)
         self._plans = {}            # (B, L) -> ModelPlan
         self._parts = {}            # (B, L) -> _stream_parts of that plan (distributed steps)
+        self._host = None           # (n,) float32: the reduced arena of distributed steps
         self.t = 0
         self.skipped = 0
         self.nonfinite = 0      # carried in state_dict for AdamW compatibility (see state_dict)
@@ -181,8 +182,8 @@ class ResidentTrainer:
         it waits for the next. The ranges are unmapped and the reduced arena written
         back once the GPU is done. Returns the mean loss over ranks."""
         g = gpu()
-        if getattr(self, "_host", None) is None:
-            self._host = np.empty(self.n, np.float32)              # (n,) reduced arena
+        if self._host is None:
+            self._host = np.empty(self.n, np.float32)
         host, parts = self._host, self._stream_parts(plan)
         flat = [(lo, hi, st) for _, ranges, stagings in parts
                 for (lo, hi), st in zip(ranges, stagings)]

@@ -155,6 +155,63 @@ __attribute__((target("avx2,f16c,fma"))) static inline __m256 mx_hsum8(
 /* 8 weights of row wr from i, float16 -> float32. */
 #define MX_W8(wr, i) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((wr) + (i))))
 
+/* One row at a time, two FMA chains: each weight row is streamed once for all B rows, and
+   each of its weights is converted once per four batch rows (130M, float16, batch 16:
+   200-225 tok/s against 181-183 converting it per batch row; batch 4 164-172 against
+   151-158; measured 2026-12-01, alternated). */
+__attribute__((target("avx2,f16c,fma"))) static MX_UNUSED void mx_linear_half_rows_f16c_f(
+        float* MX_RESTRICT out, const float* MX_RESTRICT x, const uint16_t* MX_RESTRICT w,
+        const float* MX_RESTRICT bias, ptrdiff_t B, ptrdiff_t IC, ptrdiff_t OC, ptrdiff_t o0,
+        ptrdiff_t o1)
+{
+    for (ptrdiff_t o = o0; o < o1; o++) {
+        const uint16_t* MX_RESTRICT wr = w + o * IC;
+        ptrdiff_t b = 0;
+        for (; b + 4 <= B; b += 4) {              /* batch rows in fours: each converted */
+            const float* MX_RESTRICT x0 = x + b * IC;   /* weight serves four of them */
+            const float* MX_RESTRICT x1 = x0 + IC;
+            const float* MX_RESTRICT x2 = x1 + IC;
+            const float* MX_RESTRICT x3 = x2 + IC;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0;       /* two chains per batch row */
+            ptrdiff_t i = 0;
+            for (; i + 16 <= IC; i += 16) {
+                const __m256 f = MX_W8(wr, i), g = MX_W8(wr, i + 8);
+                a0 = _mm256_fmadd_ps(f, _mm256_loadu_ps(x0 + i), a0);
+                c0 = _mm256_fmadd_ps(g, _mm256_loadu_ps(x0 + i + 8), c0);
+                a1 = _mm256_fmadd_ps(f, _mm256_loadu_ps(x1 + i), a1);
+                c1 = _mm256_fmadd_ps(g, _mm256_loadu_ps(x1 + i + 8), c1);
+                a2 = _mm256_fmadd_ps(f, _mm256_loadu_ps(x2 + i), a2);
+                c2 = _mm256_fmadd_ps(g, _mm256_loadu_ps(x2 + i + 8), c2);
+                a3 = _mm256_fmadd_ps(f, _mm256_loadu_ps(x3 + i), a3);
+                c3 = _mm256_fmadd_ps(g, _mm256_loadu_ps(x3 + i + 8), c3);
+            }
+            float s[8];
+            _mm256_storeu_ps(s, mx_hsum8(a0, a1, a2, a3, c0, c1, c2, c3));
+            for (int r = 0; r < 4; r++) s[r] += s[4 + r];
+            for (; i < IC; i++) {
+                const float f = mx_half_to_float(wr[i]);
+                s[0] += f * x0[i]; s[1] += f * x1[i]; s[2] += f * x2[i]; s[3] += f * x3[i];
+            }
+            for (int r = 0; r < 4; r++) out[(b + r) * OC + o] = s[r] + (bias ? bias[o] : 0.0f);
+        }
+        for (; b < B; b++) {
+            const float* MX_RESTRICT xr = x + b * IC;
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();   /* two FMA chains */
+            float lanes[8], acc;
+            ptrdiff_t i = 0;
+            for (; i + 16 <= IC; i += 16) {
+                a0 = _mm256_fmadd_ps(MX_W8(wr, i), _mm256_loadu_ps(xr + i), a0);
+                a1 = _mm256_fmadd_ps(MX_W8(wr, i + 8), _mm256_loadu_ps(xr + i + 8), a1);
+            }
+            _mm256_storeu_ps(lanes, _mm256_add_ps(a0, a1));
+            acc = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
+                + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+            for (; i < IC; i++) acc += mx_half_to_float(wr[i]) * xr[i];
+            out[b * OC + o] = acc + (bias ? bias[o] : 0.0f);
+        }
+    }
+}
 /* Short rows (IC < MX_HALF_QUAD_MAX_IC): rows in groups of four, so that each converted
    weight serves two batch rows and the horizontal sums are done eight at a time
    (mx_hsum8); the per-output reduction, not the conversion, dominates short rows (2 x 64,
@@ -228,80 +285,10 @@ __attribute__((target("avx2,f16c,fma"))) static MX_UNUSED void mx_linear_half_qu
             for (int r = 0; r < 4; r++) out[b * OC + o + r] = s[r] + (bias ? bias[o + r] : 0.0f);
         }
     }
-    for (; o < o1; o++) {                         /* the last rows of the range, one by one */
-        const uint16_t* MX_RESTRICT wr = w + o * IC;
-        for (ptrdiff_t b = 0; b < B; b++) {
-            const float* MX_RESTRICT xr = x + b * IC;
-            __m256 a0 = _mm256_setzero_ps();
-            float lanes[8], acc;
-            ptrdiff_t i = 0;
-            for (; i + 8 <= IC; i += 8) a0 = _mm256_fmadd_ps(MX_W8(wr, i), _mm256_loadu_ps(xr + i), a0);
-            _mm256_storeu_ps(lanes, a0);
-            acc = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
-                + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-            for (; i < IC; i++) acc += mx_half_to_float(wr[i]) * xr[i];
-            out[b * OC + o] = acc + (bias ? bias[o] : 0.0f);
-        }
-    }
+    if (o < o1)                                   /* the last rows of the range, one by one */
+        mx_linear_half_rows_f16c_f(out, x, w, bias, B, IC, OC, o, o1);
 }
 
-/* One row at a time, two FMA chains: each weight row is streamed once for all B rows, and
-   each of its weights is converted once per four batch rows (130M, float16, batch 16:
-   200-225 tok/s against 181-183 converting it per batch row; batch 4 164-172 against
-   151-158; measured 2026-12-01, alternated). */
-__attribute__((target("avx2,f16c,fma"))) static MX_UNUSED void mx_linear_half_rows_f16c_f(
-        float* MX_RESTRICT out, const float* MX_RESTRICT x, const uint16_t* MX_RESTRICT w,
-        const float* MX_RESTRICT bias, ptrdiff_t B, ptrdiff_t IC, ptrdiff_t OC, ptrdiff_t o0,
-        ptrdiff_t o1)
-{
-    for (ptrdiff_t o = o0; o < o1; o++) {
-        const uint16_t* MX_RESTRICT wr = w + o * IC;
-        ptrdiff_t b = 0;
-        for (; b + 4 <= B; b += 4) {              /* batch rows in fours: each converted */
-            const float* MX_RESTRICT x0 = x + b * IC;   /* weight serves four of them */
-            const float* MX_RESTRICT x1 = x0 + IC;
-            const float* MX_RESTRICT x2 = x1 + IC;
-            const float* MX_RESTRICT x3 = x2 + IC;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0;       /* two chains per batch row */
-            ptrdiff_t i = 0;
-            for (; i + 16 <= IC; i += 16) {
-                const __m256 f = MX_W8(wr, i), g = MX_W8(wr, i + 8);
-                a0 = _mm256_fmadd_ps(f, _mm256_loadu_ps(x0 + i), a0);
-                c0 = _mm256_fmadd_ps(g, _mm256_loadu_ps(x0 + i + 8), c0);
-                a1 = _mm256_fmadd_ps(f, _mm256_loadu_ps(x1 + i), a1);
-                c1 = _mm256_fmadd_ps(g, _mm256_loadu_ps(x1 + i + 8), c1);
-                a2 = _mm256_fmadd_ps(f, _mm256_loadu_ps(x2 + i), a2);
-                c2 = _mm256_fmadd_ps(g, _mm256_loadu_ps(x2 + i + 8), c2);
-                a3 = _mm256_fmadd_ps(f, _mm256_loadu_ps(x3 + i), a3);
-                c3 = _mm256_fmadd_ps(g, _mm256_loadu_ps(x3 + i + 8), c3);
-            }
-            float s[8];
-            _mm256_storeu_ps(s, mx_hsum8(a0, a1, a2, a3, c0, c1, c2, c3));
-            for (int r = 0; r < 4; r++) s[r] += s[4 + r];
-            for (; i < IC; i++) {
-                const float f = mx_half_to_float(wr[i]);
-                s[0] += f * x0[i]; s[1] += f * x1[i]; s[2] += f * x2[i]; s[3] += f * x3[i];
-            }
-            for (int r = 0; r < 4; r++) out[(b + r) * OC + o] = s[r] + (bias ? bias[o] : 0.0f);
-        }
-        for (; b < B; b++) {
-            const float* MX_RESTRICT xr = x + b * IC;
-            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();   /* two FMA chains */
-            float lanes[8], acc;
-            ptrdiff_t i = 0;
-            for (; i + 16 <= IC; i += 16) {
-                a0 = _mm256_fmadd_ps(MX_W8(wr, i), _mm256_loadu_ps(xr + i), a0);
-                a1 = _mm256_fmadd_ps(MX_W8(wr, i + 8), _mm256_loadu_ps(xr + i + 8), a1);
-            }
-            _mm256_storeu_ps(lanes, _mm256_add_ps(a0, a1));
-            acc = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
-                + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-            for (; i < IC; i++) acc += mx_half_to_float(wr[i]) * xr[i];
-            out[b * OC + o] = acc + (bias ? bias[o] : 0.0f);
-        }
-    }
-}
 #undef MX_W8
 
 __attribute__((target("avx2,f16c,fma"))) static MX_UNUSED void mx_linear_half_f16c_f(
