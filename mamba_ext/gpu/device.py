@@ -45,6 +45,21 @@ SUBMIT_MAX = 128
 # The scan backward kernel binds 11 storage buffers.
 _MIN_STORAGE_BUFFERS = 11
 
+# Runtime checks naga adds to our shaders (wgpu-native's WGPUShaderRuntimeChecks bits),
+# chosen by MAMBA_EXT_GPU_CHECKS:
+#   "full"   wgpu's default (device.create_shader_module): index clamps on every array
+#            access the driver does not bound itself, AND a 64-bit counter in every
+#            loop ("force loop bounding", wgpu >= 25), which keeps the driver's compiler
+#            from unrolling loops and from keeping small arrays in registers;
+#   "bounds" the index clamps only (the default): our loops all end (their trip counts
+#            come from sizes checked on the host), and a counter that breaks after 2^64
+#            iterations guards against nothing in practice;
+#   "none"   neither (our kernels guard their own ranges; buffers stay protected by the
+#            driver's robust buffer access where wgpu enables it).
+# "bounds" and "none" go through wgpuDeviceCreateShaderModuleTrusted; where wgpu's
+# backend does not offer it, every choice falls back to "full".
+SHADER_CHECKS = {"full": None, "bounds": 1, "none": 0}
+
 
 def _kernel_dir_sources():
     """Return a function name -> WGSL text.
@@ -77,6 +92,43 @@ def kernel_source(file: str) -> str:
     read = _kernel_dir_sources()
     body = _INCLUDE.sub(lambda m: read(m.group(1)), read(file + ".wgsl"))
     return read("common.wgsl") + "\n" + body
+
+
+def _shader_checks() -> str:
+    name = os.environ.get("MAMBA_EXT_GPU_CHECKS", "").strip().lower() or "bounds"
+    if name not in SHADER_CHECKS:
+        raise ValueError(f"MAMBA_EXT_GPU_CHECKS must be one of {', '.join(SHADER_CHECKS)}; "
+                         f"got {name!r}")
+    return name
+
+
+def _shader_module(device, label: str, code: str, checks: str):
+    """The shader module of WGSL ``code`` with the runtime ``checks`` (SHADER_CHECKS)."""
+    bits = SHADER_CHECKS[checks]
+    trusted = None
+    if bits is not None:
+        try:   # wgpu-py's wgpu-native backend: its cffi handle and module class
+            from wgpu.backends.wgpu_native import _api
+            from wgpu.backends.wgpu_native._ffi import ffi, lib
+            trusted = lib.wgpuDeviceCreateShaderModuleTrusted
+            internal = device._internal
+        except (ImportError, AttributeError):
+            trusted = None
+    if trusted is None:
+        return device.create_shader_module(label=label, code=code)
+    text, name = code.encode(), label.encode()
+    text_c, name_c = ffi.new("char[]", text), ffi.new("char[]", name)
+    src = ffi.new("WGPUShaderSourceWGSL *")
+    src.chain.next = ffi.NULL
+    src.chain.sType = lib.WGPUSType_ShaderSourceWGSL
+    src.code.data, src.code.length = text_c, len(text)
+    desc = ffi.new("WGPUShaderModuleDescriptor *")
+    desc.nextInChain = ffi.cast("WGPUChainedStruct *", src)
+    desc.label.data, desc.label.length = name_c, len(name)
+    handle = trusted(internal, desc, bits)
+    if handle == ffi.NULL:
+        raise RuntimeError(f"mamba_ext.gpu: shader module {label!r} could not be created")
+    return _api.GPUShaderModule(label, handle, device)
 
 
 @dataclass
@@ -125,6 +177,7 @@ class Gpu:
         # bytes of workgroup memory a kernel may use (the scan sizes its blocks by it)
         self.wg_memory = int(lim.get("max-compute-workgroup-storage-size", 16384))
         self.timestamps = "timestamp-query" in features
+        self.checks = _shader_checks()
         self._pipelines = {}
         self._modules = {}
         self.bytes_allocated = 0
@@ -138,7 +191,7 @@ class Gpu:
         if pl is None:
             mod = self._modules.get(file)
             if mod is None:
-                mod = self.device.create_shader_module(label=file, code=kernel_source(file))
+                mod = _shader_module(self.device, file, kernel_source(file), self.checks)
                 self._modules[file] = mod
             compute = {"module": mod, "entry_point": entry}
             if constants:
