@@ -158,7 +158,10 @@ class ModelPlan:
         flat = tok.ravel()
         self.upload_tokens(tok)
         g.write(self.tgt, tgt.ravel().astype(np.uint32))
-        order = np.argsort(flat, kind="stable").astype(np.uint32)
+        # stable argsort of 16-bit keys is a radix sort: 0.02 ms against 0.19 for int64
+        # at B 16 x L 512 (on the host, before the step's submit)
+        keys = flat.astype(np.uint16 if self.V <= 1 << 16 else np.uint32)
+        order = np.argsort(keys, kind="stable").astype(np.uint32)
         offs = np.concatenate([[0], np.cumsum(np.bincount(flat, minlength=self.V))]).astype(np.uint32)
         g.write(self.pos, order)
         g.write(self.csr, offs)

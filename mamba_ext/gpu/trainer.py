@@ -82,6 +82,11 @@ class ResidentTrainer:
             self.w16 = g.buffer(self.n, "params_fp16")
             self._amp = AmpOps(g, self.n, self.w, self.w16, self.gr)
         self._plans = {}            # (B, L) -> ModelPlan
+        # (B, L) -> the command buffer of the next step of that shape (Gpu.encode): host
+        # encoding hidden behind the GPU's work (4 x 256 step on an H200: 11.3 -> 9.? ms)
+        self._next = {}
+        self.pre_encode = True
+        self._reads = {}            # (B, L) -> (MAP_READ staging buffer, what it gets)
         self._parts = {}            # (B, L) -> _stream_parts of that plan (distributed steps)
         self._host = None           # (n,) float32: the reduced arena of distributed steps
         self.t = 0
@@ -130,10 +135,22 @@ class ResidentTrainer:
             self._amp.set_scale(self.scaler.scale)
             ops = [self._amp.weights_op, *ops, self._amp.grads_op]
         if reduce is None:
-            g.submit(ops + self._adamw.ops, plan.clears)
-            losses, st = g.read_many([(plan.losses, plan.M), (self._adamw.stat, 2)])
+            ops = ops + self._adamw.ops
+            reads = self._reads.get(tok.shape)
+            if reads is None:     # per-row losses (M,) and AdamW's (grad norm^2, skip)
+                parts = [(plan.losses, plan.M), (self._adamw.stat, 2)]
+                reads = self._reads[tok.shape] = (g.staging(plan.M + 2, "step_readback"), parts)
+            ready = self._next.pop(tok.shape, None)
+            g.submit_encoded(ready if ready is not None else g.encode(ops, plan.clears, reads))
+            if self.pre_encode:
+                # the next step of this shape, encoded while the GPU runs this one (the
+                # same ops: only buffer contents change between steps, written before
+                # its submit)
+                self._next = {tok.shape: g.encode(ops, plan.clears, reads)}
+            losses, st = g.read_staged(reads[0], [plan.M, 2])
             loss = plan.loss(losses)
         else:
+            self._next = {}
             if hasattr(reduce, "flat_stream"):
                 loss = self._streamed_reduce(plan, ops, reduce.flat_stream())
             else:

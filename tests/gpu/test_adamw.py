@@ -242,3 +242,28 @@ def test_trainer_checkpointing_same_steps():
         assert ckpt.step(tok, tgt) == plain.step(tok, tgt)
     a, b = plain.params(), ckpt.params()
     assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_trainer_pre_encoded_steps_same_bits(monkeypatch):
+    """Each step runs the command buffer encoded during the previous step of its shape
+    (Gpu.encode): the same steps, bit for bit, as encoding every step at its submit,
+    with batch shapes alternating and the learning rate changed between steps."""
+    params = random_model(V=17, Dm=8, n_layers=2, D=16, N=4, K=3, R=1, seed=43)
+    rng = np.random.default_rng(3)
+    shapes = [(2, 9), (1, 13), (2, 9), (2, 9), (2, 9), (1, 13)]
+    batches = [(rng.integers(0, 17, s), rng.integers(0, 17, s)) for s in shapes]
+    pre = G.ResidentTrainer(params, lr=1e-2)
+    plain = G.ResidentTrainer(params, lr=1e-2)
+    plain.pre_encode = False
+    used = []                   # whether the step found its command buffer encoded
+    for i, (tok, tgt) in enumerate(batches):
+        if i == 3:
+            pre.lr = plain.lr = 3e-3            # a new uniform value, written before the submit
+        used.append(tok.shape in pre._next)
+        assert pre.step(tok, tgt) == plain.step(tok, tgt)
+        assert not plain._next
+    # steps 4 and 5: only the last step's shape is kept encoded
+    assert used == [False, False, False, True, True, False]
+    a, b = pre.params(), plain.params()
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["embedding"], params["embedding"])
