@@ -131,6 +131,27 @@ def _shader_module(device, label: str, code: str, checks: str):
     return _api.GPUShaderModule(label, handle, device)
 
 
+@dataclass(frozen=True)
+class Slice:
+    """Bytes [offset, offset + size) of a buffer, bound as a binding of their own: the kernel
+    indexes them from 0. ``offset``: a multiple of 256 (WebGPU's largest allowed
+    min_storage_buffer_offset_alignment, so every adapter takes it)."""
+    buffer: object
+    offset: int
+    size: int
+
+
+def slices(g, name, lengths):
+    """One u32/f32 buffer holding arrays of ``lengths`` elements, each starting on a
+    256-byte boundary (so one write fills them all): (buffer, [Slice per array])."""
+    starts, n = [], 0
+    for k in lengths:
+        starts.append(n)
+        n += -(-max(int(k), 1) // 64) * 64          # words, rounded up to 256 bytes
+    buf = g.buffer(n, name)
+    return buf, [Slice(buf, 4 * a, 4 * max(int(k), 1)) for a, k in zip(starts, lengths)]
+
+
 @dataclass
 class Op:
     """One recorded dispatch: pipeline, its bind group and the workgroup grid."""
@@ -339,15 +360,19 @@ class Gpu:
         return tuple(int(g) for g in grid)
 
     def op(self, file, entry, grid, params, buffers, constants=None) -> Op:
-        """Record a dispatch: binding 0 = uniform ``params``, 1.. = ``buffers`` (None =
-        a binding this entry point does not use)."""
+        """Record a dispatch: binding 0 = uniform ``params``, 1.. = ``buffers`` (a buffer,
+        a :class:`Slice` of one, or None = a binding this entry point does not use)."""
         pl = self.pipeline(file, entry, constants)
         ubuf = self.uniform(params)
         entries = [{"binding": 0, "resource": {"buffer": ubuf}}]
         for i, b in enumerate(buffers, start=1):
             if b is None:
                 continue
-            entries.append({"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}})
+            if isinstance(b, Slice):
+                res = {"buffer": b.buffer, "offset": b.offset, "size": b.size}
+            else:
+                res = {"buffer": b, "offset": 0, "size": b.size}
+            entries.append({"binding": i, "resource": res})
         bg = self.device.create_bind_group(layout=pl.get_bind_group_layout(0), entries=entries)
         return Op(pl, bg, self.check_grid(grid, f"{file}.{entry}"), entry, ubuf)
 

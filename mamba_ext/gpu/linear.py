@@ -23,10 +23,16 @@ GEMM_BK = 16             # contraction step of the tile loop
 # on an H200 (docs/gpu_h200.txt, session 4): block d's in_proj dW (144 tiles) 27.2
 # TFLOP/s at S 2, 33.8 at S 6, 34.6 at S 8; its out_proj dW (72 tiles) 34.4 at S 11.
 # Products of more tiles (in_proj's dX, 768) stay whole: splitting them gained
-# nothing and cost a 100 MB partial buffer.
-SPLIT_BELOW_TILES = 264
+# nothing and cost a 100 MB partial buffer. Session 6 (run 45, two alternated rounds of
+# every combination of MIN_SPLIT_K 128 / 256 / 512, SPLIT_BELOW_TILES 264 / 528 and
+# SPLIT_TARGET_GROUPS 792 / 1584): MIN_SPLIT_K 256 and SPLIT_BELOW_TILES 528 (splitting
+# e.g. the 4 x 256 model's in_proj dX, K 1024, and the 24 x 768 model's out_proj forward,
+# 384 tiles) took the 4 x 256 step from 776-789k to 787-805k tokens/s, the 24 x 768 step
+# from 35,382 to 36,212, block c from 2.17-2.20 to 2.04-2.07 ms; MIN_SPLIT_K 128 was slower
+# (746-770k); TARGET 1584 changed no 4 x 256 product and would double block d's dW partials.
+SPLIT_BELOW_TILES = 528
 SPLIT_TARGET_GROUPS = 792
-MIN_SPLIT_K = 512
+MIN_SPLIT_K = 256
 # Which products may be split: True = every product of few tiles (batch 1, x_proj's
 # and dt_proj's narrow outputs); False = only the dW products. Measured on an H200
 # (docs/gpu_h200.txt, run 5): block c (batch 1) fwd+bwd 3.33 ms against 4.48 ms.

@@ -73,6 +73,23 @@ def test_submit_in_several_command_buffers_runs_every_op_after_the_clears():
     np.testing.assert_array_equal(second, A.ravel())
 
 
+def test_slices_bound_as_their_own_bindings():
+    """slices(): arrays of one buffer on 256-byte boundaries, each bound from its own
+    offset (the kernel indexes it from 0). A buffer may not be read and written by one
+    dispatch, so the copies go to another buffer (the model's batch buffer is only read)."""
+    import numpy as np
+    from mamba_ext.gpu.device import elementwise, slices
+    buf, (a, b, c) = slices(g, "t_slices", (8, 100, 4))
+    assert [s.offset for s in (a, b, c)] == [0, 256, 768] and b.size == 400
+    assert buf.size >= 768 + 16
+    data = np.arange(buf.size // 4, dtype=np.float32)
+    g.write(buf, data)
+    out = g.buffer(32, "t_slices_out", np.full(32, -1.0, np.float32))
+    for src, n, lo in ((b, 8, 64), (c, 1, 768 // 4)):
+        g.submit([elementwise(g, "selftest", "copy_vec4", n, [n], [src, out])])
+        np.testing.assert_array_equal(g.read(out, 4 * n), data[lo:lo + 4 * n])
+
+
 def test_shader_checks_chosen_by_environment(monkeypatch):
     from mamba_ext.gpu import device as dev
     monkeypatch.delenv("MAMBA_EXT_GPU_CHECKS", raising=False)
