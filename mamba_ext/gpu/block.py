@@ -144,9 +144,10 @@ class BlockLayer:
                 *linear_forward(g, M, Dm, 2 * D, self.xn, 0, Dm, w, o["wInProj"], o["bInProj"],
                                self.Y, 0, 2 * D),
                 conv1d_forward(g, M, L, D, d.K, self.Y, w, o, self.u),
-                # x_proj: xproj (M, P) = u @ wXProj^T + bXProj
+                # x_proj: xproj (M, P) = u @ wXProj^T + bXProj (split-K partials in y,
+                # which the scan writes later)
                 *linear_forward(g, M, D, P, self.u, 0, D, w, o["wXProj"], o["bXProj"],
-                               self.xproj, 0, P),
+                               self.xproj, 0, P, part=self.y),
                 # dt_proj: delta_pre (M, D) = dt_low @ wDtProj^T + bDtProj (the scan
                 # kernels take delta = softplus(delta_pre) where they read it)
                 *linear_forward(g, M, R, D, self.xproj, 0, P, w, o["wDtProj"], o["bDtProj"],

@@ -108,12 +108,14 @@ def gemm(g, entry, M, N, K, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, c, c_off
     return ops
 
 
-def linear_forward(g, M, I, O, x, x_off, x_rs, w, w_off, b_off, y, y_off, y_rs, res=None):
+def linear_forward(g, M, I, O, x, x_off, x_rs, w, w_off, b_off, y, y_off, y_rs, res=None,
+                   part=None):
     """Ops: y[:, y_off:y_off+O] (row stride y_rs) = x (M, I; row stride x_rs) @ W^T + b
     (+ res (M, O), e.g. the block's residual input); W (O, I) at ``w_off`` and b (O,) at
-    ``b_off`` of the parameter arena ``w``."""
+    ``b_off`` of the parameter arena ``w`` (split-K partials in ``part`` when given: a
+    buffer none of these ops touches)."""
     return gemm(g, "linear_forward", M, O, I, x, x_off, x_rs, 1, w, w_off, 1, I, y, y_off, y_rs,
-                bias=w, bias_off=b_off, res=res)
+                bias=w, bias_off=b_off, res=res, part=part)
 
 
 def linear_backward(g, M, I, O, dy, dy_off, dy_rs, x, x_off, x_rs, w, w_off, b_off, gr,
@@ -121,11 +123,12 @@ def linear_backward(g, M, I, O, dy, dy_off, dy_rs, x, x_off, x_rs, w, w_off, b_o
     """Ops of the backward of :func:`linear_forward`: dx (M, I) = dy @ W (``+=`` when
     ``dx_beta``; skipped when ``dx`` is None); dW (at ``w_off`` of the gradient arena
     ``gr``) += dy^T @ x and db (at ``b_off``) += column sums of dy, in one product
-    (split-K partials in ``part`` when given: a buffer none of these ops touches)."""
+    (split-K partials of both products in ``part`` when given: a buffer none of these ops
+    touches)."""
     ops = []
     if dx is not None:
         ops += gemm(g, "linear_backward", M, I, O, dy, dy_off, dy_rs, 1, w, w_off, I, 1,
-                    dx, dx_off, dx_rs, beta=dx_beta)
+                    dx, dx_off, dx_rs, beta=dx_beta, part=part)
     ops += gemm(g, "linear_backward", O, I, M, dy, dy_off, 1, dy_rs, x, x_off, x_rs, 1,
                 gr, w_off, I, beta=1, dbias=gr, db_off=b_off, part=part)
     return ops

@@ -114,6 +114,42 @@ def test_block_vs_cpu(cfg, wide, monkeypatch):
         assert nerr(grads[n], c_grads[n]) <= 1e-4, n
 
 
+def test_block_every_product_split_k(monkeypatch):
+    """Every product of the block split into K slices: the forward's x_proj partials in
+    y (written later by the scan), the backward's in dead temporaries, the rest in the
+    device scratch; the same block as the CPU's."""
+    from mamba_ext.gpu import block as gblock
+    from mamba_ext.gpu import linear as lin
+    for name, v in (("MIN_SPLIT_K", 16), ("SPLIT_BELOW_TILES", 10 ** 6),
+                    ("SPLIT_TARGET_GROUPS", 10 ** 6)):
+        monkeypatch.setattr(lin, name, v)
+    monkeypatch.setattr(gblock, "_POOL", {})
+    params = rand_params(24, 48, 8, 4, 2, seed=5)
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 37, 24)).astype(np.float32)
+    dout = rng.standard_normal(x.shape).astype(np.float32)
+    out, cache = G.mamba1_forward(x, params)
+    dx, grads = G.mamba1_backward(dout, params, cache)
+    splits = lambda ops: sum(op.name == "linear_split_sum" for op in ops)
+    # (rows, columns, K) of every product; those with K >= 2 * MIN_SPLIT_K are split:
+    # forward x_proj (K = D 48) and out_proj (K = D); in_proj (K = Dm 24) and dt_proj
+    # (K = R 2) are too short
+    M, D, Dm, P, R = 2 * 37, 48, 24, 2 + 2 * 8, 2
+    fwd = [(M, 2 * D, Dm), (M, P, D), (M, D, R), (M, Dm, D)]
+    # backward, dX then dW of out_proj, dt_proj, x_proj, in_proj: all but out_proj's dX
+    # (K = Dm) and x_proj's dX (K = P 18)
+    bwd = [(M, D, Dm), (Dm, D, M), (M, R, D), (D, R, M), (M, D, P), (P, D, M),
+           (M, Dm, 2 * D), (2 * D, Dm, M)]
+    count = lambda prods: sum(lin.split_count(G.device.gpu(), *p) > 1 for p in prods)
+    assert splits(cache.plan.fwd) == count(fwd) == 2
+    assert splits(cache.plan.bwd) == count(bwd) == 6
+    c_out, c_cache = mamba_ext.mamba1_forward(x, params)
+    c_dx, c_grads = mamba_ext.mamba1_backward(dout, params, c_cache)
+    assert nerr(out, c_out) <= 1e-4 and nerr(dx, c_dx) <= 1e-4
+    for n in NAMES:
+        assert nerr(grads[n], c_grads[n]) <= 1e-4, n
+
+
 def test_block_eps_and_discretization_change_the_result():
     params = rand_params(8, 16, 4, 3, 1, seed=2)
     x = np.random.default_rng(3).standard_normal((1, 11, 8)).astype(np.float32) * 0.01
