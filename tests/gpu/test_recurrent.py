@@ -22,7 +22,9 @@ from mamba_ext.recurrent import generate, init_state, step  # noqa: E402
 @pytest.mark.parametrize("disc", ["zoh", "euler"])
 @pytest.mark.parametrize("N,K", [(5, 3), (16, 4), (20, 1)])
 def test_gpu_step_matches_cpu_step(disc, N, K):
-    """Logits of every step and the final state, from a non-zero state, batch 3."""
+    """Logits of every step and the final state, from a non-zero state, batch 3; a new
+    state uploaded after step 3 (each step runs the command buffer encoded during the
+    previous one: what is written before it counts)."""
     params = random_model(V=23, Dm=12, n_layers=2, D=24, N=N, K=K, R=2, seed=N + K)
     rng = np.random.default_rng(3)
     state = init_state(params, 3, discretization=disc)
@@ -34,6 +36,10 @@ def test_gpu_step_matches_cpu_step(disc, N, K):
     st.set_state(state.h, state.conv)
     logits = np.empty((3, 23), np.float32)
     for t in range(6):
+        if t == 3:
+            for i in range(len(state.h)):
+                state.h[i][...] = rng.standard_normal(state.h[i].shape)
+            st.set_state(state.h, state.conv)
         ids = rng.integers(0, 23, 3)
         want, state = step(ids, params, state)
         st.step(ids, logits)
