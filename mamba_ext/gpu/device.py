@@ -426,6 +426,17 @@ class Gpu:
         call are seen by it)."""
         self.device.queue.submit([command_buffer])
 
+    def run_ahead(self, ops, clears, reads, ready=None, ahead=True):
+        """Run ``ops`` (after clearing ``clears``) and read back ``reads`` = (staging,
+        parts) (see :meth:`encode`). ``ready``: the command buffer the previous call
+        encoded for this run, else it is encoded now. With ``ahead``, the next run's is
+        encoded while the GPU works on this one (the same ops: only buffer contents may
+        change between runs, written before the next call). Returns (that command buffer
+        or None, the float32 arrays of parts)."""
+        self.submit_encoded(ready if ready is not None else self.encode(ops, clears, reads))
+        nxt = self.encode(ops, clears, reads) if ahead else None
+        return nxt, self.read_staged(reads[0], [n for _, n in reads[1]])
+
     def _encoder(self, clears):
         enc = self.device.create_command_encoder()
         for buf in clears:

@@ -164,7 +164,6 @@ class ModelPlan:
         keys = flat.astype(np.uint16 if self.V <= 1 << 16 else np.uint32)
         p0, c0 = self.pos.offset // 4, self.csr.offset // 4
         data[p0:p0 + flat.size] = np.argsort(keys, kind="stable")
-        data[c0] = 0
         data[c0 + 1:c0 + 1 + self.V] = np.cumsum(np.bincount(flat, minlength=self.V))
         gpu().write(self.batch, data)
 

@@ -98,9 +98,8 @@ class GpuStepper:
         g = gpu()
         g.write(self.tok, np.asarray(ids).astype(np.uint32))
         ready, self._next = self._next, None
-        g.submit_encoded(ready if ready is not None else g.encode(self.ops, (), self._reads))
-        self._next = g.encode(self.ops, (), self._reads)
-        logits[...] = g.read_staged(self._reads[0], [self.B * self.V])[0].reshape(self.B, self.V)
+        self._next, (out,) = g.run_ahead(self.ops, (), self._reads, ready)
+        logits[...] = out.reshape(self.B, self.V)
 
     def greedy(self, logits, out):
         """Greedy continuation from ``logits`` (B, V): ``out`` (B, n) gets the argmax of each

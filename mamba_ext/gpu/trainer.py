@@ -141,14 +141,10 @@ class ResidentTrainer:
             if reads is None:     # per-row losses (M,) and AdamW's (grad norm^2, skip)
                 parts = [(plan.losses, plan.M), (self._adamw.stat, 2)]
                 reads = self._reads[tok.shape] = (g.staging(plan.M + 2, "step_readback"), parts)
-            ready = self._next.pop(tok.shape, None)
-            g.submit_encoded(ready if ready is not None else g.encode(ops, plan.clears, reads))
-            if self.pre_encode:
-                # the next step of this shape, encoded while the GPU runs this one (the
-                # same ops: only buffer contents change between steps, written before
-                # its submit)
-                self._next = {tok.shape: g.encode(ops, plan.clears, reads)}
-            losses, st = g.read_staged(reads[0], [plan.M, 2])
+            # the next step of this shape is encoded while the GPU runs this one
+            nxt, (losses, st) = g.run_ahead(ops, plan.clears, reads,
+                                            self._next.pop(tok.shape, None), self.pre_encode)
+            self._next = {} if nxt is None else {tok.shape: nxt}
             loss = plan.loss(losses)
         else:
             self._next = {}
