@@ -4,7 +4,13 @@ For each size (``--size a|b|c|all``, shapes of ``mamba_ext.bench.sizes.SIZES``):
 
 * WGSL fwd+bwd median over ``--repeat`` runs: GPU time from timestamp queries
   around the one compute pass holding all dispatches (when the adapter has
-  ``timestamp-query``), and wall-clock time per step with the queue drained;
+  ``timestamp-query``), and wall-clock time per step with the queue drained
+  (one pass: encoded, submitted, waited for);
+* wall-clock time per pass of ``--repeat`` (at least 10) passes back to back, each
+  encoded while the GPU runs the one before (as ``ResidentTrainer`` runs training
+  steps), the queue drained once at the end: the wall clock a training loop sees
+  per pass, the measure comparable to CUDA events around a PyTorch step (their
+  interval also holds the launches' host time wherever the GPU waits for it);
 * GPU memory held by our buffers for that size;
 * the scan kernels alone (3 forward + 5 backward dispatches): their time, the
   bytes they must move (each input read once, each output written once) and
@@ -87,6 +93,24 @@ def _time_ops(g, ops, clears, repeat, warmup=2):
     return (med(gpu_ms) if gpu_ms else None), med(wall_ms)
 
 
+def _back_to_back_ms(g, ops, clears, repeat, rounds=3):
+    """Wall ms per pass of ``repeat`` passes submitted back to back, the next one encoded
+    while the GPU runs this one (the first encoded before the clock starts, as a steady
+    training loop has it), the queue drained at the end; median of ``rounds``."""
+    per = []
+    for _ in range(rounds):
+        g.sync()
+        cb = g.encode(ops, clears)
+        t0 = time.perf_counter()
+        for i in range(repeat):
+            g.submit_encoded(cb)
+            if i + 1 < repeat:
+                cb = g.encode(ops, clears)
+        g.sync()
+        per.append((time.perf_counter() - t0) * 1e3 / repeat)
+    return statistics.median(per)
+
+
 def copy_bandwidth(g, n_floats=1 << 26, repeat=5):
     """Bytes/s of the copy_vec4 kernel on ``n_floats`` floats (read + write)."""
     from ..gpu.device import elementwise
@@ -166,13 +190,14 @@ def bench_size(size, repeat, use_torch, loops, profile=False, discretization="zo
     g.write(plan.dout, dout)
     ops = plan.fwd + plan.bwd
     gpu_ms, wall_ms = _time_ops(g, ops, [plan.gr], repeat)
+    b2b_ms = _back_to_back_ms(g, ops, [plan.gr], max(repeat, 10))
     out = g.read(plan.out, x.size).reshape(x.shape)
     dx = g.read(plan.dx, x.size).reshape(x.shape)
     lay = plan.layer
     scan_ops = [op for op in ops if op.name.startswith("scan_")]
     scan_gpu, scan_wall = _time_ops(g, scan_ops, [], repeat)
     sb = scan_bytes(dims, B, L, lay.s.chunk, lay.s.G)
-    res = dict(size=size, dims=(Dm, D, N, K, R, B, L), gpu_ms=gpu_ms, wall_ms=wall_ms, mem=mem,
+    res = dict(size=size, dims=(Dm, D, N, K, R, B, L), gpu_ms=gpu_ms, wall_ms=wall_ms, b2b_ms=b2b_ms, mem=mem,
                scan_ms=scan_gpu if scan_gpu is not None else scan_wall, scan_bytes=sb,
                n_dispatch=len(ops), chunk=lay.s.chunk, tile=linear.GEMM_TILE)
     if profile:
@@ -256,16 +281,16 @@ def run(size: str = "all", *, repeat: int = 10, use_torch: bool = True, loops: b
     print(f"copy kernel bandwidth (read+write): {bw / 1e12:.2f} TB/s")
     sizes = ["a", "b", "c"] if size == "all" else [size]
     print(f"discretization: {discretization}")
-    print("\n| size | Dm,D,N,K,R,B,L | WGSL fwd+bwd GPU ms | wall ms | GPU mem MiB | scan ms | "
-          "scan GB/s | scan / copy bw | scan / 4 TB/s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| size | Dm,D,N,K,R,B,L | WGSL fwd+bwd GPU ms | wall ms | wall ms back to back | "
+          "GPU mem MiB | scan ms | scan GB/s | scan / copy bw | scan / 4 TB/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     results = []
     for s in sizes:
         r = bench_size(s, repeat, use_torch, loops, profile, discretization)
         results.append(r)
         sbw = r["scan_bytes"] / (r["scan_ms"] * 1e-3)
         gms = f"{r['gpu_ms']:.3f}" if r["gpu_ms"] is not None else "n/a"
-        print(f"| {s} | {','.join(map(str, r['dims']))} | {gms} | {r['wall_ms']:.3f} | "
+        print(f"| {s} | {','.join(map(str, r['dims']))} | {gms} | {r['wall_ms']:.3f} | {r['b2b_ms']:.3f} | "
               f"{r['mem'] / 2**20:.1f} | {r['scan_ms']:.3f} | {sbw / 1e9:.0f} | {sbw / bw:.2f} | "
               f"{sbw / NOMINAL_BW:.2f} |", flush=True)
     for r in results:

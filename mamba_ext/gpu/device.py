@@ -131,6 +131,33 @@ def _shader_module(device, label: str, code: str, checks: str):
     return _api.GPUShaderModule(label, handle, device)
 
 
+def _native_dispatch():
+    """A function recording ops into a compute pass by wgpu-native's C entry points
+    directly, or None where the backend is not wgpu-native. Why: wgpu-py wraps every
+    call in a Python error-capture proxy, about half of the host's cost of a
+    dispatch (block c's 43: 12-14 -> 5-10 us each on the H200 host, run 51; 5.2 -> 3.5 us
+    here with lavapipe);
+    the checks are not lost: wgpu-core validates a pass when its encoder finishes
+    (``finish`` stays wgpu-py's, which raises GPUValidationError, e.g. for a grid
+    above max_compute_workgroups_per_dimension)."""
+    try:
+        from wgpu.backends.wgpu_native._ffi import ffi, lib
+        set_pipeline = lib.wgpuComputePassEncoderSetPipeline
+        set_bind_group = lib.wgpuComputePassEncoderSetBindGroup
+        dispatch = lib.wgpuComputePassEncoderDispatchWorkgroups
+    except (ImportError, AttributeError):
+        return None
+    null = ffi.NULL
+
+    def record(cp, ops):
+        h = cp._internal
+        for op in ops:
+            set_pipeline(h, op.pipeline._internal)
+            set_bind_group(h, 0, op.bind_group._internal, 0, null)
+            dispatch(h, *op.grid)
+    return record
+
+
 @dataclass(frozen=True)
 class Slice:
     """Bytes [offset, offset + size) of a buffer, bound as a binding of their own: the kernel
@@ -199,6 +226,7 @@ class Gpu:
         self.wg_memory = int(lim.get("max-compute-workgroup-storage-size", 16384))
         self.timestamps = "timestamp-query" in features
         self.checks = _shader_checks()
+        self._record = _native_dispatch()   # None: through wgpu-py's methods
         self._pipelines = {}
         self._modules = {}
         self.bytes_allocated = 0
@@ -411,10 +439,11 @@ class Gpu:
         """``ops`` (after clearing ``clears``) recorded into one command buffer for a later
         :meth:`submit_encoded`; ``reads`` = (staging, parts): then copy each (buffer, n) of
         parts into the MAP_READ buffer ``staging`` (:meth:`staging`), for
-        :meth:`read_staged`. Encoding costs the host about 10 us per dispatch (wgpu's
-        validation and the driver's recording: 2 ms for the 166 dispatches of a 4 x 256
-        training step on the H200 host, 20% of its GPU time), so a caller that runs the same
-        ops again encodes the next run while the GPU works on this one."""
+        :meth:`read_staged`. Encoding costs the host 5-10 us per dispatch (wgpu's
+        validation and the driver's recording; 12-14 us through wgpu-py's methods, see
+        _native_dispatch): over 1 ms for the 166 dispatches of a 4 x 256 training step on
+        the H200 host, 10-20% of its GPU time, so a caller that runs the same ops again
+        encodes the next run while the GPU works on this one."""
         enc = self._encoder(clears)
         self._encode(enc.begin_compute_pass(), ops)
         if reads is not None:
@@ -443,12 +472,14 @@ class Gpu:
             enc.clear_buffer(buf)
         return enc
 
-    @staticmethod
-    def _encode(cp, ops):
-        for op in ops:
-            cp.set_pipeline(op.pipeline)
-            cp.set_bind_group(0, op.bind_group)
-            cp.dispatch_workgroups(*op.grid)
+    def _encode(self, cp, ops):
+        if self._record is not None and hasattr(cp, "_internal"):
+            self._record(cp, ops)
+        else:
+            for op in ops:
+                cp.set_pipeline(op.pipeline)
+                cp.set_bind_group(0, op.bind_group)
+                cp.dispatch_workgroups(*op.grid)
         cp.end()
 
     def timestamp_pair(self):

@@ -30,9 +30,22 @@ GEMM_BK = 16             # contraction step of the tile loop
 # 384 tiles) took the 4 x 256 step from 776-789k to 787-805k tokens/s, the 24 x 768 step
 # from 35,382 to 36,212, block c from 2.17-2.20 to 2.04-2.07 ms; MIN_SPLIT_K 128 was slower
 # (746-770k); TARGET 1584 changed no 4 x 256 product and would double block d's dW partials.
+# Thinner slices, down to MIN_SPLIT_K_SHORT, are taken for contractions up to
+# SPLIT_SHORT_K (the forward and dX products: K = Dm, D, 2D) where they fill the last wave
+# of SPLIT_WAVE resident workgroups better: cost(S) = ceil(tiles * S / SPLIT_WAVE) waves
+# times ceil(K / S) per workgroup, the smaller wins. E.g. block c's in_proj forward, 192
+# tiles, K 768: 3 slices = 576 workgroups in 3 waves of 256 k, 4 slices = 768 in 3 waves of
+# 192 k -> 4; the 4 x 256 model's in_proj dX, 128 tiles, K 1024: 4 slices = 2 waves of 256 k,
+# 5 = 3 waves of 205 k -> 4. Session 7 (runs 53-55, alternated rounds on an H200): block c
+# 2.02-2.06 -> 1.92-1.95 ms GPU; thin slices for every product (the 4 x 256 model's in_proj
+# dX too) cost its step 1.5%, and the wave rule alone, which also cut its long dW products
+# (K = B*L 8192, 1-4 tiles) into 42 slices instead of 32, 2.7% (779k against 801k).
 SPLIT_BELOW_TILES = 528
 SPLIT_TARGET_GROUPS = 792
+SPLIT_WAVE = 264
 MIN_SPLIT_K = 256
+MIN_SPLIT_K_SHORT = 192
+SPLIT_SHORT_K = 4096
 # Which products may be split: True = every product of few tiles (batch 1, x_proj's
 # and dt_proj's narrow outputs); False = only the dW products. Measured on an H200
 # (docs/gpu_h200.txt, run 5): block c (batch 1) fwd+bwd 3.33 ms against 4.48 ms.
@@ -50,7 +63,13 @@ def split_count(g, M, N, K):
     tiles = math.ceil(M / GEMM_TILE[0]) * math.ceil(N / GEMM_TILE[1])
     if tiles >= SPLIT_BELOW_TILES:
         return 1
-    s = min(math.ceil(SPLIT_TARGET_GROUPS / tiles), max(1, K // MIN_SPLIT_K))
+    want = math.ceil(SPLIT_TARGET_GROUPS / tiles)
+    s = min(want, max(1, K // MIN_SPLIT_K))
+    if K <= SPLIT_SHORT_K:
+        thin = min(want, max(1, K // MIN_SPLIT_K_SHORT))
+        cost = lambda n: math.ceil(tiles * n / SPLIT_WAVE) * math.ceil(K / n)
+        if cost(thin) < cost(s):
+            s = thin
     return max(1, min(s, g.max_groups))
 
 

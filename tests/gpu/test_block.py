@@ -120,7 +120,7 @@ def test_block_every_product_split_k(monkeypatch):
     device scratch; the same block as the CPU's."""
     from mamba_ext.gpu import block as gblock
     from mamba_ext.gpu import linear as lin
-    for name, v in (("MIN_SPLIT_K", 16), ("SPLIT_BELOW_TILES", 10 ** 6),
+    for name, v in (("MIN_SPLIT_K", 16), ("MIN_SPLIT_K_SHORT", 16), ("SPLIT_BELOW_TILES", 10 ** 6),
                     ("SPLIT_TARGET_GROUPS", 10 ** 6)):
         monkeypatch.setattr(lin, name, v)
     monkeypatch.setattr(gblock, "_POOL", {})

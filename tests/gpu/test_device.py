@@ -73,6 +73,33 @@ def test_submit_in_several_command_buffers_runs_every_op_after_the_clears():
     np.testing.assert_array_equal(second, A.ravel())
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["wgpu-native", "wgpu-py"])
+def test_ops_recorded_directly_or_through_wgpu_py_alike(direct, monkeypatch):
+    """Ops are recorded by wgpu-native's entry points where the backend has them (the
+    default here), else by wgpu-py's methods: the same results, and an invalid dispatch
+    still raises when its encoder finishes (wgpu validates the pass there)."""
+    import numpy as np
+    import wgpu
+    from mamba_ext.gpu import device as dev
+    from mamba_ext.gpu.linear import gemm
+    assert g._record is not None                      # wgpu-py's wgpu-native backend
+    if not direct:
+        monkeypatch.setattr(g, "_record", None)
+    rng = np.random.default_rng(1)
+    A = rng.integers(-3, 4, (5, 6)).astype(np.float32)
+    B = rng.integers(-3, 4, (6, 7)).astype(np.float32)
+    a, b = g.buffer(A.size, "t_a", A), g.buffer(B.size, "t_b", B)
+    c = g.buffer(35, "t_c", np.full(35, 99.0, np.float32))
+    op = gemm(g, "linear_forward", 5, 7, 6, a, 0, 6, 1, b, 0, 7, 1, c, 0, 7, beta=1)
+    g.submit(op * 3, clears=[c])
+    np.testing.assert_array_equal(g.read(c, 35).reshape(5, 7), 3 * (A @ B))
+    g.submit_encoded(g.encode(op * 2, clears=[c]))
+    np.testing.assert_array_equal(g.read(c, 35).reshape(5, 7), 2 * (A @ B))
+    bad = dev.Op(op[0].pipeline, op[0].bind_group, (g.max_groups + 1, 1, 1), "too_many")
+    with pytest.raises(wgpu.GPUValidationError, match="dispatch group size"):
+        g.encode([bad])
+
+
 def test_slices_bound_as_their_own_bindings():
     """slices(): arrays of one buffer on 256-byte boundaries, each bound from its own
     offset (the kernel indexes it from 0). A buffer may not be read and written by one

@@ -32,6 +32,7 @@ def stages(request, monkeypatch):
     if request.param[1]:
         monkeypatch.setattr(lin, "SPLIT_ALL", True)
         monkeypatch.setattr(lin, "MIN_SPLIT_K", 16)
+        monkeypatch.setattr(lin, "MIN_SPLIT_K_SHORT", 16)
         monkeypatch.setattr(lin, "SPLIT_TARGET_GROUPS", 10 ** 6)
     return request.param
 
@@ -81,6 +82,7 @@ def test_linear_split_k(M, I, O, monkeypatch):
     the epilogue: forward with bias and residual, dX with beta 0 and 1, dW with db."""
     monkeypatch.setattr(lin, "SPLIT_ALL", True)
     monkeypatch.setattr(lin, "MIN_SPLIT_K", 16)
+    monkeypatch.setattr(lin, "MIN_SPLIT_K_SHORT", 16)
     rng = np.random.default_rng(M + I + O)
     x, W, dy, res = f32(rng, M, I), f32(rng, O, I, sd=I ** -0.5), f32(rng, M, O), f32(rng, M, O)
     b = f32(rng, O)
@@ -107,12 +109,36 @@ def test_linear_split_k(M, I, O, monkeypatch):
         assert nerr(got[W.size:], dy64.sum(0)) <= 1e-4
 
 
+def test_split_count_thinner_slices_where_they_fill_the_last_wave():
+    """S = min(SPLIT_TARGET_GROUPS / tiles, K / MIN_SPLIT_K) slices, or thinner ones (down to
+    MIN_SPLIT_K_SHORT of the contraction, for K <= SPLIT_SHORT_K) when waves of SPLIT_WAVE
+    workgroups x contraction per slice is smaller; products of SPLIT_BELOW_TILES tiles or
+    more stay whole."""
+    assert (lin.MIN_SPLIT_K_SHORT, lin.MIN_SPLIT_K, lin.SPLIT_WAVE) == (192, 256, 264)
+    # block c's in_proj forward, 8 x 24 = 192 tiles, K 768: 3 slices = 3 waves x 256 k,
+    # 4 slices = 3 waves x 192 k -> 4
+    assert lin.split_count(g, 1024, 3072, 768) == 4
+    # block c's out_proj forward, 48 tiles, K 1536: 6 slices = 2 waves x 256, 8 = 2 x 192 -> 8
+    assert lin.split_count(g, 1024, 768, 1536) == 8
+    # the 4 x 256 model's in_proj dX, 64 x 2 = 128 tiles, K 1024: 4 slices = 2 waves x 256,
+    # 5 = 3 waves x 205 -> 4
+    assert lin.split_count(g, 8192, 256, 1024) == 4
+    # its in_proj dW, 16 tiles, K = B*L 8192: 32 slices = 2 waves x 256, 42 = 3 x 196 -> 32
+    assert lin.split_count(g, 1024, 256, 8192) == 32
+    # its x_proj dW, (P, D) = (48, 512), 4 tiles: 42 slices would fill the one wave better,
+    # but K 8192 > SPLIT_SHORT_K keeps MIN_SPLIT_K -> 32
+    assert lin.SPLIT_SHORT_K < 8192 and lin.split_count(g, 48, 512, 8192) == 32
+    # block d's in_proj forward, 128 x 24 tiles: whole
+    assert lin.split_count(g, 16384, 3072, 768) == 1
+
+
 @pytest.mark.parametrize("slices", [1, 3, 10, 12])
 def test_linear_split_k_partials_in_a_given_buffer(slices, monkeypatch):
     """dW's split-K partials in a caller's free buffer (a dead backward temporary) when
     it holds every slice (10 here), else in the device's scratch: the same slices and
     result either way."""
     monkeypatch.setattr(lin, "MIN_SPLIT_K", 16)
+    monkeypatch.setattr(lin, "MIN_SPLIT_K_SHORT", 16)
     M, I, O = 300, 40, 24
     rng = np.random.default_rng(slices)
     x, W, dy = f32(rng, M, I), f32(rng, O, I, sd=I ** -0.5), f32(rng, M, O)
