@@ -17,7 +17,7 @@ import numpy as np
 from .._validate import check_discretization, check_eps
 from ..constants import DEFAULT_EPS, DEFAULT_NO_DECAY
 from ..optim import _matches
-from .adamw import AdamWOps
+from .adamw import COUNT_MOD, AdamWOps, bias_corrections
 from .device import arena_layout, gpu
 from .model import ModelPlan, check_batch, check_model
 
@@ -75,7 +75,7 @@ class ResidentTrainer:
         self.gr = g.buffer(self.n, "grads")
         self.m = g.buffer(self.n, "adam_m")
         self.v = g.buffer(self.n, "adam_v")
-        self._adamw = AdamWOps(g, self.n, self.w, self.m, self.v, self.gr, self._adam_params(1))
+        self._adamw = AdamWOps(g, self.n, self.w, self.m, self.v, self.gr, self._adam_params(0))
         self._amp = None
         if scaler is not None:      # the fp16-rounded weights the model runs on (n,)
             from .amp import AmpOps
@@ -87,7 +87,12 @@ class ResidentTrainer:
         # tokens/s, docs/gpu_h200.txt run 41); only the last step's shape is kept
         self._next = {}
         self.pre_encode = True
-        self._reads = {}            # (B, L) -> (MAP_READ staging buffer, what it gets)
+        # ((B, L), slot) -> (MAP_READ staging buffer, what it gets): two per shape, the steps
+        # alternate between them (slot = 1 - the last step's), so a step can be submitted
+        # before the one before it is read back (step_async)
+        self._reads = {}
+        self._slot = 1
+        self._pending = None        # the PendingStep of step_async not read back yet
         self._parts = {}            # (B, L) -> _stream_parts of that plan (distributed steps)
         self._host = None           # (n,) float32: the reduced arena of distributed steps
         self.t = 0
@@ -95,14 +100,20 @@ class ResidentTrainer:
         self.nonfinite = 0      # carried in state_dict for AdamW compatibility (see state_dict)
         self.last_grad_norm = float("nan")
 
-    def _adam_params(self, t):
+    def _adam_params(self, tc):
+        """Uniform values of adamw_step for a step submitted while the host knows of ``tc``
+        steps taken: the bias corrections of step tc + 1 and of step tc + 2 (the step
+        before may be in flight; the kernel takes the pair matching the GPU's count,
+        kernels/adamw.wgsl)."""
         b1, b2 = self.betas
-        bc1, bc2 = 1.0 - b1 ** t, 1.0 - b2 ** t
+        s1, q1 = bias_corrections(self.lr, self.betas, tc + 1)
+        s2, q2 = bias_corrections(self.lr, self.betas, tc + 2)
         return [self.n, self.n_decay, 1.0 - b1, b2, 1.0 - b2, self.lr * self.weight_decay,
-                self.lr / bc1, math.sqrt(bc2), self.eps, self.max_delta, self.clip]
+                s1, q1, self.eps, self.max_delta, self.clip, float(tc % COUNT_MOD), s2, q2]
 
     def step(self, tokens, targets, reduce=None) -> float:
-        """One training step; returns the mean cross-entropy before the update.
+        """One training step; returns the mean cross-entropy before the update
+        (``step_async(tokens, targets).result()`` without ``reduce``).
 
         ``reduce``: distributed hook (``mamba_ext.training.distributed``), one of
         - an object with ``flat_stream()`` (a ``Distributed``): the gradients are read
@@ -116,6 +127,80 @@ class ResidentTrainer:
           the write-back);
         - a function ``reduce(flat, loss, False) -> (flat, loss, _)``: the whole arena
           is read back after the backward and all-reduced in place, then as above."""
+        if reduce is None:
+            return self.step_async(tokens, targets).result()
+        if self._amp is not None:
+            raise ValueError("ResidentTrainer: mixed precision (scaler) does not run with "
+                             "a distributed reduce yet")
+        self.finish()
+        plan, ops = self._prepare(tokens, targets)
+        g = gpu()
+        self._next = {}
+        if hasattr(reduce, "flat_stream"):
+            loss = self._streamed_reduce(plan, ops, reduce.flat_stream())
+        else:
+            g.submit(ops, plan.clears)
+            flat, loss, _ = reduce(g.read(self.gr, self.n), plan.loss(), False)
+            g.write(self.gr, flat)
+        g.submit(self._adamw.ops)
+        self._account(g.read(self._adamw.stat, 2))
+        return loss
+
+    def step_async(self, tokens, targets) -> "PendingStep":
+        """Submit one training step and return at once; ``.result()`` of the returned
+        :class:`PendingStep` waits for it and gives its loss (as :meth:`step` returns).
+
+        The step before, if still pending, is read back after this one is submitted, so
+        the GPU goes from one step to the next without waiting for the host's read-back,
+        validation and uploads in between (the 4 x 256 model on an H200: 10.1 ms per step
+        read back one by one, 9.2 ms back to back, docs/gpu_h200.txt run 57). A loop that
+        calls ``step_async`` for each batch and reads each step's ``result()`` after
+        submitting the next runs the same steps, bit for bit, as :meth:`step`: the step
+        count that the bias corrections need is kept on the GPU (a step may be skipped),
+        buffer writes are queued behind the steps already submitted, and each step's
+        losses and statistics go to one of two staging buffers. The attributes ``t``,
+        ``skipped``, ``last_grad_norm`` describe the steps read back so far; anything
+        that reads the state (:meth:`params`, :meth:`state_dict`, another :meth:`step`)
+        first reads back the pending step (:meth:`finish`). With a ``scaler`` the next
+        step's loss scale depends on this one's overflow, so the step before is read back
+        first (no overlap)."""
+        if self._amp is not None:
+            self.finish()
+        plan, ops = self._prepare(tokens, targets)
+        g = gpu()
+        shape = (plan.B, plan.L)
+        slot = 1 - self._slot
+        reads = self._reads.get((shape, slot))
+        if reads is None:     # per-row losses (M,) and AdamW's (grad norm^2, skip)
+            parts = [(plan.losses, plan.M), (self._adamw.stat, 2)]
+            reads = self._reads[(shape, slot)] = (g.staging(plan.M + 2, "step_readback"), parts)
+        ops = ops + self._adamw.ops
+        # the command buffer encoded during the previous step, if it was of this shape
+        ready = self._next.pop(shape, (None, None))
+        cb = ready[1] if ready[0] == slot else None
+        g.submit_encoded(cb if cb is not None else g.encode(ops, plan.clears, reads))
+        self._slot = slot
+        self._next = {}
+        if self.pre_encode:   # the next step of this shape, into the other staging buffer
+            other = self._reads.get((shape, 1 - slot))
+            if other is None:
+                other = self._reads[(shape, 1 - slot)] = (
+                    g.staging(plan.M + 2, "step_readback"), reads[1])
+            self._next = {shape: (1 - slot, g.encode(ops, plan.clears, other))}
+        prev, self._pending = self._pending, None
+        if prev is not None:
+            self._resolve(prev)
+        self._pending = PendingStep(self, plan, reads[0])
+        return self._pending
+
+    def finish(self) -> None:
+        """Read back the step that :meth:`step_async` left pending, if any."""
+        if self._pending is not None:
+            self._resolve(self._pending)
+
+    def _prepare(self, tokens, targets):
+        """Validate and upload the batch, write the step's uniform values; returns (plan,
+        the step's model ops, with the AMP passes around them)."""
         tok, tgt = check_batch(tokens, targets, self.arrays["embedding"].shape[0])
         plan = self._plans.get(tok.shape)
         if plan is None:
@@ -127,35 +212,26 @@ class ResidentTrainer:
         g = gpu()
         ops = plan.train_ops()
         plan.upload_batch(tok, tgt)
-        g.write_params(self._adamw.step_op, self._adam_params(self.t + 1))
+        g.write_params(self._adamw.step_op, self._adam_params(self.t))
         if self._amp is not None:
-            if reduce is not None:
-                raise ValueError("ResidentTrainer: mixed precision (scaler) does not run with "
-                                 "a distributed reduce yet")
             plan.set_loss_scale(self.scaler.scale)
             self._amp.set_scale(self.scaler.scale)
             ops = [self._amp.weights_op, *ops, self._amp.grads_op]
-        if reduce is None:
-            ops = ops + self._adamw.ops
-            reads = self._reads.get(tok.shape)
-            if reads is None:     # per-row losses (M,) and AdamW's (grad norm^2, skip)
-                parts = [(plan.losses, plan.M), (self._adamw.stat, 2)]
-                reads = self._reads[tok.shape] = (g.staging(plan.M + 2, "step_readback"), parts)
-            # the next step of this shape is encoded while the GPU runs this one
-            nxt, (losses, st) = g.run_ahead(ops, plan.clears, reads,
-                                            self._next.pop(tok.shape, None), self.pre_encode)
-            self._next = {} if nxt is None else {tok.shape: nxt}
-            loss = plan.loss(losses)
-        else:
-            self._next = {}
-            if hasattr(reduce, "flat_stream"):
-                loss = self._streamed_reduce(plan, ops, reduce.flat_stream())
-            else:
-                g.submit(ops, plan.clears)
-                flat, loss, _ = reduce(g.read(self.gr, self.n), plan.loss(), False)
-                g.write(self.gr, flat)
-            g.submit(self._adamw.ops)
-            st = g.read(self._adamw.stat, 2)
+        return plan, ops
+
+    def _resolve(self, pending):
+        """Read back ``pending`` (the trainer's one pending step): its loss, and the step
+        count, skip count and gradient norm it leaves."""
+        if pending is not self._pending and self._pending is not None:
+            raise AssertionError("ResidentTrainer: steps are read back in order")
+        self._pending = None
+        losses, st = gpu().read_staged(pending.staging, [pending.plan.M, 2])
+        self._account(st)
+        pending._loss = pending.plan.loss(losses)
+
+    def _account(self, st):
+        """Host counters after a step whose AdamW statistics are ``st`` (grad norm^2,
+        non-finite count)."""
         self.last_grad_norm = float(np.sqrt(np.float64(st[0])))
         if st[1] > 0:
             self.skipped += 1
@@ -164,7 +240,6 @@ class ResidentTrainer:
             self.t += 1
         if self.scaler is not None:
             self.scaler.update(bool(st[1] > 0))
-        return loss
 
     def _stream_parts(self, plan):
         """Per segment of ``plan.train_ops()``: (ops done, arena ranges (lo, hi) whose
@@ -265,6 +340,7 @@ class ResidentTrainer:
 
     def _read(self, buf) -> dict:
         """One arena buffer copied back to the host, split per tensor (keys like the input)."""
+        self.finish()
         flat = gpu().read(buf, self.n)
         return {k: flat[self.offs[k]:self.offs[k] + a.size].reshape(a.shape).copy()
                 for k, a in self.arrays.items()}
@@ -275,6 +351,7 @@ class ResidentTrainer:
 
     def state(self) -> dict:
         """AdamW moments ``m.<name>``, ``v.<name>`` and the step count ``t``."""
+        self.finish()
         out = {"t": self.t, "skipped": self.skipped}
         for tag, buf in (("m", self.m), ("v", self.v)):
             out.update({f"{tag}.{k}": a for k, a in self._read(buf).items()})
@@ -287,6 +364,7 @@ class ResidentTrainer:
         ``lr``, ``beta1``, ``beta2``, ``eps``, ``weight_decay``, ``max_delta``.
         The GPU kernel does not count per-element guard hits: ``nonfinite`` is
         the count carried over from a loaded state (0 otherwise)."""
+        self.finish()
         b1, b2 = self.betas
         out = {"step": self.t, "skipped": self.skipped, "nonfinite": self.nonfinite,
                "lr": self.lr, "beta1": b1, "beta2": b2, "eps": self.eps,
@@ -308,9 +386,30 @@ class ResidentTrainer:
         # a host AdamW over zero weights of the same names/shapes validates and holds the state
         host = AdamW({k: np.zeros_like(a) for k, a in self.arrays.items()})
         host.load_state_dict(state)
+        self.finish()
         g = gpu()
         for buf, moments in ((self.m, host.exp_avg), (self.v, host.exp_avg_sq)):
             g.write(buf, np.concatenate([moments[k].ravel() for k in self.order]))
         self.t, self.skipped, self.nonfinite = host.step_count, host.skipped, host.nonfinite
+        self._adamw.set_count(self.t)
         self.lr, self.betas, self.eps = host.lr, tuple(host.betas), host.eps
         self.weight_decay, self.max_delta = host.weight_decay, host.max_delta
+
+
+class PendingStep:
+    """A training step submitted by :meth:`ResidentTrainer.step_async`. ``result()`` reads
+    it back (once; it waits for the GPU) and returns its loss; ``done``: already read back
+    (the trainer reads a pending step back when the next one is submitted)."""
+
+    def __init__(self, trainer, plan, staging):
+        self._trainer, self.plan, self.staging = trainer, plan, staging
+        self._loss = None
+
+    @property
+    def done(self) -> bool:
+        return self._loss is not None
+
+    def result(self) -> float:
+        if self._loss is None:
+            self._trainer._resolve(self)
+        return self._loss

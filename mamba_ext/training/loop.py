@@ -282,24 +282,59 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
     """Steps ``start .. end-1``; appends to ``losses``; returns the number of steps
     skipped (AMP overflow, or the optimizer's NaN guard: a non-finite gradient).
     ``carry`` (``--carry-state``): a one-element list holding the state ``(h, conv)`` the
-    next step starts from (None: zeros), updated after every step."""
+    next step starts from (None: zeros), updated after every step. The GPU trainer
+    without MPI submits each step before reading back the one before
+    (``ResidentTrainer.step_async``: the same steps, the GPU not waiting for the host in
+    between); a step after which a checkpoint is due is read back before the next one
+    is submitted, so the checkpoint holds exactly the steps it counts."""
     from ..optim import clip_grad_norm
     tokens_per_step = cfg.batch * cfg.seq_len * (1 if dist is None else dist.size)
     skipped = 0
+    skipped_before = trainer.skipped if trainer is not None else 0
     reduce = None if dist is None else dist.reduce
     frozen = hf_init.frozen_names(params) if cfg.init_from is not None else []
+    pipelined = trainer is not None and dist is None
+
+    def checkpoint_due(step):
+        return bool(cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0
+                    and step + 1 < end)
+
+    def after(step, loss):
+        """What follows step ``step`` once its loss is known."""
+        losses.append(loss)
+        bar.update(step, float(np.mean(losses[-20:])), (step + 1 - start) * tokens_per_step,
+                   force=step + 1 == end)
+        if dist is not None:
+            dist.check_weights(step + 1, trainer.params if trainer is not None else lambda: params)
+        if checkpoint_due(step):
+            if trainer is not None:
+                if dist is None or dist.is_root:
+                    save_state(path, cfg, step + 1, trainer.params(), trainer, scaler, losses,
+                               dist)
+            else:
+                save_state(path, cfg, step + 1, params, opt, scaler, losses, dist,
+                           carry=None if carry is None else carry[0])
+
+    pending = None            # (step, PendingStep) submitted by step_async, not read back
     for step in range(start, end):
         tok, tgt = batches.get(step)
         lr = lr_at(cfg, step)
         if dist is not None:
             dist.step = step
+        if pipelined:
+            trainer.lr = lr
+            cur = trainer.step_async(tok, tgt)
+            if pending is not None:
+                after(pending[0], float(pending[1].result()))
+            pending = (step, cur)
+            if checkpoint_due(step) or step + 1 == end:
+                pending = None
+                after(step, float(cur.result()))
+            continue
         if trainer is not None:
             trainer.lr = lr
-            before = trainer.skipped
             # the GPU trainer streams its gradients into the all-reduce (dist.flat_stream)
-            loss = float(trainer.step(tok, tgt) if dist is None
-                         else trainer.step(tok, tgt, reduce=dist))
-            skipped += trainer.skipped != before
+            loss = float(trainer.step(tok, tgt, reduce=dist))
         elif scaler is not None:
             _set_lr(opt, lr)
             before = opt.skipped
@@ -328,19 +363,9 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
             if cfg.grad_clip:
                 clip_grad_norm(grads, cfg.grad_clip)
             skipped += not opt.step(grads)
-        losses.append(loss)
-        bar.update(step, float(np.mean(losses[-20:])), (step + 1 - start) * tokens_per_step,
-                   force=step + 1 == end)
-        if dist is not None:
-            dist.check_weights(step + 1, trainer.params if trainer is not None else lambda: params)
-        if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < end:
-            if trainer is not None:
-                if dist is None or dist.is_root:
-                    save_state(path, cfg, step + 1, trainer.params(), trainer, scaler, losses,
-                               dist)
-            else:
-                save_state(path, cfg, step + 1, params, opt, scaler, losses, dist,
-                           carry=None if carry is None else carry[0])
+        after(step, loss)
+    if trainer is not None:
+        skipped += trainer.skipped - skipped_before
     return skipped
 
 

@@ -267,3 +267,66 @@ def test_trainer_pre_encoded_steps_same_bits(monkeypatch):
     a, b = pre.params(), plain.params()
     assert all(np.array_equal(a[k], b[k]) for k in a)
     assert not np.array_equal(a["embedding"], params["embedding"])
+
+
+def test_trainer_step_async_same_bits_with_a_skipped_step_in_flight():
+    """step_async submits a step before the one before it is read back: the same losses,
+    weights, step and skip counts, bit for bit, as step(), with the batch shape
+    alternating, the learning rate changed, and a step skipped (non-finite gradients)
+    while the next one is already submitted: the GPU's count of steps taken picks the
+    bias corrections (t_c + 1 or t_c + 2, kernels/adamw.wgsl)."""
+    from mamba_ext.gpu.device import gpu
+    params = random_model(V=17, Dm=8, n_layers=2, D=16, N=4, K=3, R=1, seed=44)
+    rng = np.random.default_rng(5)
+    shapes = [(2, 9), (2, 9), (1, 13), (2, 9), (2, 9), (2, 9), (1, 13)]
+    batches = [(rng.integers(0, 17, s), rng.integers(0, 17, s)) for s in shapes]
+    runs = {}
+    for mode in ("sync", "async"):
+        tr = G.ResidentTrainer(params, lr=1e-2, betas=(0.8, 0.9))
+        off = 4 * (tr.offs["lm_head_bias"] + 3)
+        losses, pending = [], None
+        for i, (tok, tgt) in enumerate(batches):
+            if i == 3:
+                tr.lr = 3e-3
+            # step 4 runs on a NaN logit bias (every gradient non-finite: skipped); the
+            # writes are queued behind the steps submitted before them
+            if i in (4, 5):
+                gpu().write(tr.w, np.array([np.nan if i == 4 else 0.25], np.float32), off)
+            if mode == "sync":
+                losses.append(tr.step(tok, tgt))
+            else:
+                nxt = tr.step_async(tok, tgt)
+                assert pending is None or pending.done        # read back at this submit
+                if pending is not None:
+                    losses.append(pending.result())
+                pending = nxt
+                assert not pending.done
+        if pending is not None:
+            losses.append(pending.result())
+            assert pending.done and pending.result() == losses[-1]
+        runs[mode] = (losses, tr.params(), tr.t, tr.skipped)
+    (la, pa, ta, sa), (lb, pb, tb, sb) = runs["sync"], runs["async"]
+    assert (ta, sa) == (tb, sb) == (6, 1)
+    assert np.isnan(la[4]) and np.isnan(lb[4])
+    assert la[:4] + la[5:] == lb[:4] + lb[5:]
+    assert all(np.array_equal(pa[k], pb[k]) for k in pa)
+
+
+def test_trainer_step_async_state_reads_back_the_pending_step_and_count_wraps():
+    """state_dict() (and params(), step()) read back a pending step first; the GPU's step
+    count is kept mod COUNT_MOD and set from a loaded state."""
+    from mamba_ext.gpu.adamw import COUNT_MOD
+    from mamba_ext.gpu.device import gpu
+    params = random_model(V=11, Dm=6, n_layers=1, D=12, N=3, K=2, R=1, seed=6)
+    tok = np.arange(10).reshape(2, 5) % 11
+    tr = G.ResidentTrainer(params, lr=1e-2)
+    p = tr.step_async(tok, tok)
+    assert tr.t == 0 and not p.done
+    state = tr.state_dict()
+    assert p.done and tr.t == 1 and state["step"] == 1
+    state["step"] = COUNT_MOD - 1
+    tr.load_state_dict(state)
+    assert gpu().read(tr._adamw.stat, 3)[2] == COUNT_MOD - 1
+    tr.step_async(tok, tok)
+    tr.step(tok, tok)
+    assert tr.t == COUNT_MOD + 1 and gpu().read(tr._adamw.stat, 3)[2] == 1

@@ -24,6 +24,7 @@ def test_train_step_mode_prints_tokens_per_second(monkeypatch, capsys):
     monkeypatch.setitem(sizes.TRAIN_STEPS, "2x32", (19, 32, 3, 2, 24))
     r = gb.train_step("2x32", steps=2, warmup=1)
     assert r["tokens_s"] == pytest.approx(2 * 24 / r["ms"] * 1e3)
+    assert r["tokens_s_pipelined"] == pytest.approx(2 * 24 / r["ms_pipelined"] * 1e3)
     assert r["mem"] > 0 and abs(r["loss"] - math.log(19)) < 0.5
     assert cli.main(["--device", "gpu", "--train-step", "2x32", "--repeat", "2"]) == 0
     out = capsys.readouterr().out
@@ -31,6 +32,9 @@ def test_train_step_mode_prints_tokens_per_second(monkeypatch, capsys):
                      r"= ([\d,]+) tokens/s .* GPU memory (\d+) MiB, loss ([\d.]+)", out)
     assert line, out
     assert float(line.group(1)) > 0 and int(line.group(2).replace(",", "")) > 0
+    pipe = re.search(r"pipelined \(the next step submitted before this one's loss is read back, "
+                     r"as train runs\): ([\d.]+) ms = ([\d,]+) tokens/s", out)
+    assert pipe and float(pipe.group(1)) > 0, out
     ck = gb.train_step("2x32", steps=2, warmup=1, checkpointing=True)
     assert ck["loss"] == r["loss"] and ck["mem"] < r["mem"]     # same step, less memory
     eu = gb.train_step("2x32", steps=2, warmup=1, discretization="euler")

@@ -219,6 +219,47 @@ def test_gpu_training_checkpointing_same_losses(text_file, tmp_path):
     assert ckpt["losses"] == plain["losses"]
 
 
+def test_gpu_training_pipelined_steps_and_checkpoints_exact(text_file, tmp_path, monkeypatch):
+    """train --device gpu submits each step before reading back the one before
+    (ResidentTrainer.step_async): the same losses and weights, bit for bit, as reading
+    every step back before the next; a checkpoint in the middle (checkpoint_every 3) holds
+    exactly its steps, so a run resumed from it equals the whole run."""
+    if not _gpu_available():
+        if _in_ci():
+            pytest.fail("no GPU adapter in CI")
+        pytest.skip("no wgpu adapter here")
+    import shutil
+
+    from mamba_ext.gpu.trainer import ResidentTrainer
+    from mamba_ext.training import loop
+    quiet = dict(progress=None, log=lambda s: None)
+    cfg = _tiny(text_file, steps=7, n_layers=2, device="gpu")
+    real_save, mid = loop.save_state, tmp_path / "mid.safetensors"
+
+    def keep_mid(path, cfg, step, *a, **k):     # a copy of the checkpoint after step 3
+        real_save(path, cfg, step, *a, **k)
+        if step == 3:
+            shutil.copy(path, mid)
+    monkeypatch.setattr(loop, "save_state", keep_mid)
+    full = train(copy.deepcopy(cfg), tmp_path / "a", **quiet)
+    monkeypatch.setattr(loop, "save_state", real_save)
+    resumed = train(copy.deepcopy(cfg), tmp_path / "b", resume=str(mid), **quiet)
+    real = ResidentTrainer.step_async
+    submitted = []
+
+    def one_by_one(self, tokens, targets):       # each step read back before the next
+        p = real(self, tokens, targets)
+        submitted.append(p.result())
+        return p
+    monkeypatch.setattr(ResidentTrainer, "step_async", one_by_one)
+    serial = train(copy.deepcopy(cfg), tmp_path / "c", **quiet)
+    assert len(submitted) == 7 and serial["losses"] == submitted
+    assert full["losses"] == serial["losses"] == resumed["losses"]
+    for k in full["params"]:
+        np.testing.assert_array_equal(resumed["params"][k], full["params"][k], err_msg=k)
+        np.testing.assert_array_equal(serial["params"][k], full["params"][k], err_msg=k)
+
+
 def test_gpu_amp_training_resumes_exactly(text_file, tmp_path):
     """train --device gpu --amp: the scaler's state is checkpointed with the run and a
     resume continues bit for bit (losses and weights); the CPU's first loss matches."""
