@@ -158,6 +158,69 @@ def _native_dispatch():
     return record
 
 
+class _NativeQueue:
+    """Submits that return their submission index, and the read-back of a MAP_READ buffer
+    that waits for exactly the submission that wrote it, by wgpu-native's entry points.
+
+    Why: wgpu-py's ``map_sync`` waits on the device for the *last* submission. A trainer
+    that submits step s+1 before reading back step s (ResidentTrainer.step_async) would
+    then wait for s+1 too, and the GPU idle while the host prepares s+2 (H200, 4 x 256
+    model: 9.9 ms per step against 9.3 back to back, docs/gpu_h200.txt run 58). Here the
+    map is started with wgpuBufferMapAsync and the device polled until that submission is
+    done (wgpuDevicePoll with its index), which fires the map's callback; the bytes are
+    copied out and the buffer unmapped. wgpu-py's own object never sees the map (its
+    state stays "unmapped", which is what it is again afterwards)."""
+
+    def __init__(self, device):
+        from wgpu.backends.wgpu_native._ffi import ffi, lib
+        self.ffi, self.lib = ffi, lib
+        self.device, self.queue = device._internal, device.queue._internal
+        for name in ("wgpuQueueSubmitForIndex", "wgpuDevicePoll", "wgpuBufferMapAsync",
+                     "wgpuBufferGetConstMappedRange", "wgpuBufferUnmap"):
+            getattr(lib, name)                      # AttributeError: not this backend
+        self._status = {}
+
+        @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
+        def mapped(status, message, user1, user2):
+            self._status[int(ffi.cast("uintptr_t", user1))] = int(status)
+        self._mapped = mapped                       # kept alive with this object
+
+    def submit(self, command_buffer) -> int:
+        """Submit one command buffer; returns its submission index."""
+        arr = self.ffi.new("WGPUCommandBuffer[]", [command_buffer._internal])
+        return int(self.lib.wgpuQueueSubmitForIndex(self.queue, 1, arr))
+
+    def read(self, buffer, nbytes, index=None) -> np.ndarray:
+        """The first ``nbytes`` of the MAP_READ ``buffer`` (bytes, uint8), once submission
+        ``index`` (None: everything submitted) is done."""
+        ffi, lib = self.ffi, self.lib
+        key = len(self._status) + 1
+        while key in self._status:
+            key += 1
+        self._status[key] = None
+        info = ffi.new("WGPUBufferMapCallbackInfo *")
+        info.mode = lib.WGPUCallbackMode_AllowProcessEvents
+        info.callback = self._mapped
+        info.userdata1 = ffi.cast("void *", key)
+        try:
+            lib.wgpuBufferMapAsync(buffer._internal, lib.WGPUMapMode_Read, 0, nbytes, info[0])
+            which = ffi.NULL if index is None else ffi.new("WGPUSubmissionIndex *", index)
+            lib.wgpuDevicePoll(self.device, True, which)
+            spins = 0
+            while self._status[key] is None:        # done, but its callback not yet run
+                lib.wgpuDevicePoll(self.device, spins > 1000, ffi.NULL)
+                spins += 1
+            if self._status[key] != lib.WGPUMapAsyncStatus_Success:
+                raise RuntimeError(f"mamba_ext.gpu: mapping a read-back buffer failed "
+                                   f"(WGPUMapAsyncStatus {self._status[key]})")
+            ptr = lib.wgpuBufferGetConstMappedRange(buffer._internal, 0, nbytes)
+            out = np.frombuffer(ffi.buffer(ptr, nbytes), np.uint8).copy()
+            lib.wgpuBufferUnmap(buffer._internal)
+            return out
+        finally:
+            del self._status[key]
+
+
 @dataclass(frozen=True)
 class Slice:
     """Bytes [offset, offset + size) of a buffer, bound as a binding of their own: the kernel
@@ -227,6 +290,10 @@ class Gpu:
         self.timestamps = "timestamp-query" in features
         self.checks = _shader_checks()
         self._record = _native_dispatch()   # None: through wgpu-py's methods
+        try:                                  # None: submits and maps through wgpu-py
+            self._native = _NativeQueue(self.device)
+        except (ImportError, AttributeError):
+            self._native = None
         self._pipelines = {}
         self._modules = {}
         self.bytes_allocated = 0
@@ -305,12 +372,18 @@ class Gpu:
                 enc.copy_buffer_to_buffer(buf, 0, staging, off, 4 * n)
             off += 4 * n
 
-    def read_staged(self, staging, sizes):
+    def read_staged(self, staging, sizes, index=None):
         """The float32 arrays of ``sizes`` elements that :meth:`_copy_out` put one after
-        another into ``staging``, once the GPU has written them (map, copy, unmap)."""
-        staging.map_sync(self.wgpu.MapMode.READ)
-        raw = np.frombuffer(staging.read_mapped(copy=False), np.float32, sum(sizes)).copy()
-        staging.unmap()
+        another into ``staging``, once the GPU has written them (map, copy, unmap).
+        ``index``: the submission that wrote them (from :meth:`submit_encoded`): only that
+        one is waited for, not the ones submitted after it (wgpu-native)."""
+        n = sum(sizes)
+        if self._native is not None:
+            raw = self._native.read(staging, 4 * n, index).view(np.float32)
+        else:
+            staging.map_sync(self.wgpu.MapMode.READ)
+            raw = np.frombuffer(staging.read_mapped(copy=False), np.float32, n).copy()
+            staging.unmap()
         out, off = [], 0
         for n in sizes:
             out.append(raw[off:off + n])
@@ -452,8 +525,12 @@ class Gpu:
 
     def submit_encoded(self, command_buffer):
         """Run a command buffer of :meth:`encode` (once; buffer writes queued before this
-        call are seen by it)."""
+        call are seen by it). Returns its submission index for :meth:`read_staged`
+        (None where the backend does not give one)."""
+        if self._native is not None:
+            return self._native.submit(command_buffer)
         self.device.queue.submit([command_buffer])
+        return None
 
     def run_ahead(self, ops, clears, reads, ready=None, ahead=True):
         """Run ``ops`` (after clearing ``clears``) and read back ``reads`` = (staging,
@@ -462,9 +539,9 @@ class Gpu:
         encoded while the GPU works on this one (the same ops: only buffer contents may
         change between runs, written before the next call). Returns (that command buffer
         or None, the float32 arrays of parts)."""
-        self.submit_encoded(ready if ready is not None else self.encode(ops, clears, reads))
+        index = self.submit_encoded(ready if ready is not None else self.encode(ops, clears, reads))
         nxt = self.encode(ops, clears, reads) if ahead else None
-        return nxt, self.read_staged(reads[0], [n for _, n in reads[1]])
+        return nxt, self.read_staged(reads[0], [n for _, n in reads[1]], index)
 
     def _encoder(self, clears):
         enc = self.device.create_command_encoder()

@@ -178,7 +178,7 @@ class ResidentTrainer:
         # the command buffer encoded during the previous step, if it was of this shape
         ready = self._next.pop(shape, (None, None))
         cb = ready[1] if ready[0] == slot else None
-        g.submit_encoded(cb if cb is not None else g.encode(ops, plan.clears, reads))
+        index = g.submit_encoded(cb if cb is not None else g.encode(ops, plan.clears, reads))
         self._slot = slot
         self._next = {}
         if self.pre_encode:   # the next step of this shape, into the other staging buffer
@@ -190,7 +190,7 @@ class ResidentTrainer:
         prev, self._pending = self._pending, None
         if prev is not None:
             self._resolve(prev)
-        self._pending = PendingStep(self, plan, reads[0])
+        self._pending = PendingStep(self, plan, reads[0], index)
         return self._pending
 
     def finish(self) -> None:
@@ -225,7 +225,7 @@ class ResidentTrainer:
         if pending is not self._pending and self._pending is not None:
             raise AssertionError("ResidentTrainer: steps are read back in order")
         self._pending = None
-        losses, st = gpu().read_staged(pending.staging, [pending.plan.M, 2])
+        losses, st = gpu().read_staged(pending.staging, [pending.plan.M, 2], pending.index)
         self._account(st)
         pending._loss = pending.plan.loss(losses)
 
@@ -401,8 +401,9 @@ class PendingStep:
     it back (once; it waits for the GPU) and returns its loss; ``done``: already read back
     (the trainer reads a pending step back when the next one is submitted)."""
 
-    def __init__(self, trainer, plan, staging):
+    def __init__(self, trainer, plan, staging, index):
         self._trainer, self.plan, self.staging = trainer, plan, staging
+        self.index = index          # its submission (Gpu.submit_encoded), for the read-back
         self._loss = None
 
     @property

@@ -100,6 +100,39 @@ def test_ops_recorded_directly_or_through_wgpu_py_alike(direct, monkeypatch):
         g.encode([bad])
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["wgpu-native", "wgpu-py"])
+def test_read_staged_after_later_submissions(native, monkeypatch):
+    """read_staged of a step's staging buffer, with that step's submission index, after a
+    later step was submitted (as ResidentTrainer.step_async reads back): the values that
+    step wrote, by wgpu-native's map-and-poll (waiting for that submission only) or by
+    wgpu-py's map_sync; then the later one."""
+    import numpy as np
+    from mamba_ext.gpu.linear import gemm
+    assert g._native is not None                      # wgpu-py's wgpu-native backend
+    if not native:
+        monkeypatch.setattr(g, "_native", None)
+    rng = np.random.default_rng(2)
+    A = rng.integers(-3, 4, (5, 6)).astype(np.float32)
+    B = rng.integers(-3, 4, (6, 7)).astype(np.float32)
+    a, b = g.buffer(A.size, "t_a", A), g.buffer(B.size, "t_b", B)
+    c = g.buffer(35, "t_c")
+    op = gemm(g, "linear_forward", 5, 7, 6, a, 0, 6, 1, b, 0, 7, 1, c, 0, 7, beta=1)
+    st = [g.staging(35 + 6, f"t_staging{i}") for i in range(2)]
+    idx = []
+    for i in range(2):                  # C += A @ B (i + 1 times), read back with rows of A
+        g.write(a, A if i == 0 else 2 * A)
+        idx.append(g.submit_encoded(g.encode(op, reads=(st[i], [(c, 35), (a, 6)]))))
+    assert (idx[0] is None) == (not native) and (not native or idx[1] > idx[0])
+    first, row = g.read_staged(st[0], [35, 6], idx[0])
+    np.testing.assert_array_equal(first.reshape(5, 7), A @ B)     # small integers: exact
+    np.testing.assert_array_equal(row, A[0])
+    second, row = g.read_staged(st[1], [35, 6], idx[1])
+    np.testing.assert_array_equal(second.reshape(5, 7), 3 * (A @ B))
+    np.testing.assert_array_equal(row, 2 * A[0])
+    again, _ = g.read_staged(st[1], [35, 6])             # no index: waits for everything
+    np.testing.assert_array_equal(again, second)
+
+
 def test_slices_bound_as_their_own_bindings():
     """slices(): arrays of one buffer on 256-byte boundaries, each bound from its own
     offset (the kernel indexes it from 0). A buffer may not be read and written by one
