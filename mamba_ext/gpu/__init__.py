@@ -11,7 +11,9 @@ Public API (float32 NumPy arrays in and out, validated like the CPU API):
 - ``ResidentTrainer(params, lr=1e-3, ..., model_eps=1e-6, discretization="zoh",
   checkpointing=False, scaler=None)``: weights and AdamW state resident on the GPU
   (``scaler``: a ``mamba_ext.amp.DynamicLossScaler`` for mixed precision);
-  ``.step(tokens, targets) -> float``, ``.params() -> dict``
+  ``.step(tokens, targets) -> float``, ``.step_async(tokens, targets) -> PendingStep``
+  (``.result() -> float``; the next step may be submitted before it is read back),
+  ``.params() -> dict``
 - ``available()`` -> bool: wgpu is installed and finds an adapter.
 
 Modules mirror ``mamba_ext/cpu/`` (one per step, each dispatching

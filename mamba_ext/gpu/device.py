@@ -165,7 +165,7 @@ class _NativeQueue:
     Why: wgpu-py's ``map_sync`` waits on the device for the *last* submission. A trainer
     that submits step s+1 before reading back step s (ResidentTrainer.step_async) would
     then wait for s+1 too, and the GPU idle while the host prepares s+2 (H200, 4 x 256
-    model: 9.9 ms per step against 9.3 back to back, docs/gpu_h200.txt run 58). Here the
+    model: 9.8-9.9 ms per step against 9.2 with this, docs/gpu_h200.txt runs 58-59). Here the
     map is started with wgpuBufferMapAsync and the device polled until that submission is
     done (wgpuDevicePoll with its index), which fires the map's callback; the bytes are
     copied out and the buffer unmapped. wgpu-py's own object never sees the map (its

@@ -152,8 +152,8 @@ class ResidentTrainer:
 
         The step before, if still pending, is read back after this one is submitted, so
         the GPU goes from one step to the next without waiting for the host's read-back,
-        validation and uploads in between (the 4 x 256 model on an H200: 10.1 ms per step
-        read back one by one, 9.2 ms back to back, docs/gpu_h200.txt run 57). A loop that
+        validation and uploads in between (the 4 x 256 model on an H200: 9.8 ms per step
+        read back one by one, 9.2 ms pipelined, docs/gpu_h200.txt run 59). A loop that
         calls ``step_async`` for each batch and reads each step's ``result()`` after
         submitting the next runs the same steps, bit for bit, as :meth:`step`: the step
         count that the bias corrections need is kept on the GPU (a step may be skipped),
