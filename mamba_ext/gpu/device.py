@@ -206,10 +206,13 @@ class _NativeQueue:
             lib.wgpuBufferMapAsync(buffer._internal, lib.WGPUMapMode_Read, 0, nbytes, info[0])
             which = ffi.NULL if index is None else ffi.new("WGPUSubmissionIndex *", index)
             lib.wgpuDevicePoll(self.device, True, which)
-            spins = 0
-            while self._status[key] is None:        # done, but its callback not yet run
-                lib.wgpuDevicePoll(self.device, spins > 1000, ffi.NULL)
-                spins += 1
+            for _ in range(100):                    # done, but its callback not yet run:
+                if self._status[key] is not None:   # wait for everything (a bounded number
+                    break                           # of times: a lost device must not hang)
+                lib.wgpuDevicePoll(self.device, True, ffi.NULL)
+            if self._status[key] is None:
+                raise RuntimeError("mamba_ext.gpu: a read-back buffer was never mapped (the "
+                                   "device may be lost)")
             if self._status[key] != lib.WGPUMapAsyncStatus_Success:
                 raise RuntimeError(f"mamba_ext.gpu: mapping a read-back buffer failed "
                                    f"(WGPUMapAsyncStatus {self._status[key]})")

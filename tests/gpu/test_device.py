@@ -131,6 +131,9 @@ def test_read_staged_after_later_submissions(native, monkeypatch):
     np.testing.assert_array_equal(row, 2 * A[0])
     again, _ = g.read_staged(st[1], [35, 6])             # no index: waits for everything
     np.testing.assert_array_equal(again, second)
+    if native:       # a buffer that cannot be mapped: a clear error, no hang
+        with pytest.raises(RuntimeError, match="mapping a read-back buffer failed"):
+            g.read_staged(c, [35])
 
 
 def test_slices_bound_as_their_own_bindings():
