@@ -52,19 +52,27 @@ def test_pipelines_built_once():
     assert a is b and a is not c
 
 
+def _accumulating_product(seed, c0=99.0):
+    """A small integer product C (5, 7) += A (5, 6) @ B (6, 7) (exact in float32): (A, B,
+    the buffers a, b, c (C starts at c0) and its ops)."""
+    import numpy as np
+    from mamba_ext.gpu.linear import gemm
+    rng = np.random.default_rng(seed)
+    A = rng.integers(-3, 4, (5, 6)).astype(np.float32)
+    B = rng.integers(-3, 4, (6, 7)).astype(np.float32)
+    a, b = g.buffer(A.size, "t_a", A), g.buffer(B.size, "t_b", B)
+    c = g.buffer(35, "t_c", np.full(35, c0, np.float32))
+    return A, B, a, b, c, gemm(g, "linear_forward", 5, 7, 6, a, 0, 6, 1, b, 0, 7, 1, c, 0, 7,
+                               beta=1)
+
+
 def test_submit_in_several_command_buffers_runs_every_op_after_the_clears():
     """A submit longer than SUBMIT_FIRST goes in several command buffers: every op runs
     once, after the clears (and the clears only once), as in one pass."""
     import numpy as np
     from mamba_ext.gpu import device as dev
-    from mamba_ext.gpu.linear import gemm
-    rng = np.random.default_rng(0)
-    A = rng.integers(-3, 4, (5, 6)).astype(np.float32)
-    B = rng.integers(-3, 4, (6, 7)).astype(np.float32)
-    a, b = g.buffer(A.size, "t_a", A), g.buffer(B.size, "t_b", B)
-    c = g.buffer(35, "t_c", np.full(35, 99.0, np.float32))
+    A, B, a, b, c, op = _accumulating_product(0)
     count = 3 * dev.SUBMIT_FIRST + 5                  # three command buffers
-    op = gemm(g, "linear_forward", 5, 7, 6, a, 0, 6, 1, b, 0, 7, 1, c, 0, 7, beta=1)
     g.submit(op * count, clears=[c])
     got = g.read(c, 35).reshape(5, 7)
     np.testing.assert_array_equal(got, count * (A @ B))   # small integers: exact
@@ -81,16 +89,10 @@ def test_ops_recorded_directly_or_through_wgpu_py_alike(direct, monkeypatch):
     import numpy as np
     import wgpu
     from mamba_ext.gpu import device as dev
-    from mamba_ext.gpu.linear import gemm
     assert g._record is not None                      # wgpu-py's wgpu-native backend
     if not direct:
         monkeypatch.setattr(g, "_record", None)
-    rng = np.random.default_rng(1)
-    A = rng.integers(-3, 4, (5, 6)).astype(np.float32)
-    B = rng.integers(-3, 4, (6, 7)).astype(np.float32)
-    a, b = g.buffer(A.size, "t_a", A), g.buffer(B.size, "t_b", B)
-    c = g.buffer(35, "t_c", np.full(35, 99.0, np.float32))
-    op = gemm(g, "linear_forward", 5, 7, 6, a, 0, 6, 1, b, 0, 7, 1, c, 0, 7, beta=1)
+    A, B, a, b, c, op = _accumulating_product(1)
     g.submit(op * 3, clears=[c])
     np.testing.assert_array_equal(g.read(c, 35).reshape(5, 7), 3 * (A @ B))
     g.submit_encoded(g.encode(op * 2, clears=[c]))
@@ -107,16 +109,10 @@ def test_read_staged_after_later_submissions(native, monkeypatch):
     step wrote, by wgpu-native's map-and-poll (waiting for that submission only) or by
     wgpu-py's map_sync; then the later one."""
     import numpy as np
-    from mamba_ext.gpu.linear import gemm
     assert g._native is not None                      # wgpu-py's wgpu-native backend
     if not native:
         monkeypatch.setattr(g, "_native", None)
-    rng = np.random.default_rng(2)
-    A = rng.integers(-3, 4, (5, 6)).astype(np.float32)
-    B = rng.integers(-3, 4, (6, 7)).astype(np.float32)
-    a, b = g.buffer(A.size, "t_a", A), g.buffer(B.size, "t_b", B)
-    c = g.buffer(35, "t_c")
-    op = gemm(g, "linear_forward", 5, 7, 6, a, 0, 6, 1, b, 0, 7, 1, c, 0, 7, beta=1)
+    A, B, a, b, c, op = _accumulating_product(2, c0=0.0)
     st = [g.staging(35 + 6, f"t_staging{i}") for i in range(2)]
     idx = []
     for i in range(2):                  # C += A @ B (i + 1 times), read back with rows of A
