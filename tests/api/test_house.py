@@ -144,7 +144,7 @@ def test_train_refuses_a_bad_eps(tmp_path):
 
 def _python(code: str, env_extra=None) -> dict:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("OMP_WAIT_POLICY", "OPENBLAS_THREAD_TIMEOUT")}
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OPENBLAS_THREAD_TIMEOUT")}
     env.update(env_extra or {})
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                        cwd=tempfile.gettempdir(), timeout=300)
@@ -169,22 +169,26 @@ def test_configure_threads_before_and_after_the_kernels_load():
     out = _python(
         "import os, json, mamba_ext\n"
         "first = mamba_ext.configure_threads()\n"
-        "env = {k: os.environ.get(k) for k in ('OMP_WAIT_POLICY', 'OPENBLAS_THREAD_TIMEOUT')}\n"
+        "env = {k: os.environ.get(k) for k in ('OMP_WAIT_POLICY', 'GOMP_SPINCOUNT',"
+        " 'OPENBLAS_THREAD_TIMEOUT')}\n"
         "import mamba_ext.block\n"
         "again = mamba_ext.configure_threads()\n"
         "print(json.dumps({'first': first, 'env': env, 'again': again}))\n")
-    assert out["first"] == {"OMP_WAIT_POLICY": True, "OPENBLAS_THREAD_TIMEOUT": True}
-    assert out["env"] == {"OMP_WAIT_POLICY": "PASSIVE", "OPENBLAS_THREAD_TIMEOUT": "4"}
+    assert out["first"] == {"OMP_WAIT_POLICY": True, "GOMP_SPINCOUNT": True,
+                            "OPENBLAS_THREAD_TIMEOUT": True}
+    assert out["env"] == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000",
+                          "OPENBLAS_THREAD_TIMEOUT": "4"}
     # both libraries are loaded now: too late for either setting
     assert out["again"]["OPENBLAS_THREAD_TIMEOUT"] is False
     if sys.platform.startswith("linux"):
-        assert out["again"]["OMP_WAIT_POLICY"] is False
+        assert out["again"]["OMP_WAIT_POLICY"] is out["again"]["GOMP_SPINCOUNT"] is False
 
 
 def test_configure_threads_keeps_the_users_setting():
     out = _python("import os, json, mamba_ext\nmamba_ext.configure_threads()\n"
-                  "print(json.dumps(os.environ['OMP_WAIT_POLICY']))\n", {"OMP_WAIT_POLICY": "ACTIVE"})
-    assert out == "ACTIVE"
+                  "print(json.dumps([os.environ['OMP_WAIT_POLICY'], os.environ['GOMP_SPINCOUNT']]))\n",
+                  {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "0"})
+    assert out == ["ACTIVE", "0"]
 
 
 # ---- one version string ---------------------------------------------------------------------
