@@ -216,10 +216,13 @@ class _NativeQueue:
             if self._status[key] != lib.WGPUMapAsyncStatus_Success:
                 raise RuntimeError(f"mamba_ext.gpu: mapping a read-back buffer failed "
                                    f"(WGPUMapAsyncStatus {self._status[key]})")
-            ptr = lib.wgpuBufferGetConstMappedRange(buffer._internal, 0, nbytes)
-            out = np.frombuffer(ffi.buffer(ptr, nbytes), np.uint8).copy()
-            lib.wgpuBufferUnmap(buffer._internal)
-            return out
+            try:                                    # mapped: unmapped again whatever happens
+                ptr = lib.wgpuBufferGetConstMappedRange(buffer._internal, 0, nbytes)
+                if ptr == ffi.NULL:
+                    raise RuntimeError("mamba_ext.gpu: a mapped read-back buffer gave no range")
+                return np.frombuffer(ffi.buffer(ptr, nbytes), np.uint8).copy()
+            finally:
+                lib.wgpuBufferUnmap(buffer._internal)
         finally:
             del self._status[key]
 
