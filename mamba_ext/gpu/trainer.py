@@ -82,9 +82,10 @@ class ResidentTrainer:
             self.w16 = g.buffer(self.n, "params_fp16")
             self._amp = AmpOps(g, self.n, self.w, self.w16, self.gr)
         self._plans = {}            # (B, L) -> ModelPlan
-        # (B, L) -> the command buffer of the next step of that shape (Gpu.encode): the host's
-        # encoding hidden behind the GPU's work (4 x 256 step on an H200: 727,263 -> 771,316
-        # tokens/s, docs/gpu_h200.txt run 41); only the last step's shape is kept
+        # (B, L) -> the command buffer of the next step of that shape (Gpu.encode), into the
+        # staging buffer of the next slot: the host's encoding hidden behind the GPU's work
+        # (4 x 256 step on an H200: 727,263 -> 771,316 tokens/s, docs/gpu_h200.txt run 41);
+        # only the last step's shape is kept
         self._next = {}
         self.pre_encode = True
         # ((B, L), slot) -> (MAP_READ staging buffer, what it gets): two per shape, the steps
@@ -170,28 +171,30 @@ class ResidentTrainer:
         g = gpu()
         shape = (plan.B, plan.L)
         slot = 1 - self._slot
-        reads = self._reads.get((shape, slot))
-        if reads is None:     # per-row losses (M,) and AdamW's (grad norm^2, skip)
-            parts = [(plan.losses, plan.M), (self._adamw.stat, 2)]
-            reads = self._reads[(shape, slot)] = (g.staging(plan.M + 2, "step_readback"), parts)
+        reads = self._readback(plan, slot)
         ops = ops + self._adamw.ops
-        # the command buffer encoded during the previous step, if it was of this shape
-        ready = self._next.pop(shape, (None, None))
-        cb = ready[1] if ready[0] == slot else None
+        # the command buffer encoded during the previous step, if it was of this shape (it
+        # reads back into this slot: only this method changes the slot, by one each step)
+        cb = self._next.pop(shape, None)
         index = g.submit_encoded(cb if cb is not None else g.encode(ops, plan.clears, reads))
         self._slot = slot
         self._next = {}
         if self.pre_encode:   # the next step of this shape, into the other staging buffer
-            other = self._reads.get((shape, 1 - slot))
-            if other is None:
-                other = self._reads[(shape, 1 - slot)] = (
-                    g.staging(plan.M + 2, "step_readback"), reads[1])
-            self._next = {shape: (1 - slot, g.encode(ops, plan.clears, other))}
+            self._next = {shape: g.encode(ops, plan.clears, self._readback(plan, 1 - slot))}
         prev, self._pending = self._pending, None
         if prev is not None:
             self._resolve(prev)
         self._pending = PendingStep(self, plan, reads[0], index)
         return self._pending
+
+    def _readback(self, plan, slot):
+        """(MAP_READ staging buffer, parts) of ``slot`` for steps of ``plan``'s shape: the
+        per-row losses (M,) and AdamW's (grad norm^2, skip); made once."""
+        key = ((plan.B, plan.L), slot)
+        if key not in self._reads:
+            self._reads[key] = (gpu().staging(plan.M + 2, "step_readback"),
+                                [(plan.losses, plan.M), (self._adamw.stat, 2)])
+        return self._reads[key]
 
     def finish(self) -> None:
         """Read back the step that :meth:`step_async` left pending, if any."""
