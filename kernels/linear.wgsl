@@ -53,15 +53,16 @@
 // (measured on an H200: 23.5 -> 28.7 TFLOP/s on in_proj's dX, docs/gpu_h200.txt).
 // PREFETCH: the next step's operands are loaded into registers while this step
 // is computed, then stored after a barrier. Both operands are kept k-major in
-// workgroup memory (As[k][i], Bs[k][j], 32 vec4 per k) with the vec4 slot of
-// row group s stored at s ^ swz(k), swz(k) = (k / 2) % 8. A k-contiguous operand
-// (the forward's X and W^T, the backward's dY) is loaded as 4 rows x 4 k per
-// invocation and transposed in registers, so that every workgroup store is
-// 16 bytes (scalar transposing stores cost a third of the forward's speed). The
-// swizzle keeps those stores and the compute loop's reads conflict-free
-// (broadcast for A, 16 consecutive vec4 for B). Out-of-range rows, columns and
-// k are zero-filled on load and skipped on store, so no size needs to be a
-// multiple of a tile.
+// workgroup memory (As[k][i], Bs[k][j]: slot s of a k row = rows 4s..4s+3), placed
+// so that every address of the compute loop is ty or tx plus a constant (an XOR
+// swizzle costs index arithmetic per read: block d's products 33.6 -> 34.6 TFLOP/s
+// without it, docs/gpu_h200.txt run 64; see tix). A k-contiguous operand (the
+// forward's X and W^T, the backward's dY) is loaded as 4 rows x 4 k per invocation
+// and transposed in registers, so that every workgroup store is 16 bytes (scalar
+// transposing stores cost a third of the forward's speed). Stores and the compute
+// loop's reads (broadcast for A, 16 consecutive vec4 for B) are conflict-free (see
+// share_pos and tix). Out-of-range rows, columns and k are zero-filled on load and
+// skipped on store, so no size needs to be a multiple of a tile.
 
 struct Params {
     M: u32, N: u32, K: u32,
@@ -98,10 +99,24 @@ override PREFETCH: bool = true;
 
 const BK: u32 = 16u;
 const SLOTS: u32 = 32u;                 // vec4 slots per k row of a 128-wide tile
+// ROT (set by the host where the device has >= 20 KiB of workgroup memory): k rows of
+// TROW = 40 vec4, a k-contiguous operand's slot s of row k at s + 2 (k / 4), see tix;
+// else rows of 32, unshifted.
+override ROT: bool = false;
+override TROW: u32 = select(SLOTS, 40u, ROT);
 
-// (2 BK, 128): rows k = 0..BK-1 the A tile As[k][i], rows BK + k the B tile Bs[k][j],
-// k-major, 16 KiB.
-var<workgroup> T: array<array<vec4<f32>, SLOTS>, 2u * BK>;
+// (2 BK, TROW) vec4: rows k = 0..BK-1 the A tile As[k][i], rows BK + k the B tile
+// Bs[k][j], k-major; 16 KiB, 20 KiB with ROT.
+var<workgroup> T: array<vec4<f32>, 2u * BK * TROW>;
+
+// Index in T of slot s of row base + k (base 0: A's tile, BK: B's; k < BK) of an
+// operand that is k-contiguous or not (kfast). With ROT a k-contiguous operand's
+// slots are shifted by 2 (k / 4): the four k = 4h + c that a quarter-warp stores at
+// once (share_pos) then fall in distinct banks, and the shift is a constant at every
+// read of `mac`, as no shift is.
+fn tix(base: u32, k: u32, s: u32, kfast: bool) -> u32 {
+    return (base + k) * TROW + s + select(0u, 2u * (k >> 2u), ROT && kfast);
+}
 
 // The micro-tile of this invocation (see gemm_tile): module-scope so that `mac` can
 // update it; the compiler keeps them in registers once `mac` is inlined.
@@ -114,8 +129,6 @@ var<private> c50: vec4<f32>; var<private> c51: vec4<f32>;
 var<private> c60: vec4<f32>; var<private> c61: vec4<f32>;
 var<private> c70: vec4<f32>; var<private> c71: vec4<f32>;
 var<private> rs0: vec4<f32>; var<private> rs1: vec4<f32>;
-
-fn swz(k: u32) -> u32 { return (k >> 1u) & 7u; }
 
 // A(i, k..k+3) (A_KFAST) or A(i..i+3, k) (else), zero outside [0, M) x [0, klim).
 fn load_a(i: u32, k: u32, klim: u32) -> vec4<f32> {
@@ -154,11 +167,15 @@ fn load_b(j: u32, k: u32, klim: u32) -> vec4<f32> {
 // One step's tiles are loaded by the workgroup split in two (warp-uniform): invocations
 // 0..127 load A's tile, 128..255 B's, four vec4 each (share q = 0..3). Position of
 // share q in its tile (row or column, k):
-// - k-contiguous operand (KFAST): rows (columns) 4g+q at k 4h..4h+3, g = t / 4,
-//   h = t % 4 (four invocations read 64 contiguous bytes of a row);
+// - k-contiguous operand (KFAST): rows (columns) 4g+q at k 4h..4h+3; a warp reads
+//   8 rows x 64 contiguous bytes (4 h). ROT: g = t / 4, h = t % 4 (a quarter-warp
+//   reads 2 rows x 64 bytes and stores 2 g x 4 h, in distinct banks by tix's shift);
+//   else t's bits are 2 g-high | 2 h | 3 g-low (a quarter-warp stores one h, 8
+//   consecutive g: 8 consecutive slots; its loads touch 8 rows, slower: run 63);
 // - otherwise: vec4 number v = t + 128 q of the tile: k = v / 32, rows 4 (v % 32)..+3.
 fn share_pos(t: u32, q: u32, kfast: bool) -> vec2<u32> {
-    if (kfast) { return vec2<u32>(4u * (t >> 2u) + q, (t & 3u) << 2u); }
+    if (kfast && ROT) { return vec2<u32>(4u * (t >> 2u) + q, (t & 3u) << 2u); }
+    if (kfast) { return vec2<u32>(4u * (((t >> 5u) << 3u) | (t & 7u)) + q, ((t >> 3u) & 3u) << 2u); }
     let v = t + 128u * q;
     return vec2<u32>((v & 31u) << 2u, v >> 5u);
 }
@@ -174,37 +191,36 @@ fn fetch(tid: u32, row0: u32, col0: u32, k0: u32, klim: u32, q: u32) -> vec4<f32
 
 // Store the four shares of fetch into T (A at rows 0..15, B at 16..31). A KFAST share
 // (4 rows x 4 k) is transposed in registers into one vec4 per k, so every store is
-// 16 bytes; the slots of eight neighbouring invocations land in eight distinct
-// 16-byte bank groups (swz).
+// 16 bytes (share_pos, tix: a quarter-warp's eight stores hit distinct banks).
 fn put(tid: u32, r0: vec4<f32>, r1: vec4<f32>, r2: vec4<f32>, r3: vec4<f32>) {
     let t = tid & 127u;
     let base = select(BK, 0u, tid < 128u);
     if (select(B_KFAST, A_KFAST, tid < 128u)) {
-        let g = t >> 2u;
-        let k = (t & 3u) << 2u;
-        T[base + k][g ^ swz(k)] = vec4<f32>(r0.x, r1.x, r2.x, r3.x);
-        T[base + k + 1u][g ^ swz(k + 1u)] = vec4<f32>(r0.y, r1.y, r2.y, r3.y);
-        T[base + k + 2u][g ^ swz(k + 2u)] = vec4<f32>(r0.z, r1.z, r2.z, r3.z);
-        T[base + k + 3u][g ^ swz(k + 3u)] = vec4<f32>(r0.w, r1.w, r2.w, r3.w);
+        let pos = share_pos(t, 0u, true);
+        let g = pos.x >> 2u;
+        let k = pos.y;
+        T[tix(base, k, g, true)] = vec4<f32>(r0.x, r1.x, r2.x, r3.x);
+        T[tix(base, k + 1u, g, true)] = vec4<f32>(r0.y, r1.y, r2.y, r3.y);
+        T[tix(base, k + 2u, g, true)] = vec4<f32>(r0.z, r1.z, r2.z, r3.z);
+        T[tix(base, k + 3u, g, true)] = vec4<f32>(r0.w, r1.w, r2.w, r3.w);
     } else {
         let v = vec4<u32>(t, t + 128u, t + 256u, t + 384u);
         let k = v >> vec4<u32>(5u);
         let sl = v & vec4<u32>(31u);
-        T[base + k.x][sl.x ^ swz(k.x)] = r0;
-        T[base + k.y][sl.y ^ swz(k.y)] = r1;
-        T[base + k.z][sl.z ^ swz(k.z)] = r2;
-        T[base + k.w][sl.w ^ swz(k.w)] = r3;
+        T[tix(base, k.x, sl.x, false)] = r0;
+        T[tix(base, k.y, sl.y, false)] = r1;
+        T[tix(base, k.z, sl.z, false)] = r2;
+        T[tix(base, k.w, sl.w, false)] = r3;
     }
 }
 
 // Step k of the micro-tile: rows from As[k], columns from Bs[k] (k is a constant at
 // every call, see the header).
 fn mac(k: u32, ty: u32, tx: u32, rows_sum: bool) {
-    let sw = swz(k);
-    let a0 = T[k][ty ^ sw];
-    let a1 = T[k][(ty + 16u) ^ sw];
-    let b0 = T[BK + k][tx ^ sw];
-    let b1 = T[BK + k][(tx + 16u) ^ sw];
+    let a0 = T[tix(0u, k, ty, A_KFAST)];
+    let a1 = T[tix(0u, k, ty + 16u, A_KFAST)];
+    let b0 = T[tix(BK, k, tx, B_KFAST)];
+    let b1 = T[tix(BK, k, tx + 16u, B_KFAST)];
     c00 = fma(vec4<f32>(a0.x), b0, c00); c01 = fma(vec4<f32>(a0.x), b1, c01);
     c10 = fma(vec4<f32>(a0.y), b0, c10); c11 = fma(vec4<f32>(a0.y), b1, c11);
     c20 = fma(vec4<f32>(a0.z), b0, c20); c21 = fma(vec4<f32>(a0.z), b1, c21);

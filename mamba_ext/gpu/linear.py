@@ -56,6 +56,15 @@ SPLIT_ALL = True
 # H200 (docs/gpu_h200.txt, run 26): without it in_proj's forward 34.2 against 32.1
 # TFLOP/s and out_proj's 33.9 against 32.0; with it the dW products 32.3 against 29.8.
 PREFETCH = None
+# Layout of the tiles in workgroup memory (override ROT of kernels/linear.wgsl): rows of
+# 40 vec4 with a k-contiguous operand's slots shifted by a constant per k, where the
+# device has the 20 KiB it takes; else rows of 32, unshifted, with the k-contiguous loads
+# assigned so that no stores conflict. Measured on an H200 (docs/gpu_h200.txt, run 64,
+# alternated, block d's six in_proj/out_proj products): the XOR swizzle this replaces
+# 33.6 TFLOP/s mean, ROT 34.6 (forward and dX +4-8%, dW -2%), rows of 32 32.2; block c
+# 1.93 -> 1.85 ms, block d 17.09 -> 16.85 ms, the 24 x 768 step 36,659 -> 37,744 tok/s.
+ROT_MEMORY = 2 * GEMM_BK * 40 * 16
+ROT = None          # None = where the device has ROT_MEMORY; True / False = always / never
 
 
 def split_count(g, M, N, K):
@@ -109,7 +118,8 @@ def gemm(g, entry, M, N, K, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, c, c_off
     consts = {"A_KFAST": a_kfast, "B_KFAST": b_kfast, "A_VEC": a_vec, "B_VEC": b_vec,
               "BIAS_GRAD": dbias is not None,
               "SPLIT": S > 1,
-              "PREFETCH": not (a_kfast or b_kfast) if PREFETCH is None else PREFETCH}
+              "PREFETCH": not (a_kfast or b_kfast) if PREFETCH is None else PREFETCH,
+              "ROT": g.wg_memory >= ROT_MEMORY if ROT is None else ROT}
     params = [M, N, K, a_off, a_rs, a_cs, b_off, b_rs, b_cs, c_off, c_rs, bias_off,
               0 if bias is None else 1, beta, 0 if res is None else 1, db_off, kc]
     buffers = [a, a, b, b, a if bias is None else bias, a if res is None else res, c,

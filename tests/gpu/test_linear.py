@@ -22,13 +22,17 @@ from mamba_ext.gpu.linear import linear_backward, linear_forward  # noqa: E402
 SHAPES = [(1, 1, 1), (3, 5, 7), (65, 17, 129), (130, 48, 70), (37, 200, 3)]
 
 
-@pytest.fixture(params=[(True, False), (False, False), (True, True)],
-                ids=["prefetch", "plain", "split"])
+@pytest.fixture(params=[(True, False, None), (False, False, None), (True, True, None),
+                        (True, False, False), (False, False, False)],
+                ids=["prefetch", "plain", "split", "rows32-prefetch", "rows32-plain"])
 def stages(request, monkeypatch):
     """Every tile loop: with register prefetch, the plain loop (no prefetch); and
     split-K forced on every product with a contraction of 32 or more (slices, then
-    linear_split_sum)."""
+    linear_split_sum); the layout of workgroup memory for devices with less than 20 KiB
+    of it (ROT off: rows of 32, the k-contiguous loads assigned otherwise) where the
+    device has more."""
     monkeypatch.setattr(lin, "PREFETCH", request.param[0])
+    monkeypatch.setattr(lin, "ROT", request.param[2])
     if request.param[1]:
         monkeypatch.setattr(lin, "SPLIT_ALL", True)
         monkeypatch.setattr(lin, "MIN_SPLIT_K", 16)
