@@ -434,7 +434,7 @@ fn pass2_back(l: Lane, li: u32, bk: Blk, ts: u32) {
                 dc[q] = dyv * fma(ex, hp, coef * bu);   // dyv * h_t
                 if (p.zoh == 1u) {
                     sdd += dot(ghe, A) + dot(gbu, ex);
-                    dA[q] += ghe * dl + gbu * (dl * dl) * zoh_dfactor_v4(x, ex, em1);
+                    dA[q] += ghe * dl + gbu * zoh_dcoef_v4(x, ex, em1, dl, rA[q]);
                 } else {
                     sdd += dot(ghe, A) + dot(gbu, vec4<f32>(1.0));
                     dA[q] += ghe * dl;
