@@ -27,7 +27,7 @@ still in the buffer after the forward, so it is not recomputed.
 """
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
-from libc.math cimport exp, expf, log
+from libc.math cimport log
 from libc.stdint cimport int64_t
 from cython.parallel cimport prange
 
@@ -36,6 +36,7 @@ import numpy as np
 
 from mamba_ext.cpu.types cimport floating, idx_t
 from mamba_ext.cpu.constants cimport DEFAULT_EPS
+from mamba_ext.cpu.activations cimport mx_exp_shift_f, mx_exp_shift_d
 from mamba_ext.cpu.block cimport (mamba_dims, MAMBA_NPARAMS, block_cache_len,
                                block_forward_state, block_backward_state)
 from mamba_ext.cpu.linear cimport linear_forward, linear_backward
@@ -173,7 +174,7 @@ cdef void cross_entropy_forward_backward(double* row_loss, floating* logits,
     # seed_scale = loss_scale / M. exp in the kernel's precision, sums in double.
     cdef idx_t r, v
     cdef floating* row
-    cdef floating mx, e, picked
+    cdef floating mx, picked
     cdef double s, scale
     for r in prange(M, schedule='static', num_threads=n_threads, nogil=True):
         row = logits + r * V
@@ -182,14 +183,15 @@ cdef void cross_entropy_forward_backward(double* row_loss, floating* logits,
         for v in range(1, V):
             if row[v] > mx:
                 mx = row[v]
+        # row <- exp(row - max) (one vectorised loop, csrc/mx_activations.h), summed in
+        # double in index order
+        if floating is float:
+            mx_exp_shift_f(row, mx, V)
+        else:
+            mx_exp_shift_d(row, mx, V)
         s = 0.0
-        for v in range(V):          # row <- exp(row - max), summed in double
-            if floating is float:
-                e = expf(row[v] - mx)
-            else:
-                e = exp(row[v] - mx)
-            row[v] = e
-            s = s + e
+        for v in range(V):
+            s = s + row[v]
         row_loss[r] = mx + log(s) - picked
         scale = seed_scale / s
         for v in range(V):          # (softmax - onehot) * loss_scale / M

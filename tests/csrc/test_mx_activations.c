@@ -83,6 +83,8 @@ int main(void) {
              d[i] * (mx_sigmoidf(x[i]) * (1 + x[i] * (1 - mx_sigmoidf(x[i])))));
     EXPECT_F("softplus_backward_f", (memcpy(o, d, sizeof o), mx_softplus_backward_f(o, y, NV)),
              d[i] * -mx_expm1f(-y[i]));
+    EXPECT_F("exp_shift_f", (memcpy(o, x, sizeof o), mx_exp_shift_f(o, 2.5f, NV)),
+             mx_expf(x[i] - 2.5f));
 
     EXPECT_D("silu_forward_d", mx_silu_forward_d(od, xd, NV), xd[i] * (1 / (1 + exp(-xd[i]))));
     EXPECT_D("softplus_forward_d", (memcpy(od, xd, sizeof od), mx_softplus_forward_d(od, NV)),
@@ -92,10 +94,16 @@ int main(void) {
     EXPECT_D("softplus_backward_d", (memcpy(od, dd, sizeof od),
                                      mx_softplus_backward_d(od, yd, NV)),
              dd[i] * -expm1(-yd[i]));
+    EXPECT_D("exp_shift_d", (memcpy(od, xd, sizeof od), mx_exp_shift_d(od, 2.5, NV)),
+             exp(xd[i] - 2.5));
 
     /* limits: silu(-100) = -0 or tiny, softplus(100) = 100, softplus(-100) = 0 */
     mx_softplus_forward_f(memcpy(o, x, sizeof o), NV);
     MX_CHECK(o[0] == 100.0f && o[1] == 0.0f, "softplus(+-100) = %a, %a", o[0], o[1]);
+    /* the softmax's exp of a row minus its maximum: exp(0) = 1 exactly, far below -> 0 */
+    o[0] = 3.0f; o[1] = -200.0f;
+    mx_exp_shift_f(o, 3.0f, 2);
+    MX_CHECK(o[0] == 1.0f && o[1] == 0.0f, "exp_shift(0), exp_shift(-203) = %a, %a", o[0], o[1]);
     printf("row kernels: %d mismatches\n", bad);     /* same text on every target */
     printf("%s (%d failure%s)\n", mx_test_failures ? "FAILED" : "OK", mx_test_failures,
            mx_test_failures == 1 ? "" : "s");

@@ -4,7 +4,8 @@
  * to AVX-512 / AVX2 clones where available); the block calls them row by row in
  * parallel (mamba_ext/cpu/block.pyx).
  *
- * Size letter: n values of one row (D, the inner width, in the block).
+ * Size letter: n values of one row (D, the inner width, in the block; V, the vocabulary,
+ * for exp_shift in the cross-entropy of mamba_ext/cpu/model.pyx).
  *   silu(x) = x * sigmoid(x); silu'(x) = s (1 + x (1 - s)), s = sigmoid(x)
  *   softplus(x) = max(x, 0) + log1p(exp(-|x|)); softplus'(x) = sigmoid(x) = -expm1(-softplus(x))
  * float32 uses the branch-free helpers of mx_math.h, double uses libm.
@@ -17,7 +18,7 @@
 #include "mx_compat.h"
 #include "mx_math.h"
 
-#define MX_ACTIVATION_KERNELS(T, SFX, SIGMOID, SOFTPLUS, EXPM1, SIMD)                    \
+#define MX_ACTIVATION_KERNELS(T, SFX, SIGMOID, SOFTPLUS, EXPM1, EXP, SIMD)               \
 /* out (n,) = silu(conv (n,)); out may alias conv (no restrict) */                       \
 MX_KERNEL void mx_silu_forward_##SFX(T* out, const T* conv, ptrdiff_t n) {              \
     MX_SIMD_IF(SIMD)                                                                     \
@@ -61,13 +62,18 @@ MX_KERNEL void mx_softplus_backward_##SFX(T* MX_RESTRICT ddelta,                
                                           const T* MX_RESTRICT delta, ptrdiff_t n) {     \
     MX_SIMD_IF(SIMD)                                                                     \
     for (ptrdiff_t i = 0; i < n; i++) ddelta[i] *= -EXPM1(-delta[i]);                    \
+}                                                                                        \
+/* x (n,) = exp(x - shift) in place (a logits row minus its maximum: the softmax) */     \
+MX_KERNEL void mx_exp_shift_##SFX(T* MX_RESTRICT x, T shift, ptrdiff_t n) {             \
+    MX_SIMD_IF(SIMD)                                                                     \
+    for (ptrdiff_t i = 0; i < n; i++) x[i] = EXP(x[i] - shift);                          \
 }
 
 /* SIMD 1 for float: the inline branch-free helpers vectorise (`omp simd`); 0 for double:
    libm calls, which no compiler vectorises */
 MX_KERNELS_BEGIN
-MX_ACTIVATION_KERNELS(float, f, mx_sigmoidf, mx_softplusf, mx_expm1f, 1)
-MX_ACTIVATION_KERNELS(double, d, mx_sigmoid, mx_softplus, expm1, 0)
+MX_ACTIVATION_KERNELS(float, f, mx_sigmoidf, mx_softplusf, mx_expm1f, mx_expf, 1)
+MX_ACTIVATION_KERNELS(double, d, mx_sigmoid, mx_softplus, expm1, exp, 0)
 MX_KERNELS_END
 
 #endif /* MX_ACTIVATIONS_H */
