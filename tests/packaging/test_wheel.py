@@ -96,18 +96,23 @@ def test_wheel_ships_kernels_pxd_header_stubs_and_modules(wheel_path):
 
 def test_installed_distribution_lists_the_data_files():
     """The pip-installed package (CI) holds the same data files as the wheel."""
-    try:
-        dist_files = importlib.metadata.files("mamba_ext")
-    except importlib.metadata.PackageNotFoundError:
-        dist_files = None
-    if dist_files is None:
+    pkg = Path(importlib.util.find_spec("mamba_ext").origin).parent
+    if pkg.resolve() == (REPO / "mamba_ext").resolve():
+        # an editable install (`pip install -e .`, the README's main job) or an in-place
+        # build on PYTHONPATH: the source tree is imported, no installed file list exists
         if os.environ.get("CI"):
-            pytest.fail("CI runs against a pip-installed mamba_ext, but none is installed")
-        pytest.skip("mamba_ext is not pip-installed here (in-place build on PYTHONPATH)")
-    installed = {str(f).replace(os.sep, "/") for f in dist_files}
+            pytest.fail("CI runs against a pip-installed mamba_ext, but the source tree's is "
+                        "imported")
+        pytest.skip("mamba_ext is imported from the source tree (editable or in-place build); "
+                    "`pip install .` to check the installed files")
+    # the metadata installed beside the imported package (not, say, an egg-info directory of
+    # the source tree that happens to be on sys.path)
+    dists = [d for d in importlib.metadata.distributions(path=[str(pkg.parent)])
+             if d.metadata["Name"] == "mamba_ext"]
+    assert len(dists) == 1, f"{len(dists)} mamba_ext distributions in {pkg.parent}"
+    installed = {str(f).replace(os.sep, "/") for f in dists[0].files or ()}
     missing = sorted(expected_wheel_files() - installed)
     assert not missing, f"installed mamba_ext lacks {missing}"
-    pkg = Path(importlib.util.find_spec("mamba_ext").origin).parent
     assert (pkg / "include" / "mamba_ext" / "mamba_ext.h").is_file()
 
 
