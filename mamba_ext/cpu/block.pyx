@@ -224,16 +224,16 @@ cdef int block_forward_state(floating* out, floating* cache,
 
     memcpy(cache + cl.x, x, M * Dm * sizeof(floating))
     rmsnorm_forward(xn, cache + cl.rstd, x, params[P_normWeight], M, Dm, d.eps)
-    linear_forward(xz, xn, params[P_wInProj], params[P_bInProj], M, Dm, 2 * D)
-    conv1d_forward(u, xz, 2 * D, params[P_wConv], params[P_bConv], B, L, D, K)
+    linear_forward(xz, xn, params[P_wInProj], params[P_bInProj], M, Dm, 2 * D, nt)
+    conv1d_forward(u, xz, 2 * D, params[P_wConv], params[P_bConv], B, L, D, K, nt)
     if conv_state != NULL:
         conv_history_forward(u, params[P_wConv], conv_state, B, L, D, K)
     if conv_tail != NULL:
         conv_tail_io(conv_tail, xz, <floating*>conv_state, B, L, D, K, False)
     rows_elementwise(0, u, u, D, <floating*>NULL, M, D, nt)          # u = silu(conv) in place
-    linear_forward(xproj, u, params[P_wXProj], params[P_bXProj], M, D, P)
+    linear_forward(xproj, u, params[P_wXProj], params[P_bXProj], M, D, P, nt)
     copy_cols(dt_low, xproj, M, R, P)
-    linear_forward(delta, dt_low, params[P_wDtProj], params[P_bDtProj], M, R, D)
+    linear_forward(delta, dt_low, params[P_wDtProj], params[P_bDtProj], M, R, D, nt)
     rows_elementwise(1, delta, delta, D, <floating*>NULL, M, D, nt)  # delta_pre -> delta
     # Bs, Cs: columns R .. R+N-1 and R+N .. R+2N-1 of xproj (rows P apart)
     rc = scan_forward_state(cache + cl.y, cache + cl.hstate, h_last, u, delta,
@@ -241,7 +241,7 @@ cdef int block_forward_state(floating* out, floating* cache,
                             B, L, D, N, d.discretization, n_threads)
     if rc == 0:
         rows_elementwise(2, u, xz + D, 2 * D, cache + cl.y, M, D, nt)  # gated = y * silu(z), into u
-        linear_forward(out, u, params[P_wOutProj], params[P_bOutProj], M, D, Dm)
+        linear_forward(out, u, params[P_wOutProj], params[P_bOutProj], M, D, Dm, nt)
         for i in range(M * Dm):
             out[i] += x[i]
     return rc
@@ -312,11 +312,11 @@ cdef int block_backward_state(floating* dx, floating** grads,
         dx[i] += dout[i]
     rows_elementwise(2, s1, xz + D, 2 * D, yb, M, D, nt)
     linear_backward(s2, grads[P_wOutProj], grads[P_bOutProj], dout, s1,
-                    params[P_wOutProj], M, D, Dm)
+                    params[P_wOutProj], M, D, Dm, nt)
     # gate: s1 = dy = dgated * silu(z); dz = dgated * y * silu'(z) into dxz[:, D:2D]
     gate_backward(s1, dxz + D, 2 * D, s2, yb, xz + D, M, D, nt)
     # recompute conv (s2) and u (s3)
-    conv1d_forward(s2, xz, 2 * D, params[P_wConv], params[P_bConv], B, L, D, K)
+    conv1d_forward(s2, xz, 2 * D, params[P_wConv], params[P_bConv], B, L, D, K, nt)
     if conv_state != NULL:
         conv_history_forward(s2, params[P_wConv], conv_state, B, L, D, K)
     rows_elementwise(0, s3, s2, D, <floating*>NULL, M, D, nt)
@@ -331,15 +331,16 @@ cdef int block_backward_state(floating* dx, floating** grads,
     # dt_proj on the dt_low columns of xproj
     copy_cols(dt_low, xproj, M, R, P)
     linear_backward(ddt_low, grads[P_wDtProj], grads[P_bDtProj], ddelta, dt_low,
-                    params[P_wDtProj], M, R, D)
+                    params[P_wDtProj], M, R, D, nt)
     for r in range(M):
         for j in range(R):
             dxproj[r * P + j] += ddt_low[r * R + j]
     # x_proj, then silu: dconv = du * silu'(conv), in place
-    linear_backward(du, grads[P_wXProj], grads[P_bXProj], dxproj, s3, params[P_wXProj], M, D, P)
+    linear_backward(du, grads[P_wXProj], grads[P_bXProj], dxproj, s3, params[P_wXProj], M, D, P,
+                    nt)
     rows_elementwise(3, du, s2, D, <floating*>NULL, M, D, nt)
     conv1d_backward(dxz, 2 * D, grads[P_wConv], grads[P_bConv], du, xz, 2 * D,
-                    params[P_wConv], B, L, D, K)
+                    params[P_wConv], B, L, D, K, nt)
     conv_history_backward(dconv_state, grads[P_wConv], du, params[P_wConv], conv_state,
                           B, L, D, K)
     if dconv_tail != NULL:
@@ -349,7 +350,7 @@ cdef int block_backward_state(floating* dx, floating** grads,
         for j in range(Dm):
             xn[r * Dm + j] = x[r * Dm + j] * rstd[r] * normW[j]
     linear_backward(dxn, grads[P_wInProj], grads[P_bInProj], dxz, xn, params[P_wInProj],
-                    M, Dm, 2 * D)
+                    M, Dm, 2 * D, nt)
     rmsnorm_backward(dx, grads[P_normWeight], dxn, x, normW, rstd, M, Dm)
     return 0
 

@@ -13,6 +13,9 @@ beyond KB are done in further passes (see csrc/mx_conv1d.h for why).
 from cython.parallel cimport prange
 from mamba_ext.cpu.types cimport floating, idx_t
 
+cdef extern from "csrc/mx_threads.h" nogil:
+    int mx_threads(int n) noexcept               # n > 0: n; else OpenMP's default
+
 cdef extern from "csrc/mx_conv1d.h" nogil:
     enum: MX_CONV_CB, MX_CONV_KB
     void mx_conv1d_forward_f(float* conv, const float* xc, idx_t ld_xc, const float* weight,
@@ -33,13 +36,13 @@ cdef extern from "csrc/mx_conv1d.h" nogil:
 
 cdef void conv1d_forward(floating* conv, const floating* xc, idx_t ld_xc,
                          const floating* weight, const floating* bias,
-                         idx_t B, idx_t L, idx_t D, idx_t K) noexcept nogil:
+                         idx_t B, idx_t L, idx_t D, idx_t K, int n_threads) noexcept nogil:
     # conv (B, L, D); xc (B*L rows, ld_xc); weight (D, K); bias (D,)
     cdef idx_t j, d0, k0, kb, nkb = max(<idx_t>1, (K + MX_CONV_KB - 1) // MX_CONV_KB)
-    cdef int n, kn
+    cdef int n, kn, nt = mx_threads(n_threads)
     if B * L * D == 0:
         return
-    for j in prange((D + MX_CONV_CB - 1) // MX_CONV_CB, schedule='static'):
+    for j in prange((D + MX_CONV_CB - 1) // MX_CONV_CB, schedule='static', num_threads=nt):
         d0 = j * MX_CONV_CB
         n = <int>min(<idx_t>MX_CONV_CB, D - d0)
         for kb in range(nkb):
@@ -54,14 +57,14 @@ cdef void conv1d_forward(floating* conv, const floating* xc, idx_t ld_xc,
 cdef void conv1d_backward(floating* dxc, idx_t ld_dxc, floating* dweight, floating* dbias,
                           const floating* dconv, const floating* xc, idx_t ld_xc,
                           const floating* weight,
-                          idx_t B, idx_t L, idx_t D, idx_t K) noexcept nogil:
+                          idx_t B, idx_t L, idx_t D, idx_t K, int n_threads) noexcept nogil:
     # dxc (B*L rows, ld_dxc) +=; dweight (D, K) +=; dbias (D,) +=
     # dconv (B, L, D); xc (B*L rows, ld_xc); weight (D, K)
     cdef idx_t j, d0, k0, kb, nkb = max(<idx_t>1, (K + MX_CONV_KB - 1) // MX_CONV_KB)
-    cdef int n, kn
+    cdef int n, kn, nt = mx_threads(n_threads)
     if B * L * D == 0:
         return
-    for j in prange((D + MX_CONV_CB - 1) // MX_CONV_CB, schedule='static'):
+    for j in prange((D + MX_CONV_CB - 1) // MX_CONV_CB, schedule='static', num_threads=nt):
         d0 = j * MX_CONV_CB
         n = <int>min(<idx_t>MX_CONV_CB, D - d0)
         for kb in range(nkb):

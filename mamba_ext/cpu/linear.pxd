@@ -1,10 +1,13 @@
 # Dense layers over BLAS (scipy.linalg.cython_blas), callable without the GIL.
 # Size letters: M rows, IC input columns, OC output columns.
+# n_threads: the OpenMP team that runs the product (<= 0: OpenMP's default); each thread
+# calls a single-threaded BLAS on its slice (linear.pyx, Design).
 from mamba_ext.cpu.types cimport floating, idx_t
 
 # out (M, OC) = x (M, IC) @ weight (OC, IC)^T + bias (OC,)   [bias may be NULL]
 cdef void linear_forward(floating* out, const floating* x, const floating* weight,
-                         const floating* bias, idx_t M, idx_t IC, idx_t OC) noexcept nogil
+                         const floating* bias, idx_t M, idx_t IC, idx_t OC,
+                         int n_threads) noexcept nogil
 
 # dx (M, IC) += dout (M, OC) @ weight (OC, IC)
 # dweight (OC, IC) += dout^T @ x (M, IC)
@@ -12,4 +15,4 @@ cdef void linear_forward(floating* out, const floating* x, const floating* weigh
 # Any of dx / dweight / dbias may be NULL to skip that product.
 cdef void linear_backward(floating* dx, floating* dweight, floating* dbias,
                           const floating* dout, const floating* x, const floating* weight,
-                          idx_t M, idx_t IC, idx_t OC) noexcept nogil
+                          idx_t M, idx_t IC, idx_t OC, int n_threads) noexcept nogil

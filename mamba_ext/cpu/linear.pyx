@@ -3,6 +3,16 @@
 
 Size letters: M rows (= B*L), IC input columns, OC output columns.
 
+Design: one thread pool. Each product runs in one OpenMP region of ``n_threads``
+threads, every thread calling a single-threaded BLAS on its own slice of the output
+(rows of the batch, or columns when the rows are few); the BLAS library's own thread
+pool is held at one thread for the duration (csrc/mx_blas.h) and restored afterwards.
+So the core has one team of threads whose idle members spin only briefly between
+regions, instead of two teams taking the cores from each other, and ``n_threads`` bounds
+the BLAS too. A slice never splits the reduction dimension: every output element is one
+BLAS dot product over its whole sum, the same for any thread count (bitwise), and the
+bias gradient sums each column over the rows in order.
+
 BLAS is column-major: a row-major (rows, cols) buffer is the column-major
 (cols, rows) matrix with leading dimension cols. So the row-major product
 out (M, OC) = x (M, IC) @ W (OC, IC)^T is, column-major,
@@ -12,11 +22,42 @@ BLAS takes 32-bit ``int`` sizes: the products are split into row blocks so
 that no size passed to BLAS exceeds INT_MAX (callers validate that IC and OC
 fit; see ``_validate.check_count``).
 """
-from scipy.linalg.cython_blas cimport sgemm, dgemm
+from cython.parallel cimport prange
+from scipy.linalg.cython_blas cimport sgemm, dgemm, sgemv, dgemv
 from mamba_ext.cpu.types cimport floating, idx_t
 
 cdef extern from "limits.h":
     const int INT_MAX
+
+cdef extern from "csrc/mx_threads.h" nogil:
+    int mx_threads(int n) noexcept               # n > 0: n; else OpenMP's default
+
+cdef extern from "csrc/mx_blas.h" nogil:
+    const char* mx_blas_bind(const void* addr) noexcept
+    int mx_blas_threads() noexcept
+    void mx_blas_single_begin() noexcept
+    void mx_blas_single_end() noexcept
+
+cdef enum:
+    # multiply-adds per thread below which another thread costs more than it saves (a
+    # region's wake-up is microseconds; 2^17 multiply-adds take ~5 us on one core)
+    MIN_WORK_PER_THREAD = 1 << 17
+    # slice boundaries along BLAS's m and n dimensions: multiples of the register tiles
+    # of the BLAS kernels (16-32 rows of m, 4-16 columns of n for OpenBLAS), so that every
+    # element is computed by the same tile kernel whatever the thread count, as without a
+    # split; OpenBLAS's edge kernels on m sum in another order (measured: not bitwise)
+    SPLIT_M = 64
+    SPLIT_N = 16
+
+
+# The thread-count controls of SciPy's BLAS, found once from the library that sgemm lives
+# in (or links): "openblas", "mkl", "blis" or "none".
+BLAS_CONTROLS = mx_blas_bind(<const void*>sgemm).decode()
+
+
+def blas_threads():
+    """The thread count of SciPy's BLAS now (-1 if it has no control we know)."""
+    return mx_blas_threads()
 
 
 cdef inline void gemm(char ta, char tb, idx_t m, idx_t n, idx_t k,
@@ -40,48 +81,160 @@ cdef inline idx_t row_block(idx_t width) noexcept nogil:
     return max(<idx_t>1, min(<idx_t>INT_MAX, <idx_t>INT_MAX // w))
 
 
-cdef void linear_forward(floating* out, const floating* x, const floating* weight,
-                         const floating* bias, idx_t M, idx_t IC, idx_t OC) noexcept nogil:
-    # out (M, OC) = x (M, IC) @ weight (OC, IC)^T + bias (OC,)
-    cdef idx_t r, o, r0, mb, step = row_block(max(IC, OC))
+cdef inline int team_size(idx_t work, idx_t parts, int n_threads) noexcept nogil:
+    # threads for `work` multiply-adds split into at most `parts` slices
+    cdef idx_t n = mx_threads(n_threads)
+    n = min(n, max(<idx_t>1, work // MIN_WORK_PER_THREAD))
+    return <int>max(<idx_t>1, min(n, parts))
+
+
+cdef inline void part(idx_t n, int nt, int t, idx_t align, idx_t* lo, idx_t* hi) noexcept nogil:
+    # slice t of nt of range(n): [lo, hi), boundaries at multiples of align
+    cdef idx_t q = (n + nt - 1) // nt
+    q = (q + align - 1) // align * align
+    lo[0] = min(n, t * q)
+    hi[0] = min(n, lo[0] + q)
+
+
+cdef void forward_rows(floating* out, const floating* x, const floating* weight,
+                       const floating* bias, idx_t r0, idx_t r1, idx_t IC,
+                       idx_t OC) noexcept nogil:
+    # out[r0:r1] (rows, OC) = x[r0:r1] (rows, IC) @ weight (OC, IC)^T + bias
+    cdef idx_t r, o, mb, step = row_block(max(IC, OC))
     cdef floating beta = 0, one = 1
     if bias != NULL:
-        for r in range(M):
+        for r in range(r0, r1):
             for o in range(OC):
                 out[r * OC + o] = bias[o]
         beta = 1
     if IC == 0:
         if bias == NULL:
-            for r in range(M * OC):
+            for r in range(r0 * OC, r1 * OC):
                 out[r] = 0
         return
-    r0 = 0
-    while r0 < M:
-        mb = min(step, M - r0)
+    while r0 < r1:
+        mb = min(step, r1 - r0)
         gemm(c'T', c'N', OC, mb, IC, one, weight, IC, x + r0 * IC, IC,
              beta, out + r0 * OC, OC)
         r0 += mb
 
 
-cdef void linear_backward(floating* dx, floating* dweight, floating* dbias,
-                          const floating* dout, const floating* x, const floating* weight,
-                          idx_t M, idx_t IC, idx_t OC) noexcept nogil:
-    cdef idx_t r, o, r0, mb, step = row_block(max(IC, OC))
+cdef void forward_cols(floating* out, const floating* x, const floating* weight,
+                       const floating* bias, idx_t M, idx_t IC, idx_t OC, idx_t o0,
+                       idx_t o1) noexcept nogil:
+    # out[:, o0:o1] (M, cols) = x (M, IC) @ weight[o0:o1] (cols, IC)^T + bias[o0:o1];
+    # M < INT_MAX / IC (few rows: the column split is chosen only then)
+    cdef idx_t r, o, n = o1 - o0
+    cdef floating beta = 0, one = 1
+    cdef char t = c'T'
+    cdef int m_, n_, lda, inc = 1
+    if n <= 0:
+        return
+    if bias != NULL:
+        for r in range(M):
+            for o in range(o0, o1):
+                out[r * OC + o] = bias[o]
+        beta = 1
+    if IC == 0:
+        if bias == NULL:
+            for r in range(M):
+                for o in range(o0, o1):
+                    out[r * OC + o] = 0
+        return
+    if M == 1:
+        # out (cols,) = w_cm^T x: a gemm with one column is not always forwarded to gemv by
+        # the BLAS, and gemv is the memory-bound kernel
+        m_, n_, lda = <int>IC, <int>n, <int>IC
+        if floating is float:
+            sgemv(&t, &m_, &n_, &one, <float*>weight + o0 * IC, &lda, <float*>x, &inc,
+                  &beta, out + o0, &inc)
+        else:
+            dgemv(&t, &m_, &n_, &one, <double*>weight + o0 * IC, &lda, <double*>x, &inc,
+                  &beta, out + o0, &inc)
+        return
+    gemm(c'T', c'N', n, M, IC, one, weight + o0 * IC, IC, x, IC, beta, out + o0, OC)
+
+
+cdef void forward_slice(floating* out, const floating* x, const floating* weight,
+                        const floating* bias, idx_t M, idx_t IC, idx_t OC, bint by_rows,
+                        int nt, int t) noexcept nogil:
+    # thread t of nt: its rows, or its columns, of out
+    cdef idx_t lo, hi
+    part(M if by_rows else OC, nt, t, SPLIT_N if by_rows else SPLIT_M, &lo, &hi)
+    if by_rows:
+        forward_rows(out, x, weight, bias, lo, hi, IC, OC)
+    else:
+        forward_cols(out, x, weight, bias, M, IC, OC, lo, hi)
+
+
+cdef void linear_forward(floating* out, const floating* x, const floating* weight,
+                         const floating* bias, idx_t M, idx_t IC, idx_t OC,
+                         int n_threads) noexcept nogil:
+    # out (M, OC) = x (M, IC) @ weight (OC, IC)^T + bias (OC,); slices of rows, or of
+    # columns when there are fewer rows than columns (then M * max(IC, OC) fits an int)
+    cdef int nt, t
+    cdef bint by_rows = M >= OC or M * max(IC, OC) >= <idx_t>INT_MAX
+    nt = team_size(M * max(IC, <idx_t>1) * OC, M if by_rows else OC, n_threads)
+    mx_blas_single_begin()
+    for t in prange(nt, schedule='static', num_threads=nt):
+        forward_slice(out, x, weight, bias, M, IC, OC, by_rows, nt, t)
+    mx_blas_single_end()
+
+
+cdef void backward_slice(floating* dx, floating* dweight, floating* dbias,
+                         const floating* dout, const floating* x, const floating* weight,
+                         idx_t M, idx_t IC, idx_t OC, int nt, int t) noexcept nogil:
+    # thread t of nt: dx rows (or columns of IC when M is small), dweight rows of OC
+    # (or columns of IC when IC > OC), dbias columns: see linear_backward
+    cdef idx_t r, o, r0, mb, lo, hi, step = row_block(max(IC, OC))
     cdef floating one = 1
-    if IC > 0:
-        r0 = 0
-        while r0 < M:
-            mb = min(step, M - r0)
-            if dx != NULL:
+    if IC > 0 and dx != NULL:
+        if M >= IC or M * max(IC, OC) >= <idx_t>INT_MAX:
+            part(M, nt, t, SPLIT_N, &lo, &hi)
+            r0 = lo
+            while r0 < hi:
+                mb = min(step, hi - r0)
                 # dx^T (IC, mb) += W^T(col-major (IC, OC)) . dout^T (OC, mb)
                 gemm(c'N', c'N', IC, mb, OC, one, weight, IC, dout + r0 * OC, OC,
                      one, dx + r0 * IC, IC)
-            if dweight != NULL:
-                # dW^T (IC, OC) += x^T (IC, mb) . dout (mb, OC)
-                gemm(c'N', c'T', IC, OC, mb, one, x + r0 * IC, IC, dout + r0 * OC, OC,
-                     one, dweight, IC)
+                r0 += mb
+        else:
+            part(IC, nt, t, SPLIT_M, &lo, &hi)
+            # dx^T[lo:hi] (cols, M) += W^T[lo:hi] (cols, OC) . dout^T (OC, M)
+            gemm(c'N', c'N', hi - lo, M, OC, one, weight + lo, IC, dout, OC,
+                 one, dx + lo, IC)
+    if IC > 0 and dweight != NULL:
+        if OC >= IC:
+            part(OC, nt, t, SPLIT_N, &lo, &hi)
+        else:
+            part(IC, nt, t, SPLIT_M, &lo, &hi)
+        r0 = 0
+        while r0 < M and hi > lo:
+            mb = min(step, M - r0)
+            if OC >= IC:
+                # dW^T[:, lo:hi] (IC, cols) += x^T (IC, mb) . dout[:, lo:hi] (mb, cols)
+                gemm(c'N', c'T', IC, hi - lo, mb, one, x + r0 * IC, IC, dout + r0 * OC + lo,
+                     OC, one, dweight + lo * IC, IC)
+            else:
+                # dW^T[lo:hi, :] (cols, OC) += x^T[lo:hi] (cols, mb) . dout (mb, OC)
+                gemm(c'N', c'T', hi - lo, OC, mb, one, x + r0 * IC + lo, IC, dout + r0 * OC,
+                     OC, one, dweight + lo, IC)
             r0 += mb
     if dbias != NULL:
+        part(OC, nt, t, SPLIT_N, &lo, &hi)
         for r in range(M):
-            for o in range(OC):
+            for o in range(lo, hi):
                 dbias[o] += dout[r * OC + o]
+
+
+cdef void linear_backward(floating* dx, floating* dweight, floating* dbias,
+                          const floating* dout, const floating* x, const floating* weight,
+                          idx_t M, idx_t IC, idx_t OC, int n_threads) noexcept nogil:
+    # dx (M, IC) += dout (M, OC) @ weight (OC, IC); dweight (OC, IC) += dout^T @ x;
+    # dbias (OC,) += column sums of dout; one region, each thread on its slices
+    cdef int nt, t
+    nt = team_size(M * max(IC, <idx_t>1) * OC, max(M, max(IC, OC)), n_threads)
+    mx_blas_single_begin()
+    for t in prange(nt, schedule='static', num_threads=nt):
+        backward_slice(dx, dweight, dbias, dout, x, weight, M, IC, OC, nt, t)
+    mx_blas_single_end()

@@ -128,7 +128,7 @@ cdef int _forward_trunk(floating* hs, floating* caches, idx_t cache_stride,
                                &d.block, n_threads) != 0:
             return MODEL_ERR_NOMEM
     rmsnorm_forward(xn, rstd, hs + d.n_layers * M * Dm, final_norm, M, Dm, d.block.eps)
-    linear_forward(logits, xn, embedding, lm_head_bias, M, Dm, d.V)
+    linear_forward(logits, xn, embedding, lm_head_bias, M, Dm, d.V, n_threads)
     return MODEL_OK
 
 
@@ -266,7 +266,8 @@ cdef int model_loss_and_grads_state(double* loss,
 
         # head: dxn (scratch) = dlogits @ embedding; g_embedding += dlogits^T @ xn
         memset(scratch, 0, M * Dm * sizeof(floating))
-        linear_backward(scratch, g_embedding, g_lm_head_bias, logits, xn, embedding, M, Dm, V)
+        linear_backward(scratch, g_embedding, g_lm_head_bias, logits, xn, embedding, M, Dm, V,
+                        n_threads)
         memset(da, 0, M * Dm * sizeof(floating))
         rmsnorm_backward(da, g_final_norm, scratch, hs + nl * M * Dm, final_norm, rstd, M, Dm)
 

@@ -11,8 +11,8 @@ the logits of the next token (docs/semantics.md, one time step):
   [dt_low | Bs | Cs] = x_proj(u); delta = softplus(dt_proj(dt_low)); scan step (h in
   place) -> y; gated = y * silu(z); x += out_proj(gated);
   logits = RMSNorm(x) @ embedding^T + lm_head_bias (tied head).
-The projections are BLAS gemm calls over the B rows (each weight is read once per
-token for the whole batch), or, with float16 weights, mx_linear_half_f (float32
+The projections are linear_forward over the B rows (each weight is read once per
+token for the whole batch; parallel over output columns, gemv for one row), or, with float16 weights, mx_linear_half_f (float32
 accumulation) in parallel over output columns. The conv and scan steps run in parallel
 over (row, channel block) jobs. The state arrays (h (B, D, N) and conv tail (B, D, K-1)
 per layer) belong to the caller (mamba_ext.recurrent.RecurrentState) and are updated in
@@ -36,7 +36,6 @@ from mamba_ext.cpu.activations cimport (
     mx_silu_forward_f, mx_silu_forward_d, mx_softplus_forward_f, mx_softplus_forward_d,
     mx_gate_forward_f, mx_gate_forward_d)
 from mamba_ext.cpu.linear cimport linear_forward
-from scipy.linalg.cython_blas cimport sgemv, dgemv
 from mamba_ext.cpu.rmsnorm cimport rmsnorm_forward
 
 cnp.import_array()
@@ -99,30 +98,7 @@ cdef void _linear(floating* out, const floating* x, const void* w, const floatin
                 mx_linear_half_f(out, x, <const uint16_t*>w, bias, B, IC, OC, o0,
                                  min(OC, o0 + HALF_BLOCK))
             return
-    if B == 1 and IC > 0:
-        _gemv(out, x, <const floating*>w, bias, IC, OC)
-    else:
-        linear_forward(out, x, <const floating*>w, bias, B, IC, OC)
-
-
-cdef void _gemv(floating* out, const floating* x, const floating* w, const floating* bias,
-                idx_t IC, idx_t OC) noexcept nogil:
-    # out (OC,) = w (OC, IC) @ x (IC,) + bias (OC,): one sequence. A gemm with one column
-    # is not always forwarded to gemv by the BLAS, and gemv is the memory-bound kernel.
-    # Row-major w is the column-major (IC, OC) matrix: out = w_cm^T x, gemv('T').
-    # (Sizes fit an int: the params were validated by check_model_params.)
-    cdef char t = b'T'
-    cdef int m = <int>IC, n = <int>OC, lda = <int>IC, inc = 1
-    cdef floating one = 1, beta = 0
-    cdef idx_t o
-    if bias != NULL:
-        for o in range(OC):
-            out[o] = bias[o]
-        beta = 1
-    if floating is float:
-        sgemv(&t, &m, &n, &one, <float*>w, &lda, <float*>x, &inc, &beta, out, &inc)
-    else:
-        dgemv(&t, &m, &n, &one, <double*>w, &lda, <double*>x, &inc, &beta, out, &inc)
+    linear_forward(out, x, <const floating*>w, bias, B, IC, OC, nt)
 
 
 cdef void recurrent_step(floating* logits, const int64_t* ids, const step_model* m) noexcept nogil:

@@ -112,7 +112,7 @@ def linear_forward(floating[:, ::1] out not None, const floating[:, ::1] x not N
     cdef const floating* pw = &weight[0, 0] if IC > 0 else NULL
     cdef const floating* px = &x[0, 0] if IC > 0 else NULL
     with nogil:
-        k_linear_forward(&out[0, 0], px, pw, pb, M, IC, OC)
+        k_linear_forward(&out[0, 0], px, pw, pb, M, IC, OC, 0)
 
 
 cdef int _linear_backward(floating[:, ::1] dx, floating[:, ::1] dweight, floating[::1] dbias,
@@ -135,7 +135,7 @@ cdef int _linear_backward(floating[:, ::1] dx, floating[:, ::1] dweight, floatin
     cdef const floating* px = &x[0, 0] if IC > 0 else NULL
     cdef const floating* pw = &weight[0, 0] if IC > 0 else NULL
     with nogil:
-        k_linear_backward(pdx, pdw, pdb, &dout[0, 0], px, pw, M, IC, OC)
+        k_linear_backward(pdx, pdw, pdb, &dout[0, 0], px, pw, M, IC, OC, 0)
     return 0
 
 
@@ -163,7 +163,7 @@ def conv1d_forward(floating[:, :, ::1] conv not None, const floating[:, :, ::1] 
         return
     with nogil:
         k_conv1d_forward(&conv[0, 0, 0], &xc[0, 0, 0], D, &weight[0, 0] if K > 0 else NULL,
-                         &bias[0], B, L, D, K)
+                         &bias[0], B, L, D, K, 0)
 
 
 def conv1d_backward(floating[:, :, ::1] dxc not None, floating[:, ::1] dweight not None,
@@ -182,7 +182,7 @@ def conv1d_backward(floating[:, :, ::1] dxc not None, floating[:, ::1] dweight n
     with nogil:
         k_conv1d_backward(&dxc[0, 0, 0], D, &dweight[0, 0] if K > 0 else NULL, &dbias[0],
                           &dconv[0, 0, 0], &xc[0, 0, 0], D, &weight[0, 0] if K > 0 else NULL,
-                          B, L, D, K)
+                          B, L, D, K, 0)
 
 
 # ------------------------------------------------------------------ scan
