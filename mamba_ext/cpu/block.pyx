@@ -34,6 +34,7 @@ K-1 steps. The caller keeps conv_state for the backward (the cache layout is unc
 Scratch (forward M*(Dm + D + R), backward M*(7D + P + 2R + 2Dm) values) is kept by
 each calling thread and reused by its next call (mx_workspace, csrc/mx_threads.h).
 """
+from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
 from cython.parallel cimport prange
 cimport numpy as cnp
@@ -61,6 +62,18 @@ A_LOG_MIN = constants.A_LOG_MIN
 A_LOG_MAX = constants.A_LOG_MAX
 DEFAULT_EPS = constants.DEFAULT_EPS
 SCAN_CHUNK = constants.SCAN_CHUNK
+
+# bytes of backward scratch per window (window_rows); tests lower it (_set_window_bytes)
+cdef size_t window_bytes = 256 << 20
+
+
+def _set_window_bytes(size_t n):
+    """Testing hook: the window's scratch budget in bytes (0: the default); returns the
+    previous value. Not thread-safe: for tests only."""
+    global window_bytes
+    cdef size_t old = window_bytes
+    window_bytes = n if n > 0 else (256 << 20)
+    return old
 
 
 ctypedef struct cache_layout:
@@ -198,15 +211,17 @@ cdef int block_forward(floating* out, floating* cache,
                                <floating*>NULL, <floating*>NULL, d, n_threads)
 
 
-cdef int block_forward_state(floating* out, floating* cache,
-                             floating* h_last, floating* conv_tail,
-                             const floating* x, const floating** params,
-                             const floating* h0, const floating* conv_state,
-                             const mamba_dims* d, int n_threads) noexcept nogil:
+cdef int forward_window(floating* out, floating* cache, const cache_layout* w,
+                        floating* h_last, floating* conv_tail,
+                        const floating* x, const floating** params,
+                        const floating* h0, const floating* conv_state,
+                        const mamba_dims* d, int n_threads) noexcept nogil:
+    # block_forward_state over one window: d holds the window's B and L, w the offsets of
+    # the window's rows and chunks in the whole call's cache, out and x its rows
     cdef idx_t B = d.B, L = d.L, Dm = d.Dm, D = d.D, N = d.N, K = d.K, R = d.R
     cdef idx_t M = B * L, P = R + 2 * N, i
     cdef int nt = mx_threads(n_threads), rc
-    cdef cache_layout cl = layout(d)
+    cdef cache_layout cl = w[0]
     cdef floating* xz = cache + cl.xz
     cdef floating* xproj = cache + cl.xproj
     cdef floating* delta = cache + cl.delta
@@ -256,16 +271,18 @@ cdef int block_backward(floating* dx, floating** grads,
                                 <floating*>NULL, d, n_threads)
 
 
-cdef int block_backward_state(floating* dx, floating** grads,
-                              floating* dh0, floating* dconv_state,
-                              const floating* dout, const floating* dh_last,
-                              const floating* dconv_tail, const floating* cache,
-                              const floating** params, const floating* conv_state,
-                              const mamba_dims* d, int n_threads) noexcept nogil:
+cdef int backward_window(floating* dx, floating** grads,
+                         floating* dh0, floating* dconv_state,
+                         const floating* dout, const floating* dh_last,
+                         const floating* dconv_tail, const floating* cache,
+                         const cache_layout* w, const floating** params,
+                         const floating* conv_state,
+                         const mamba_dims* d, int n_threads) noexcept nogil:
+    # block_backward_state over one window (see forward_window)
     cdef idx_t B = d.B, L = d.L, Dm = d.Dm, D = d.D, N = d.N, K = d.K, R = d.R
     cdef idx_t M = B * L, P = R + 2 * N, r, i, j
     cdef int nt = mx_threads(n_threads), rc
-    cdef cache_layout cl = layout(d)
+    cdef cache_layout cl = w[0]
     cdef const floating* x = cache + cl.x
     cdef const floating* rstd = cache + cl.rstd
     cdef const floating* xz = cache + cl.xz
@@ -355,6 +372,173 @@ cdef int block_backward_state(floating* dx, floating** grads,
     return 0
 
 
+# Windows: a call of more rows than one window runs window by window, so that the scratch
+# (forward M*(Dm + D + R), backward M*(7D + P + 2R + 2Dm) values) is sized by the window,
+# not by the call. A window is a group of whole sequences when a sequence fits, else a
+# range of time steps of one sequence; the state crosses a time boundary as state
+# passing does (h_last -> h0 forward, dh0 -> dh_last backward, the K-1 steps of xc
+# before the window from the cache). Group windows give the results of one window
+# bitwise in the forward (each row's arithmetic is unchanged); time windows add the
+# first K-1 conv taps of a window in another order, and the backward sums the weight
+# gradients window by window: equal to float rounding.
+
+cdef idx_t window_rows(const mamba_dims* d, size_t itemsize) noexcept nogil:
+    # rows of one window: window_bytes of backward scratch, a multiple of SCAN_CHUNK
+    # (time windows start at a chunk of the cache's hstate), at least K steps
+    cdef idx_t per_row = 7 * d.D + d.R + 2 * d.N + 2 * d.R + 2 * d.Dm
+    cdef idx_t T = constants.SCAN_CHUNK
+    cdef idx_t w = <idx_t>(window_bytes // (max(per_row, <idx_t>1) * itemsize))
+    w = max(w // T * T, T)
+    return max(w, (d.K + T - 1) // T * T)
+
+
+cdef inline cache_layout shifted(cache_layout c, const mamba_dims* d, idx_t r0,
+                                 idx_t c0) noexcept nogil:
+    # the layout of a window starting at row r0 and scan chunk c0 of the whole cache
+    cdef idx_t P = d.R + 2 * d.N
+    c.x += r0 * d.Dm
+    c.rstd += r0
+    c.xz += r0 * 2 * d.D
+    c.xproj += r0 * P
+    c.delta += r0 * d.D
+    c.y += r0 * d.D
+    c.hstate += c0 * d.D * d.N
+    return c
+
+
+cdef void xc_history(floating* cs, const floating* xz, idx_t t0, idx_t D, idx_t K) noexcept nogil:
+    # cs (1, D, K-1) = xc of steps t0-K+1 .. t0-1 of one sequence, oldest first;
+    # xz (its L rows, 2D); t0 >= K-1
+    cdef idx_t j, i
+    for j in range(D):
+        for i in range(K - 1):
+            cs[j * (K - 1) + i] = xz[(t0 - (K - 1) + i) * 2 * D + j]
+
+
+cdef inline const floating* row_of(const floating* a, idx_t b, idx_t n) noexcept nogil:
+    # sequence b of an optional (B, n) state array
+    return NULL if a == NULL else a + b * n
+
+
+cdef int block_forward_state(floating* out, floating* cache,
+                             floating* h_last, floating* conv_tail,
+                             const floating* x, const floating** params,
+                             const floating* h0, const floating* conv_state,
+                             const mamba_dims* d, int n_threads) noexcept nogil:
+    cdef idx_t B = d.B, L = d.L, Dm = d.Dm, DN = d.D * d.N, DK = d.D * (d.K - 1)
+    cdef idx_t C = scan_nchunks(L), W = window_rows(d, sizeof(floating)), G, b, t0
+    cdef cache_layout whole = layout(d), w
+    cdef mamba_dims dw = d[0]
+    cdef floating* carry
+    cdef floating* h_in
+    cdef floating* h_out
+    cdef floating* cs
+    cdef bint first, last
+    cdef int rc = 0
+    if B * L <= W or L <= W:
+        # groups of G whole sequences (one group: the whole call)
+        G = max(<idx_t>1, W // max(L, <idx_t>1))
+        b = 0
+        while b < B and rc == 0:
+            dw.B = min(G, B - b)
+            w = shifted(whole, d, b * L, b * C)
+            rc = forward_window(out + b * L * Dm, cache, &w,
+                                <floating*>row_of(h_last, b, DN),
+                                <floating*>row_of(conv_tail, b, DK), x + b * L * Dm, params,
+                                row_of(h0, b, DN), row_of(conv_state, b, DK), &dw, n_threads)
+            b += G
+        return rc
+    # time windows of W steps of one sequence; carry: the state between two windows
+    # (h_in, h_out (D, N)) and the conv history of a window (cs (D, K-1))
+    carry = <floating*>malloc((2 * DN + DK + 1) * sizeof(floating))
+    if carry == NULL:
+        return -1
+    h_in, h_out, cs = carry, carry + DN, carry + 2 * DN
+    dw.B = 1
+    for b in range(B):
+        t0 = 0
+        while t0 < L and rc == 0:
+            dw.L = min(W, L - t0)
+            first, last = t0 == 0, t0 + dw.L == L
+            w = shifted(whole, d, b * L + t0, b * C + t0 // constants.SCAN_CHUNK)
+            if not first:
+                xc_history(cs, cache + whole.xz + b * L * 2 * d.D, t0, d.D, d.K)
+            rc = forward_window(out + (b * L + t0) * Dm, cache, &w,
+                                <floating*>row_of(h_last, b, DN) if last else h_out,
+                                <floating*>row_of(conv_tail, b, DK) if last else NULL,
+                                x + (b * L + t0) * Dm, params,
+                                row_of(h0, b, DN) if first else h_in,
+                                row_of(conv_state, b, DK) if first else cs, &dw, n_threads)
+            h_in, h_out = h_out, h_in
+            t0 += dw.L
+    free(carry)
+    return rc
+
+
+cdef int block_backward_state(floating* dx, floating** grads,
+                              floating* dh0, floating* dconv_state,
+                              const floating* dout, const floating* dh_last,
+                              const floating* dconv_tail, const floating* cache,
+                              const floating** params, const floating* conv_state,
+                              const mamba_dims* d, int n_threads) noexcept nogil:
+    cdef idx_t B = d.B, L = d.L, Dm = d.Dm, DN = d.D * d.N, DK = d.D * (d.K - 1)
+    cdef idx_t C = scan_nchunks(L), W = window_rows(d, sizeof(floating)), G, b, t0, nw
+    cdef cache_layout whole = layout(d), w
+    cdef mamba_dims dw = d[0]
+    cdef floating* carry
+    cdef floating* dh_in
+    cdef floating* dh_out
+    cdef floating* dc_in
+    cdef floating* dc_out
+    cdef floating* cs
+    cdef bint first, last
+    cdef int rc = 0
+    if B * L <= W or L <= W:
+        G = max(<idx_t>1, W // max(L, <idx_t>1))
+        b = 0
+        while b < B and rc == 0:
+            dw.B = min(G, B - b)
+            w = shifted(whole, d, b * L, b * C)
+            rc = backward_window(dx + b * L * Dm, grads, <floating*>row_of(dh0, b, DN),
+                                 <floating*>row_of(dconv_state, b, DK), dout + b * L * Dm,
+                                 row_of(dh_last, b, DN), row_of(dconv_tail, b, DK), cache, &w,
+                                 params, row_of(conv_state, b, DK), &dw, n_threads)
+            b += G
+        return rc
+    # time windows, last first; carry: d(state) between windows (dh_in, dh_out (D, N)),
+    # d(conv history) (dc_in, dc_out (D, K-1)), the conv history of a window (cs)
+    carry = <floating*>malloc((2 * DN + 3 * DK + 1) * sizeof(floating))
+    if carry == NULL:
+        return -1
+    dh_in, dh_out = carry, carry + DN
+    dc_in, dc_out, cs = carry + 2 * DN, carry + 2 * DN + DK, carry + 2 * DN + 2 * DK
+    dw.B = 1
+    nw = (L + W - 1) // W
+    for b in range(B):
+        t0 = (nw - 1) * W
+        while t0 >= 0 and rc == 0:
+            dw.L = min(W, L - t0)
+            first, last = t0 == 0, t0 + dw.L == L
+            w = shifted(whole, d, b * L + t0, b * C + t0 // constants.SCAN_CHUNK)
+            if not first:
+                xc_history(cs, cache + whole.xz + b * L * 2 * d.D, t0, d.D, d.K)
+                memset(dh_out, 0, DN * sizeof(floating))
+                memset(dc_out, 0, DK * sizeof(floating))
+            rc = backward_window(dx + (b * L + t0) * Dm, grads,
+                                 <floating*>row_of(dh0, b, DN) if first else dh_out,
+                                 <floating*>row_of(dconv_state, b, DK) if first else dc_out,
+                                 dout + (b * L + t0) * Dm,
+                                 row_of(dh_last, b, DN) if last else dh_in,
+                                 row_of(dconv_tail, b, DK) if last else dc_in, cache, &w,
+                                 params, row_of(conv_state, b, DK) if first else cs, &dw,
+                                 n_threads)
+            dh_in, dh_out = dh_out, dh_in
+            dc_in, dc_out = dc_out, dc_in
+            t0 -= W
+    free(carry)
+    return rc
+
+
 # ----------------------------------------------------------------------------
 # Python entry points used by mamba_ext.block (arrays already validated there:
 # C-contiguous, one float dtype, shapes consistent with the sizes).
@@ -365,6 +549,12 @@ cdef mamba_dims make_dims(tuple sizes, double eps, int discretization):
     d.eps = eps
     d.discretization = discretization
     return d
+
+
+def window_len(tuple sizes, int itemsize):
+    """Rows of one window of a call of sizes (B, L, Dm, D, N, K, R) (see "Windows")."""
+    cdef mamba_dims d = make_dims(sizes, 0.0, 0)
+    return window_rows(&d, itemsize)
 
 
 def cache_len(tuple sizes):
