@@ -5,8 +5,9 @@ GPU: WGSL kernels run by wgpu (``mamba_ext.gpu``).
 
 The public names are loaded lazily (PEP 562) so that ``import mamba_ext`` is
 cheap and optional parts (``mamba_ext.gpu`` needs wgpu) load only when used.
-Importing changes nothing in the process (no environment variable is set); for
-the fastest CPU runs call :func:`configure_threads` first (the command line does).
+Importing or calling changes nothing in the process (no environment variable is set, and
+BLAS thread counts are as they were after every call); :func:`configure_threads` is an
+optional knob.
 """
 from __future__ import annotations
 
@@ -35,31 +36,23 @@ def _scipy_openblas_loaded() -> bool:
 
 
 def configure_threads() -> dict[str, bool]:
-    """Make idle OpenMP and OpenBLAS threads sleep instead of spinning (opt-in).
+    """Make idle OpenMP and OpenBLAS threads sleep at once instead of spinning (optional).
 
-    The CPU kernels alternate OpenMP regions with BLAS calls that run OpenBLAS's own
-    threads, and idle threads of either pool that spin take the cores from the other:
-    libgomp's default keeps idle threads spinning (size-c forward+backward 590 ms
-    spinning vs 370 ms passive on 2 cores), and OpenBLAS's idle threads spin ~0.1 s
-    after each GEMM, i.e. through the whole scan that follows (27% of size-c cycles in
-    ``blas_thread_server``); a timeout of 2^4 cycles makes them sleep at once, and
-    waking them costs far less than a GEMM.
+    The core needs no tuning: it runs one thread pool (``mamba_ext/cpu/linear.pyx``,
+    Design), so a plain library call runs as fast as a configured one (docs/api.md,
+    Threads; measured within the noise at sizes b and c, the 2 x 64 and 4 x 256 training
+    steps, and a script mixing its own NumPy products with our calls). What this still
+    changes: libgomp's idle threads sleep after ``GOMP_SPINCOUNT=10000`` spins instead of its
+    default ~300,000 (~10 ms), with ``OMP_WAIT_POLICY=PASSIVE``, and OpenBLAS's idle threads
+    (NumPy's and SciPy's) after 2^4 cycles instead of ~0.1 s (``OPENBLAS_THREAD_TIMEOUT=4``);
+    that may help where other thread pools share the cores with ours.
 
-    A sleeping OpenMP thread costs a wake-up (futex, ~70 us here) at every parallel region,
-    which dominates where regions follow each other quickly (generation: ~100 regions per
-    token), so libgomp's threads spin briefly before they sleep: ``GOMP_SPINCOUNT=10000``
-    (a fraction of a millisecond). Measured here, two alternated rounds: 130M float16
-    generation at batch 1 78-79 -> 101-105 tokens/s, the 4 x 256 training step 506-582 ->
-    484-499 ms, size c forward + backward within the noise (docs/performance.md, Threads).
-
-    Neither library has a call to change this at run time: they read
-    ``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT`` and ``OPENBLAS_THREAD_TIMEOUT`` once, when they
-    load. So this function sets those environment variables of the process (``PASSIVE``,
-    ``10000`` and ``4``; a value the user already set is kept) and must run before the
-    first compiled kernel or ``scipy.linalg`` loads them: call it right after ``import
-    mamba_ext``. ``python -m mamba_ext`` / ``mamba-ext`` call it for you. Nothing else in
-    mamba_ext changes the environment. (``GOMP_SPINCOUNT`` is libgomp's, the GCC builds'
-    OpenMP; Clang's libomp ignores it.)
+    Neither library has a call to change this at run time: they read the variables once,
+    when they load. So this function sets those environment variables of the process (a
+    value the user already set is kept) and must run before the first compiled kernel or
+    ``scipy.linalg`` loads them: call it right after ``import mamba_ext``. Nothing else in
+    mamba_ext changes the environment, and the command line does not call it.
+    (``GOMP_SPINCOUNT`` is libgomp's, the GCC builds' OpenMP; Clang's libomp ignores it.)
 
     Returns ``{variable: takes_effect}``: False for a variable whose library was already
     loaded when the function ran (libgomp, or SciPy's OpenBLAS).

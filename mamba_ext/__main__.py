@@ -1,8 +1,9 @@
 """Command line: ``python -m mamba_ext COMMAND [options]`` (also installed as ``mamba-ext``).
 
 Each command lives in ``mamba_ext/cli/<command>.py`` with a ``main(argv)``; this module
-only dispatches. Before any kernel runs it calls :func:`mamba_ext.configure_threads`
-(idle OpenMP / OpenBLAS threads sleep instead of spinning). Any error ends the command
+only dispatches. The commands call the library as a user's script does (no
+:func:`mamba_ext.configure_threads`, no environment change), so every figure they print is
+that of a plain library call. Any error ends the command
 with one line on stderr and exit status 1 (``MAMBA_EXT_TRACEBACK=1`` shows the traceback).
 """
 from __future__ import annotations
@@ -42,8 +43,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: unknown command {argv[0]!r}", file=sys.stderr)
         print(usage(), file=sys.stderr)
         return 2
-    from . import configure_threads
-    configure_threads()
     try:
         mod = importlib.import_module(f"mamba_ext.cli.{argv[0]}")
         return mod.main(argv[1:])

@@ -220,7 +220,7 @@ def mamba1_forward(x: ArrayLike, params: Mapping[str, ArrayLike], *, h0: ArrayLi
         ``mamba_ext.constants.DEFAULT_EPS`` (1e-6).
     discretization : "zoh" (exact zero-order hold, default) or "euler" (b_bar = Delta*B).
     n_threads : None (OpenMP default) or an int in [1, min(1024, max(64, 8 x cores))],
-        threads of the scan and elementwise kernels (BLAS uses its own threads).
+        threads of every kernel, the BLAS products included (docs/api.md, Threads).
     h0 : None or array (B, D, N) of x's dtype
         Scan state before step 0 (default zeros), e.g. the ``h_last`` of the previous chunk.
     conv_state : None or array (B, D, K-1) of x's dtype

@@ -203,8 +203,49 @@ def model_step(name, repeat=5, n_threads=None):
     return t, flops / sgemm_rate + nl * 2 * M * D * N / exp_rate, sgemm_rate, exp_rate
 
 
-def run_model_steps(names, repeat=5, n_threads=None) -> int:
-    """Print one line per model of ``names`` (keys of MODEL_STEPS); returns 0."""
+def _child_times(what, repeat, n_threads, configured):
+    """Median seconds of each (kind, name) of ``what`` (kind "block": a size of SIZES,
+    "step": a MODEL_STEPS name) measured in a fresh interpreter: a plain library call
+    (import, call), or with :func:`mamba_ext.configure_threads` called first."""
+    import json
+    import subprocess
+    code = ("import json, sys\n"
+            + ("import mamba_ext; mamba_ext.configure_threads()\n" if configured else "")
+            + "from mamba_ext.bench.cpu import MODEL_STEPS, SIZES, bench_ours, model_step\n"
+            # the configurations as this process has them (a caller may have added some)
+            + f"MODEL_STEPS.update({ {n: MODEL_STEPS[n] for k, n in what if k == 'step'}!r})\n"
+            + f"SIZES.update({ {n: SIZES[n] for k, n in what if k == 'block'}!r})\n"
+            + f"what, rep, nt = {list(what)!r}, {int(repeat)}, {n_threads!r}\n"
+            + "res = [bench_ours(n, 'float32', rep, nt)['t'] if k == 'block' else "
+              "model_step(n, rep, nt)[0] for k, n in what]\n"
+            + "print(json.dumps(res))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def plain_vs_configured(what, repeat=5, n_threads=None, rounds=2):
+    """{(kind, name): (plain s, configured s)}: each in its own process, the two kinds of
+    process alternated ``rounds`` times; the median over the rounds of each one's median."""
+    plain, conf = [], []
+    for _ in range(rounds):
+        plain.append(_child_times(what, repeat, n_threads, False))
+        conf.append(_child_times(what, repeat, n_threads, True))
+    return {w: (statistics.median(p[i] for p in plain), statistics.median(c[i] for c in conf))
+            for i, w in enumerate(what)}
+
+
+def print_plain_vs_configured(res, rounds):
+    print(f"plain library call (import, call) vs mamba_ext.configure_threads() first, each in "
+          f"its own process, alternated, {rounds} rounds (median):")
+    for (kind, name), (p, c) in res.items():
+        label = f"size {name} fwd+bwd" if kind == "block" else f"model step {name}"
+        print(f"  {label:22s} plain {p * 1e3:8.1f} ms   configured {c * 1e3:8.1f} ms   "
+              f"plain/configured {p / c:.2f}", flush=True)
+
+
+def run_model_steps(names, repeat=5, n_threads=None, compare=True) -> int:
+    """Print one line per model of ``names`` (keys of MODEL_STEPS), then (``compare``)
+    the plain and configured calls of the same steps in their own processes; returns 0."""
     for n in names:
         t, bound, sg, ex = model_step(n, repeat, n_threads)
         V, Dm, nl, B, L = MODEL_STEPS[n]
@@ -212,6 +253,9 @@ def run_model_steps(names, repeat=5, n_threads=None) -> int:
               f"AdamW) {t * 1e3:.4g} ms = {B * L / t:,.0f} tokens/s; bound {bound * 1e3:.4g} ms "
               f"(GEMMs at {sg / 1e9:.0f} GFLOP/s, exp at {ex / 1e9:.2f} G/s): step/bound "
               f"{t / bound:.2f} (median of {repeat})", flush=True)
+    if compare:
+        what = [("step", n) for n in names]
+        print_plain_vs_configured(plain_vs_configured(what, repeat, n_threads), 2)
     return 0
 
 
@@ -247,9 +291,12 @@ def bench_torch(size, repeat, ours):
 
 
 def run(size: str = "all", *, repeat: int = 5, dtype: str = "float32", n_threads: int | None = None,
-        use_torch: bool = True, markdown: bool = False) -> int:
-    """Run the CPU benchmark for ``size`` ("a", "b", "c" or "all") and print its table;
-    returns 0. ``n_threads`` None: OpenMP's default (all cores)."""
+        use_torch: bool = True, markdown: bool = False, compare: bool = True) -> int:
+    """Run the CPU benchmark for ``size`` ("a", "b", "c" or "all") and print its table, then
+    (``compare``, float32) a plain library call against a configured one per size, each in
+    its own process (:func:`plain_vs_configured`); returns 0. ``n_threads`` None: OpenMP's
+    default (all cores). The table itself is measured in this process as a plain call
+    (the command line does not call configure_threads)."""
     if repeat < 1:
         raise ValueError(f"repeat: expected an integer >= 1, got {repeat!r}")
     sizes = ["a", "b", "c"] if size == "all" else [size]
@@ -335,4 +382,8 @@ def run(size: str = "all", *, repeat: int = 5, dtype: str = "float32", n_threads
         print(f"size {s}: thread scaling: 1 thread {one * 1e3:.1f} ms, {cores} threads "
               f"{many * 1e3:.1f} ms: speed-up {one / many:.2f}x, efficiency {one / many / cores:.0%}")
     print("peak RSS: ru_maxrss of this process after our runs (cumulative over the sizes run so far)")
+    if compare and dtype == np.float32:
+        progress("plain and configured calls, in their own processes")
+        print_plain_vs_configured(plain_vs_configured([("block", s) for s in sizes], repeat,
+                                                      n_threads), 2)
     return 0

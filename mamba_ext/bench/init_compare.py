@@ -221,8 +221,6 @@ def main(argv=None) -> int:
         with open(args.out, "wb") as f:
             f.write(stdlib_corpus(DEFAULT_MAX_BYTES))
         return 0
-    from .. import configure_threads
-    configure_threads()       # idle OpenMP/BLAS threads sleep (as the command line does)
     if args.cmd == "run":
         return cmd_run(args)
     results = []

@@ -42,6 +42,9 @@ def build_parser():
     p.add_argument("--model-step", default=None, metavar="MODELS",
                    help="CPU: time whole training steps against their bound instead of the block; "
                         "comma-separated from 2x64, 4x256 (mamba_ext.bench.cpu.MODEL_STEPS)")
+    p.add_argument("--no-compare", action="store_true",
+                   help="CPU: skip the plain-call vs configure_threads() comparison (each in "
+                        "its own process)")
     p.add_argument("--markdown", action="store_true",
                    help="CPU: print the table as Markdown (the GPU tables always are)")
     p.add_argument("--generation", action="store_true",
@@ -77,7 +80,8 @@ def main(argv=None) -> int:
         if args.device != "cpu" or not names or any(m not in cpu.MODEL_STEPS for m in names):
             ap.error(f"--model-step: CPU only, names from {sorted(cpu.MODEL_STEPS)}, got "
                      f"{args.model_step!r}")
-        return cpu.run_model_steps(names, repeat=args.repeat or 5, n_threads=args.threads)
+        return cpu.run_model_steps(names, repeat=args.repeat or 5, n_threads=args.threads,
+                                   compare=not args.no_compare)
     if args.train_step is not None and args.device != "gpu":
         ap.error("--train-step needs --device gpu")
     if args.checkpointing and args.train_step is None:
@@ -105,7 +109,8 @@ def main(argv=None) -> int:
                        discretization=args.discretization)
     from ..bench import cpu
     return cpu.run(args.size, repeat=args.repeat or 5, dtype=args.dtype, n_threads=args.threads,
-                   use_torch=not args.no_torch, markdown=args.markdown)
+                   use_torch=not args.no_torch, markdown=args.markdown,
+                   compare=not args.no_compare)
 
 
 if __name__ == "__main__":

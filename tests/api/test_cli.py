@@ -109,6 +109,13 @@ def test_model_step_benchmark(capsys, monkeypatch):
     assert m, out
     step, bound, ratio = (float(m.group(i)) for i in (1, 2, 3))
     assert step > 0 and bound > 0 and abs(ratio - step / bound) <= 0.02 * ratio + 0.01
+    # the same step as a plain library call and after configure_threads(), each in its own
+    # process (the child gets the configuration added above)
+    m = re.search(r"model step 1x16 +plain +([\d.]+) ms +configured +([\d.]+) ms +"
+                  r"plain/configured ([\d.]+)", out)
+    assert m, out
+    plain, conf, r = (float(m.group(i)) for i in (1, 2, 3))
+    assert plain > 0 and conf > 0 and abs(r - plain / conf) <= 0.02 * r + 0.01
     for argv in (["bench", "--model-step", "9x9"], ["bench", "--model-step", "1x16", "--device", "gpu"]):
         with pytest.raises(SystemExit) as e:
             main(argv)
