@@ -192,7 +192,7 @@ def model_step(name, repeat=5, n_threads=None):
     from ..optim import AdamW
     V, Dm, nl, B, L = MODEL_STEPS[name]
     params = init_model_params(V, Dm, nl, seed=0)
-    opt = AdamW(params, lr=1e-3)
+    opt = AdamW(params, lr=1e-3, n_threads=n_threads)
     tok = np.random.default_rng(0).integers(0, V, (B, L + 1))
     x, y = tok[:, :-1], tok[:, 1:]
     t = _median_time(lambda: opt.step(model_loss_and_grads(x, y, params, n_threads=n_threads)[1]),
@@ -219,7 +219,10 @@ def _child_times(what, repeat, n_threads, configured):
             + "res = [bench_ours(n, 'float32', rep, nt)['t'] if k == 'block' else "
               "model_step(n, rep, nt)[0] for k, n in what]\n"
             + "print(json.dumps(res))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # the child imports mamba_ext from where this process does (as multiprocessing's spawn)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -55,6 +55,7 @@ cnp.import_array()
 
 cdef extern from "csrc/mx_threads.h" nogil:
     int mx_threads(int n) noexcept               # n > 0: n; else OpenMP's default
+    int mx_team(int n, long long work, long long min_work, long long parts) noexcept
     void* mx_workspace(size_t nbytes) noexcept   # this thread's reused scratch, or NULL
 
 # The constants of the maths (single definition: csrc/mx_constants.h).
@@ -62,6 +63,10 @@ A_LOG_MIN = constants.A_LOG_MIN
 A_LOG_MAX = constants.A_LOG_MAX
 DEFAULT_EPS = constants.DEFAULT_EPS
 SCAN_CHUNK = constants.SCAN_CHUNK
+
+cdef enum:
+    # elements of an elementwise step per thread (mx_team): 2^15 take ~5-10 us on one core
+    MIN_ELEMENTS_PER_THREAD = 1 << 15
 
 # bytes of backward scratch per window (window_rows); tests lower it (_set_window_bytes)
 cdef size_t window_bytes = 256 << 20
@@ -106,6 +111,7 @@ cdef idx_t block_cache_len(const mamba_dims* d) noexcept nogil:
 cdef void rows_elementwise(int op, floating* out, const floating* a, idx_t lda,
                            const floating* y, idx_t M, idx_t D, int nt) noexcept nogil:
     cdef idx_t r
+    nt = mx_team(nt, M * D, MIN_ELEMENTS_PER_THREAD, M)
     for r in prange(M, schedule='static', num_threads=nt):
         if floating is float:
             if op == 0:
@@ -136,6 +142,7 @@ cdef void gate_backward(floating* dy, floating* dz, idx_t ldz, const floating* d
                         int nt) noexcept nogil:
     # dy (M, D) = dg * silu(z); dz (rows ldz apart) = dg * y * silu'(z); z rows ldz apart
     cdef idx_t r
+    nt = mx_team(nt, M * D, MIN_ELEMENTS_PER_THREAD, M)
     for r in prange(M, schedule='static', num_threads=nt):
         if floating is float:
             mx_gate_backward_f(dy + r * D, dz + r * ldz, dg + r * D, y + r * D, z + r * ldz, D)

@@ -14,7 +14,7 @@ from cython.parallel cimport prange
 from mamba_ext.cpu.types cimport floating, idx_t
 
 cdef extern from "csrc/mx_threads.h" nogil:
-    int mx_threads(int n) noexcept               # n > 0: n; else OpenMP's default
+    int mx_team(int n, long long work, long long min_work, long long parts) noexcept
 
 cdef extern from "csrc/mx_conv1d.h" nogil:
     enum: MX_CONV_CB, MX_CONV_KB
@@ -39,7 +39,8 @@ cdef void conv1d_forward(floating* conv, const floating* xc, idx_t ld_xc,
                          idx_t B, idx_t L, idx_t D, idx_t K, int n_threads) noexcept nogil:
     # conv (B, L, D); xc (B*L rows, ld_xc); weight (D, K); bias (D,)
     cdef idx_t j, d0, k0, kb, nkb = max(<idx_t>1, (K + MX_CONV_KB - 1) // MX_CONV_KB)
-    cdef int n, kn, nt = mx_threads(n_threads)
+    cdef int n, kn, nt = mx_team(n_threads, B * L * D * max(K, <idx_t>1), 1 << 16,
+                                (D + MX_CONV_CB - 1) // MX_CONV_CB)
     if B * L * D == 0:
         return
     for j in prange((D + MX_CONV_CB - 1) // MX_CONV_CB, schedule='static', num_threads=nt):
@@ -61,7 +62,8 @@ cdef void conv1d_backward(floating* dxc, idx_t ld_dxc, floating* dweight, floati
     # dxc (B*L rows, ld_dxc) +=; dweight (D, K) +=; dbias (D,) +=
     # dconv (B, L, D); xc (B*L rows, ld_xc); weight (D, K)
     cdef idx_t j, d0, k0, kb, nkb = max(<idx_t>1, (K + MX_CONV_KB - 1) // MX_CONV_KB)
-    cdef int n, kn, nt = mx_threads(n_threads)
+    cdef int n, kn, nt = mx_team(n_threads, B * L * D * max(K, <idx_t>1), 1 << 16,
+                                (D + MX_CONV_CB - 1) // MX_CONV_CB)
     if B * L * D == 0:
         return
     for j in prange((D + MX_CONV_CB - 1) // MX_CONV_CB, schedule='static', num_threads=nt):

@@ -30,7 +30,7 @@ cdef extern from "limits.h":
     const int INT_MAX
 
 cdef extern from "csrc/mx_threads.h" nogil:
-    int mx_threads(int n) noexcept               # n > 0: n; else OpenMP's default
+    int mx_team(int n, long long work, long long min_work, long long parts) noexcept
 
 cdef extern from "csrc/mx_blas.h" nogil:
     const char* mx_blas_bind(const void* addr) noexcept
@@ -83,9 +83,7 @@ cdef inline idx_t row_block(idx_t width) noexcept nogil:
 
 cdef inline int team_size(idx_t work, idx_t parts, int n_threads) noexcept nogil:
     # threads for `work` multiply-adds split into at most `parts` slices
-    cdef idx_t n = mx_threads(n_threads)
-    n = min(n, max(<idx_t>1, work // MIN_WORK_PER_THREAD))
-    return <int>max(<idx_t>1, min(n, parts))
+    return mx_team(n_threads, work, MIN_WORK_PER_THREAD, parts)
 
 
 cdef inline void part(idx_t n, int nt, int t, idx_t align, idx_t* lo, idx_t* hi) noexcept nogil:

@@ -48,6 +48,7 @@ cdef extern from "csrc/mx_threads.h" nogil:
     # this thread's reused scratch of this module (static in the header: the blocks'
     # own mx_workspace is a different one), or NULL; never freed by the caller
     void* mx_workspace(size_t nbytes) noexcept
+    int mx_team(int n, long long work, long long min_work, long long parts) noexcept
 
 
 cdef inline idx_t _n_caches(const model_dims* d, int checkpointing) noexcept nogil:
@@ -176,7 +177,8 @@ cdef void cross_entropy_forward_backward(double* row_loss, floating* logits,
     cdef floating* row
     cdef floating mx, picked
     cdef double s, scale
-    for r in prange(M, schedule='static', num_threads=n_threads, nogil=True):
+    cdef int nt = mx_team(n_threads, M * V, 1 << 15, M)
+    for r in prange(M, schedule='static', num_threads=nt, nogil=True):
         row = logits + r * V
         picked = row[targets[r]]
         mx = row[0]

@@ -53,6 +53,7 @@ from mamba_ext.cpu.constants cimport A_LOG_MIN, A_LOG_MAX, SCAN_CHUNK
 
 cdef extern from "csrc/mx_threads.h" nogil:
     int mx_threads(int n) noexcept       # n > 0: n; else OpenMP's default (1 without OpenMP)
+    int mx_team(int n, long long work, long long min_work, long long parts) noexcept
     void* mx_aligned_alloc(size_t nbytes) noexcept    # 64-byte aligned, or NULL
     void mx_aligned_free(void* p) noexcept
 
@@ -195,7 +196,8 @@ cdef int scan_forward_state(floating* y, floating* hstate, floating* h_last,
     cdef floating* em1 = NULL
     if B * D == 0 or L == 0:
         return 0
-    nt = <int>min(<idx_t>nt, B * ng)
+    # state updates per thread: 2^14 take ~10 us (an exponential each)
+    nt = mx_team(nt, B * L * D * N, 1 << 14, B * ng)
     with parallel(num_threads=nt):
         # per thread: AT, invAT (N, G); Dv (G,); dl, uu, yy (T, G) (lane copies for a
         # partial group); h, em1 (N, G) (the state, updated in place)
@@ -311,7 +313,8 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
         return -1
     partBC = part
     partAD = part + nbc
-    nt = <int>min(<idx_t>nt, B * ng)
+    # state updates per thread: 2^14 take ~10 us (an exponential each)
+    nt = mx_team(nt, B * L * D * N, 1 << 14, B * ng)
     with parallel(num_threads=nt):
         # per thread: AT, invAT, carry, dAacc (N, G); dDacc, Dv (G,); dl, uu, dyy, dul, dDl
         # (T, G) (lane copies for a partial group); h (T+1, N, G); em1 (T, N, G);

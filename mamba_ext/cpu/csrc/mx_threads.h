@@ -1,6 +1,10 @@
 /* mx_threads.h - OpenMP thread count, aligned scratch, and the per-thread workspace.
  *
  *   mx_threads(n): n if n > 0, else OpenMP's default team size; 1 without OpenMP.
+ *   mx_team(n, work, min_work, parts): the team for one parallel region: mx_threads(n)
+ *     threads, but no more than `parts` (the slices of the work) and none with less than
+ *     `min_work` units of work: a region's fork and join cost microseconds per thread, far
+ *     more on a busy or many-core host, and small calls ran slower on 16 threads than on 1.
  *   mx_aligned_alloc(nbytes) / mx_aligned_free(p): 64-byte aligned scratch (one AVX-512
  *     vector per lane group), size rounded up to 64; NULL when out of memory.
  *   mx_workspace(nbytes): this thread's scratch of at least nbytes (contents undefined),
@@ -27,6 +31,13 @@ static MX_UNUSED int mx_threads(int n) {
     (void)n;
     return 1;
 #endif
+}
+
+static MX_UNUSED int mx_team(int n, long long work, long long min_work, long long parts) {
+    long long t = mx_threads(n), by_work = min_work > 0 ? work / min_work : t;
+    if (t > by_work) t = by_work;
+    if (t > parts) t = parts;
+    return t < 1 ? 1 : (int)t;
 }
 
 /* One code path for every C runtime (C11 aligned_alloc is missing from MSVC's and from
