@@ -23,7 +23,11 @@
 #ifndef MX_BLAS_H
 #define MX_BLAS_H
 
+#if !defined(_WIN32) && !defined(_GNU_SOURCE)
+#define _GNU_SOURCE            /* dladdr, RTLD_NOLOAD: before the first libc header */
+#endif
 #include <stddef.h>
+#include <string.h>
 #include "mx_compat.h"
 
 #if defined(_WIN32)
@@ -31,10 +35,8 @@
 #define WIN32_LEAN_AND_MEAN
 #endif
 #include <windows.h>
+#include <psapi.h>             /* K32EnumProcessModules (kernel32 since Windows 7) */
 #else
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE            /* dladdr, RTLD_NOLOAD */
-#endif
 #include <dlfcn.h>
 #include <pthread.h>
 #endif
@@ -84,7 +86,10 @@ static MX_UNUSED void* mx_blas_sym(void* handle, const char* name) {
     if (!K32EnumProcessModules(GetCurrentProcess(), mods, sizeof mods, &nbytes)) return NULL;
     for (i = 0; i < nbytes / sizeof(HMODULE) && i < 1024; i++) {
         FARPROC f = GetProcAddress(mods[i], name);
-        if (f != NULL) return (void*)f;
+        void* p;
+        if (f == NULL) continue;
+        memcpy(&p, &f, sizeof p);   /* ISO C has no cast between function and object pointers */
+        return p;
     }
     return NULL;
 }
@@ -112,12 +117,13 @@ static MX_UNUSED const char* mx_blas_bind(const void* addr) {
         void* g = mx_blas_sym(handle, mx_blas_controls[i].get);
         if (s == NULL || g == NULL) continue;
         mx_blas.name = mx_blas_controls[i].name;
+        /* dlsym's object pointers to function pointers: memcpy (ISO C has no such cast) */
         if (mx_blas_controls[i].kind == 1) {
-            mx_blas.set = (mx_blas_set_int_t)s;
-            mx_blas.get = (mx_blas_get_int_t)g;
+            memcpy(&mx_blas.set, &s, sizeof s);
+            memcpy(&mx_blas.get, &g, sizeof g);
         } else {
-            mx_blas.set64 = (mx_blas_set_i64_t)s;
-            mx_blas.get64 = (mx_blas_get_i64_t)g;
+            memcpy(&mx_blas.set64, &s, sizeof s);
+            memcpy(&mx_blas.get64, &g, sizeof g);
         }
         break;
     }
