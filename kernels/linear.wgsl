@@ -42,6 +42,10 @@
 // | 8       | part  | (S*M*N + S*M)                | read_write (split-K partials, S > 1)    |
 // | 9       | dbias | (M,) at db_off               | read_write (when BIAS_GRAD)             |
 //
+// DBIAS_IN_C: the bias gradient lives in c's buffer (a model's gradient arena holds dW
+// and db side by side), written through binding 7 at db_off, and binding 9 holds a
+// placeholder: WebGPU forbids one buffer behind two writable bindings of a dispatch.
+//
 // Tile: BM x BN = 128 x 128 outputs per workgroup of 16 x 16 invocations; each
 // invocation holds an 8 x 8 micro-tile (rows 4ty..4ty+3 and 64+4ty.., columns
 // 4tx.. and 64+4tx..) in 16 named vec4 registers (no private arrays: dynamically
@@ -81,6 +85,7 @@ override B_KFAST: bool = true;
 override A_VEC: bool = false;
 override B_VEC: bool = false;
 override BIAS_GRAD: bool = false;
+override DBIAS_IN_C: bool = false;     // see the binding table
 override SPLIT: bool = false;
 // PREFETCH: the next step's loads in flight during this one (see gemm_tile); off = the
 // plain loop (load, store, barrier, compute, barrier).
@@ -259,6 +264,8 @@ fn store_rowsum(i: u32, v: vec4<f32>, z: u32, S: u32) {
         if (ii < p.M) {
             if (SPLIT) {
                 part[S * p.M * p.N + z * p.M + ii] = v[q];
+            } else if (DBIAS_IN_C) {
+                c[p.db_off + ii] = c[p.db_off + ii] + v[q];
             } else {
                 dbias[p.db_off + ii] = dbias[p.db_off + ii] + v[q];
             }
@@ -383,6 +390,10 @@ fn linear_split_sum(@builtin(local_invocation_index) li: u32,
         let i = e - MN;
         var s = 0.0;
         for (var z = 0u; z < S; z++) { s += part[S * MN + z * p.M + i]; }
-        dbias[p.db_off + i] = dbias[p.db_off + i] + s;
+        if (DBIAS_IN_C) {
+            c[p.db_off + i] = c[p.db_off + i] + s;
+        } else {
+            dbias[p.db_off + i] = dbias[p.db_off + i] + s;
+        }
     }
 }

@@ -94,6 +94,35 @@ def kernel_source(file: str) -> str:
     return read("common.wgsl") + "\n" + body
 
 
+_STORAGE = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var<storage\s*,\s*(read_write|read)\s*>")
+_ACCESS = {}
+
+
+def binding_access(file: str) -> dict:
+    """{binding: True for read_write, False for read} of the storage bindings of
+    ``kernels/<file>.wgsl`` (one table per file: its entry points share the declarations)."""
+    acc = _ACCESS.get(file)
+    if acc is None:
+        acc = _ACCESS[file] = {int(b): m == "read_write"
+                               for b, m in _STORAGE.findall(kernel_source(file))}
+    return acc
+
+
+def check_aliasing(file: str, entry: str, entries) -> None:
+    """Refuse a dispatch that binds overlapping bytes of one buffer twice where either
+    binding is writable (WebGPU forbids it: "writable storage buffer binding aliasing";
+    Dawn checks it, wgpu-native does not yet). ``entries``: (binding, buffer, offset, size)."""
+    acc = binding_access(file)
+    for i, (bi, buf_i, off_i, n_i) in enumerate(entries):
+        for bj, buf_j, off_j, n_j in entries[i + 1:]:
+            if buf_i is buf_j and off_i < off_j + n_j and off_j < off_i + n_i \
+                    and (acc.get(bi, False) or acc.get(bj, False)):
+                raise ValueError(
+                    f"{file}.{entry}: bindings {bi} and {bj} alias bytes of one buffer "
+                    f"({getattr(buf_i, 'label', '')!r}) and one of them is writable; WebGPU "
+                    f"forbids that")
+
+
 def _shader_checks() -> str:
     name = os.environ.get("MAMBA_EXT_GPU_CHECKS", "").strip().lower() or "bounds"
     if name not in SHADER_CHECKS:
@@ -480,6 +509,9 @@ class Gpu:
             else:
                 res = {"buffer": b, "offset": 0, "size": b.size}
             entries.append({"binding": i, "resource": res})
+        check_aliasing(file, entry, [(e["binding"], e["resource"]["buffer"],
+                                      e["resource"]["offset"], e["resource"]["size"])
+                                     for e in entries[1:]])
         bg = self.device.create_bind_group(layout=pl.get_bind_group_layout(0), entries=entries)
         return Op(pl, bg, self.check_grid(grid, f"{file}.{entry}"), entry, ubuf)
 
@@ -586,12 +618,15 @@ class Gpu:
             buf = cache[name] = self.buffer(max(n_floats, 4), name)
         return buf
 
-    def dummy(self):
-        """A tiny buffer for read_write bindings that an entry point does not use
-        (bound so that every binding of the "auto" layout has a buffer)."""
-        if getattr(self, "_dummy", None) is None:
-            self._dummy = self.buffer(4, "unused")
-        return self._dummy
+    def dummy(self, k=0):
+        """The k-th tiny placeholder buffer, for bindings that an entry point declares but
+        does not use in this configuration (bound so that every binding of the "auto"
+        layout has a buffer). Writable bindings of one dispatch each take their own k:
+        WebGPU forbids one buffer behind two writable bindings (check_aliasing)."""
+        d = self.__dict__.setdefault("_dummies", {})
+        if k not in d:
+            d[k] = self.buffer(4, f"unused{k}")
+        return d[k]
 
     def sync(self):
         """Wait until all submitted work is done: read back a tiny buffer (the

@@ -108,22 +108,23 @@ def gemm(g, entry, M, N, K, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, c, c_off
     S = split_count(g, M, N, K) if SPLIT_ALL or dbias is not None else 1
     kc = math.ceil(math.ceil(K / S) / GEMM_BK) * GEMM_BK if S > 1 else max(K, 1)
     S = math.ceil(K / kc) if S > 1 else 1
-    dummy = g.dummy()
     if S == 1:
-        part = dummy
+        part = g.dummy(0)
     elif part is None or part.size < 4 * split_scratch_len(M, N, S):
         # (a given buffer too small for every slice is not used: fewer slices cost more
         # than the scratch, e.g. block c's in_proj dW unsplit, session 4 runs 22 and 27)
         part = g.scratch("linear_split_k", split_scratch_len(M, N, S))
+    # dW and db in one buffer (a gradient arena): db written through c's binding
+    db_in_c = dbias is not None and dbias is c
     consts = {"A_KFAST": a_kfast, "B_KFAST": b_kfast, "A_VEC": a_vec, "B_VEC": b_vec,
-              "BIAS_GRAD": dbias is not None,
+              "BIAS_GRAD": dbias is not None, "DBIAS_IN_C": db_in_c,
               "SPLIT": S > 1,
               "PREFETCH": not (a_kfast or b_kfast) if PREFETCH is None else PREFETCH,
               "ROT": g.wg_memory >= ROT_MEMORY if ROT is None else ROT}
     params = [M, N, K, a_off, a_rs, a_cs, b_off, b_rs, b_cs, c_off, c_rs, bias_off,
               0 if bias is None else 1, beta, 0 if res is None else 1, db_off, kc]
     buffers = [a, a, b, b, a if bias is None else bias, a if res is None else res, c,
-               part, dummy if dbias is None else dbias]
+               part, g.dummy(1) if dbias is None or db_in_c else dbias]
     grid = (math.ceil(N / GEMM_TILE[1]), math.ceil(M / GEMM_TILE[0]), S)
     ops = [g.op("linear", entry, g.check_grid(grid, f"linear {entry}"), params, buffers, consts)]
     if S > 1:
@@ -133,7 +134,8 @@ def gemm(g, entry, M, N, K, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, c, c_off
         sum_params[-1] = S                          # kc holds S in linear_split_sum
         ops.append(g.op("linear", "linear_split_sum",
                         g.grid1d(math.ceil(n / EW_WG), "linear_split_sum"), sum_params,
-                        buffers, {"WG": EW_WG, "BIAS_GRAD": dbias is not None}))
+                        buffers, {"WG": EW_WG, "BIAS_GRAD": dbias is not None,
+                                  "DBIAS_IN_C": db_in_c}))
     return ops
 
 

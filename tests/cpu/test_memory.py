@@ -1,10 +1,10 @@
 """Peak memory of one block's forward + backward (issue 12, part 2).
 
 In a fresh subprocess: build the inputs, warm up (a short forward + backward, and large
-SciPy-BLAS GEMMs, so the BLAS library's own per-thread buffers, a fixed cost of the
-process, are already touched; they are called from our own threads), reset the kernel's peak-RSS mark (/proc/self/clear_refs
-"5"), run mamba1_forward + mamba1_backward with all threads, and read the peak (VmHWM)
-back. glibc's malloc is told to map every block >= 128 KiB on its own
+products through our own linear kernel, so the BLAS library's per-thread buffers, a fixed
+cost of the process, are already touched in each of our threads), reset the kernel's
+peak-RSS mark (/proc/self/clear_refs "5"), run mamba1_forward + mamba1_backward with all
+threads, and read the peak (VmHWM) back. glibc's malloc is told to map every block >= 128 KiB on its own
 (MALLOC_MMAP_THRESHOLD_), so memory the warm-up freed goes back to the system instead of
 hiding the call's allocations. The growth over the RSS before the call must stay below
 half of one (B, L, D, N) float32 tensor, the size the chunked scan exists to avoid:

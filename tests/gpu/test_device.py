@@ -227,3 +227,38 @@ def test_kernel_vocabulary(name):
         ok = (e.startswith(step + "_") or step in ("activations", "reduce", "selftest")
               or e.startswith(("gate_", "softplus_")))
         assert ok, (name, e)
+
+
+def test_writable_binding_aliasing_refused():
+    """WebGPU forbids one buffer behind two bindings of a dispatch where either is
+    writable (Dawn refuses such a pass; wgpu-native does not check yet): every op is
+    checked when it is recorded, so the whole GPU suite runs conformant dispatches."""
+    import numpy as np
+    from mamba_ext.gpu.device import Slice, binding_access
+    acc = binding_access("linear")
+    assert acc[7] and acc[8] and acc[9] and not acc[1] and not acc[6]
+    buf = g.buffer(256, "t_alias")
+    other = g.buffer(64, "t_alias_other")
+    params = [1] * 17
+    bufs = [other, other, other, other, other, other, buf, g.dummy(0), buf]
+    with pytest.raises(ValueError, match="bindings 7 and 9 alias"):
+        g.op("linear", "linear_backward", (1, 1, 1), params, bufs)
+    # read-only twice is allowed; disjoint slices of one buffer are too
+    bufs = [other, other, other, other, other, other, Slice(buf, 0, 256), g.dummy(0),
+            Slice(buf, 256, 256)]
+    g.op("linear", "linear_backward", (1, 1, 1), params, bufs)
+    # placeholders of one dispatch are distinct buffers
+    assert g.dummy(0) is not g.dummy(1) and g.dummy(1) is g.dummy(1)
+    # dW and db in one gradient arena: the bias gradient goes through c's binding
+    from mamba_ext.gpu.linear import gemm
+    rng = np.random.default_rng(0)
+    A = rng.integers(-3, 4, (3, 4)).astype(np.float32)      # dY^T (3 out, 4 rows)
+    X = rng.integers(-3, 4, (4, 5)).astype(np.float32)      # X (4 rows, 5 in)
+    a, x = g.buffer(A.size, "t_dy", A.T.copy()), g.buffer(X.size, "t_x", X)
+    arena = g.buffer(3 * 5 + 3, "t_arena")
+    ops = gemm(g, "linear_backward", 3, 5, 4, a, 0, 1, 3, x, 0, 5, 1, arena, 0, 5, beta=1,
+               dbias=arena, db_off=15)
+    g.submit(ops)
+    got = g.read(arena, 18)
+    np.testing.assert_array_equal(got[:15].reshape(3, 5), A @ X)
+    np.testing.assert_array_equal(got[15:], A.sum(axis=1))
