@@ -51,21 +51,11 @@ __all__ = ["mamba1_forward", "mamba1_backward", "init_mamba1_params", "BlockCach
 
 
 def _fingerprint(arrays) -> tuple:
-    """Identity of the parameter values covering EVERY value: per array, the sum modulo
-    2**64 of its bytes read as 64-bit words (one pass at memory speed; CRC-32 of all
-    16 MB of size-c params cost ~2% of a step, this sum about a tenth of that). Any
-    change of one value changes its word and so the sum; only edits that cancel exactly
-    modulo 2**64 could go unnoticed. (Arrays of the 13 parameters are C-contiguous
-    float32/float64 here, so their bytes are a whole number of 32-bit words.)"""
-    fp = []
-    for n in BLOCK_PARAM_NAMES:
-        a = arrays[n].reshape(-1)
-        raw = a.view(np.uint8)
-        n8 = raw.size // 8 * 8
-        words = raw[:n8].view(np.uint64)
-        tail = int.from_bytes(raw[n8:].tobytes(), "little")
-        fp.append((int(np.add.reduce(words, dtype=np.uint64)) + tail) % 2 ** 64)
-    return tuple(fp)
+    """Identity of the parameter values: per array, a 64-bit hash of all its bytes in
+    order (csrc/mx_hash.h, four-lane xxHash-style rounds at memory speed: ~0.3 ms for the
+    16 MB of size-c params, under 0.5% of a step). Any edited value, and any swap of two
+    values, changes it. (The 13 parameters are C-contiguous here.)"""
+    return tuple(_block.hash_bytes(np.ascontiguousarray(arrays[n])) for n in BLOCK_PARAM_NAMES)
 
 
 def _n_threads(n_threads: int | None) -> int:

@@ -62,11 +62,15 @@ class RecurrentState:
     """Per-layer scan state and conv tail of a batch of sequences, plus the model settings.
 
     ``h[i]`` (B, D, N), ``conv[i]`` (B, D, K-1) for layer ``i``; ``position`` counts the
-    tokens consumed. ``eps`` and ``discretization`` are fixed at :func:`init_state`.
+    tokens consumed. ``eps`` and ``discretization`` are set at :func:`init_state`; assigning
+    them is checked like the arguments of init_state, and the next step uses them.
+    ``batch`` is fixed. An array of ``h`` or ``conv`` may be replaced (or edited in place)
+    between steps: every step checks each one (a C-contiguous, aligned, writeable ndarray
+    of the state's dtype and shape) and steps on the arrays the lists hold then.
     """
 
     def __init__(self, batch: int, eps: float, discretization: str) -> None:
-        self.batch = batch
+        self._batch = batch
         self.eps = eps
         self.discretization = discretization
         self.h: list[np.ndarray] = []
@@ -77,6 +81,27 @@ class RecurrentState:
         self._seen = None
         self._stepper = None  # (key, compiled Stepper over these very h / conv arrays)
 
+    @property
+    def batch(self) -> int:
+        return self._batch
+
+    @property
+    def eps(self) -> float:
+        return self._eps
+
+    @eps.setter
+    def eps(self, value) -> None:
+        self._eps = check_eps(value)
+
+    @property
+    def discretization(self) -> str:
+        return self._discretization
+
+    @discretization.setter
+    def discretization(self, value) -> None:
+        check_discretization(value)
+        self._discretization = value
+
     def copy(self) -> "RecurrentState":
         s = RecurrentState(self.batch, self.eps, self.discretization)
         s.h = [a.copy() for a in self.h]
@@ -84,6 +109,30 @@ class RecurrentState:
         s.position = self.position
         s._seen = self._seen
         return s
+
+
+def _check_state_arrays(state: RecurrentState, layers: list, dtype) -> None:
+    """Each array of ``state.h`` / ``state.conv`` as the compiled step reads and writes it
+    through raw pointers: an ndarray of the params' dtype and the layer's shape,
+    C-contiguous, aligned and writeable (checked before every step: a replaced or foreign
+    array must not be read out of bounds, reinterpreted or written behind a read-only view)."""
+    for name, arrays in (("h", state.h), ("conv", state.conv)):
+        if not isinstance(arrays, list) or len(arrays) != len(layers):
+            n = len(arrays) if hasattr(arrays, "__len__") else "?"
+            raise ValueError(f"state.{name}: expected a list of {len(layers)} arrays (one per "
+                             f"layer), got {type(arrays).__name__} of {n}")
+        for i, (a, p) in enumerate(zip(arrays, layers)):
+            D, K = p["wConv"].shape
+            shape = (state.batch, D, p["A_log"].shape[1]) if name == "h" else (state.batch, D, K - 1)
+            if not isinstance(a, np.ndarray):
+                raise TypeError(f"state.{name}[{i}]: expected a numpy array, got {type(a).__name__}")
+            if a.dtype != dtype or a.shape != shape:
+                raise ValueError(f"state.{name}[{i}]: expected shape {shape} and dtype {dtype}, "
+                                 f"got {a.shape} {a.dtype}")
+            if not (a.flags.c_contiguous and a.flags.aligned and a.flags.writeable):
+                raise ValueError(f"state.{name}[{i}]: expected a C-contiguous, aligned, writeable "
+                                 f"array (it is updated in place); pass np.ascontiguousarray(...) "
+                                 f"or a copy")
 
 
 def _validated(params: Mapping[str, ArrayLike], state: RecurrentState) -> tuple[list, dict]:
@@ -165,7 +214,11 @@ def _stepper(params: Mapping[str, ArrayLike], state: RecurrentState, weights_dty
     layers, arrays = _validated(params, state)
     half = _check_weights_dtype(weights_dtype, arrays["embedding"].dtype)
     nt = check_n_threads(n_threads)
-    key = (half, nt)
+    _check_state_arrays(state, layers, arrays["embedding"].dtype)
+    # the stepper holds raw pointers to these very arrays (and references to them, so
+    # their ids stay unique): a replaced array or a changed setting builds a new one
+    key = (half, nt, state.eps, state.discretization,
+           tuple(id(a) for a in state.h), tuple(id(a) for a in state.conv))
     if state._stepper is not None and state._stepper[0] == key:
         return state._stepper[1], arrays
     cache = state._seen[3]

@@ -11,6 +11,9 @@ DEFAULT_EPS: float    # RMSNorm epsilon of the reference semantics
 SCAN_CHUNK: int       # steps per chunk of the CPU scan (hstate is stored per chunk)
 
 def cache_len(sizes: tuple[int, ...]) -> int: ...
+def window_len(sizes: tuple[int, ...], itemsize: int) -> int: ...   # rows of one window
+def hash_bytes(a: np.ndarray) -> int: ...    # 64-bit hash of a C-contiguous array's bytes
+def _set_window_bytes(n: int) -> int: ...    # testing hook: the window budget; returns the old
 def forward(x: np.ndarray, params: list[np.ndarray], out: np.ndarray, cache: np.ndarray,
             sizes: tuple[int, ...], eps: float, discretization: int, n_threads: int,
             h0: np.ndarray | None = None, conv_state: np.ndarray | None = None,

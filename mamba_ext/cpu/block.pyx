@@ -34,6 +34,7 @@ K-1 steps. The caller keeps conv_state for the backward (the cache layout is unc
 Scratch (forward M*(Dm + D + R), backward M*(7D + P + 2R + 2Dm) values) is kept by
 each calling thread and reused by its next call (mx_workspace, csrc/mx_threads.h).
 """
+from libc.stdint cimport uint64_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
 from cython.parallel cimport prange
@@ -53,6 +54,9 @@ from mamba_ext.cpu.scan cimport scan_forward_state, scan_backward_state, scan_nc
 
 cnp.import_array()
 
+cdef extern from "csrc/mx_hash.h" nogil:
+    uint64_t mx_hash64(const void* p, size_t n, uint64_t seed) noexcept
+
 cdef extern from "csrc/mx_threads.h" nogil:
     int mx_threads(int n) noexcept               # n > 0: n; else OpenMP's default
     int mx_team(int n, long long work, long long min_work, long long parts) noexcept
@@ -65,6 +69,8 @@ DEFAULT_EPS = constants.DEFAULT_EPS
 SCAN_CHUNK = constants.SCAN_CHUNK
 
 cdef enum:
+    # bytes per block of hash_bytes
+    HASH_BLOCK = 1 << 20
     # elements of an elementwise step per thread (mx_team): 2^15 take ~5-10 us on one core
     MIN_ELEMENTS_PER_THREAD = 1 << 15
 
@@ -562,6 +568,31 @@ def window_len(tuple sizes, int itemsize):
     """Rows of one window of a call of sizes (B, L, Dm, D, N, K, R) (see "Windows")."""
     cdef mamba_dims d = make_dims(sizes, 0.0, 0)
     return window_rows(&d, itemsize)
+
+
+def hash_bytes(cnp.ndarray a):
+    """64-bit order-dependent hash of the bytes of a C-contiguous array (csrc/mx_hash.h),
+    computed without the GIL: the parameter fingerprint of the block cache. Arrays of more
+    than one HASH_BLOCK are hashed block by block in parallel and the block hashes hashed
+    in order (the same value for any thread count)."""
+    cdef const unsigned char* p = <const unsigned char*>cnp.PyArray_DATA(a)
+    cdef size_t n = <size_t>a.nbytes, nb = (n + HASH_BLOCK - 1) // HASH_BLOCK, j
+    cdef uint64_t h
+    cdef uint64_t[::1] parts
+    cdef int nt
+    if not a.flags.c_contiguous:
+        raise ValueError("hash_bytes: expected a C-contiguous array")
+    if nb <= 1:
+        with nogil:
+            h = mx_hash64(p, n, 0)
+        return h
+    parts = np.empty(nb, np.uint64)
+    nt = mx_team(0, <long long>n, HASH_BLOCK, <long long>nb)
+    with nogil:
+        for j in prange(nb, schedule='static', num_threads=nt):
+            parts[j] = mx_hash64(p + j * HASH_BLOCK, min(<size_t>HASH_BLOCK, n - j * HASH_BLOCK), j)
+        h = mx_hash64(&parts[0], nb * sizeof(uint64_t), n)
+    return h
 
 
 def cache_len(tuple sizes):

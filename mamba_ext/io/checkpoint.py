@@ -37,6 +37,8 @@ from typing import IO, Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from .files import read_regular
+
 StrPath = str | os.PathLike[str]     # a file path, as open() takes it
 
 CHECKSUM_KEY = "mamba_ext.file_sha256"
@@ -250,8 +252,7 @@ def load(path: StrPath, require_checksum: bool = True) -> tuple[dict[str, np.nda
     def bad(why):
         return ValueError(f"{path}: not a valid safetensors checkpoint: {why}")
 
-    with open(path, "rb") as f:
-        raw = f.read()
+    raw = read_regular(path, "a checkpoint")
     if len(raw) < 8:
         raise bad(f"file is {len(raw)} bytes, shorter than the 8-byte header length (truncated?)")
     n = int.from_bytes(raw[:8], "little")

@@ -55,6 +55,7 @@ from ..constants import A_LOG_MAX, A_LOG_MIN
 from ..model import check_model_params
 from . import checkpoint
 from .checkpoint import StrPath
+from .files import read_regular
 
 _MIXER = {  # our block name -> HF mixer tensor name (the ones without a layout change)
     "wInProj": "in_proj.weight", "bInProj": "in_proj.bias", "bConv": "conv1d.bias",
@@ -307,8 +308,9 @@ def load_tokenizer(path: StrPath) -> Any:
     except ImportError:
         raise ImportError("reading tokenizer.json needs the 'tokenizers' package "
                           "(pip install tokenizers)") from None
+    text = read_regular(fname, "tokenizer.json", limit=1 << 30)
     try:
-        return Tokenizer.from_file(fname)
+        return Tokenizer.from_str(text.decode("utf-8"))
     except Exception as e:       # tokenizers raises its own Exception type
         raise ValueError(f"{fname}: not a tokenizer the 'tokenizers' package reads ({e})") from None
 
@@ -316,8 +318,8 @@ def load_tokenizer(path: StrPath) -> Any:
 def _read_json(fname: str) -> dict[str, Any]:
     """A JSON object from a file: one ValueError naming the file when it is not one."""
     try:
-        with open(fname, "rb") as f:
-            value = checkpoint.strict_json(f.read().decode("utf-8"), fname)
+        value = checkpoint.strict_json(read_regular(fname, "a JSON file", limit=1 << 26)
+                                       .decode("utf-8"), fname)
     except (UnicodeDecodeError, ValueError) as e:
         raise ValueError(f"{fname}: not valid JSON ({e})") from None
     if not isinstance(value, dict):
@@ -365,8 +367,8 @@ def save_hf(path: StrPath, params: Mapping[str, ArrayLike], config: Mapping[str,
     tok_text = None
     if tokenizer is not None:
         load_tokenizer(tokenizer)            # refuse a missing or unreadable one before writing
-        with open(os.path.join(os.fspath(tokenizer), "tokenizer.json"), "rb") as f:
-            tok_text = f.read()
+        tok_text = read_regular(os.path.join(os.fspath(tokenizer), "tokenizer.json"),
+                                "tokenizer.json", limit=1 << 30)
     tensors, hf_config = params_to_hf(params, config, approximate_discretization)
     hf_config["torch_dtype"] = SAVE_DTYPES[dtype][1]
     out = {k: _export(k, np.asarray(v), dtype) for k, v in tensors.items()}

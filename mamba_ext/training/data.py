@@ -16,6 +16,8 @@ import sysconfig
 
 import numpy as np
 
+from ..io.files import read_regular
+
 VOCAB_SIZE = 256
 DEFAULT_MAX_BYTES = 8 * 1024 * 1024
 _SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
@@ -51,8 +53,7 @@ def load_corpus(path=None, max_bytes: int = DEFAULT_MAX_BYTES) -> np.ndarray:
     if path is None:
         raw = stdlib_corpus(max_bytes)
     else:
-        with open(path, "rb") as f:
-            raw = f.read(max_bytes)
+        raw = read_regular(path, "the corpus (--data)", max_bytes=max_bytes)
     return np.frombuffer(raw, dtype=np.uint8)
 
 

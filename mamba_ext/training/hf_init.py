@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from ..io.files import read_regular
 from ..io.hf import load_hf, load_tokenizer, save_hf
 
 HF_DIR = "hf"          # OUT/hf: the exported folder of a run started with --init-from
@@ -52,8 +53,8 @@ def corpus_tokens(cfg, max_bytes: int) -> np.ndarray:
     """The token ids (int64) of the corpus file under the checkpoint's tokenizer."""
     if cfg.data is None:
         raise ValueError("--init-from needs --data PATH: a text file to fine-tune on")
-    with open(cfg.data, "rb") as f:
-        text = f.read(max_bytes).decode("utf-8", errors="replace")
+    text = read_regular(cfg.data, "the corpus (--data)", max_bytes=max_bytes).decode(
+        "utf-8", errors="replace")
     ids = np.asarray(load_tokenizer(cfg.init_from).encode(text).ids, dtype=np.int64)
     if ids.size and (ids.min() < 0 or ids.max() >= cfg.vocab_size):
         raise ValueError(f"{cfg.init_from}: the tokenizer gives ids up to {int(ids.max())}, outside "

@@ -280,7 +280,8 @@ def save_state(path, cfg, step, params, opt, scaler, losses, dist=None, carry=No
 def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, bar,
           dist=None, carry=None) -> int:
     """Steps ``start .. end-1``; appends to ``losses``; returns the number of steps
-    skipped (AMP overflow, or the optimizer's NaN guard: a non-finite gradient).
+    skipped (AMP overflow, the optimizer's NaN guard: a non-finite gradient, or a step
+    whose every element update was not finite and so left unchanged, e.g. an lr of 1e300).
     ``carry`` (``--carry-state``): a one-element list holding the state ``(h, conv)`` the
     next step starts from (None: zeros), updated after every step. The GPU trainer
     without MPI submits each step before reading back the one before
@@ -294,6 +295,14 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
     reduce = None if dist is None else dist.reduce
     frozen = hf_init.frozen_names(params) if cfg.init_from is not None else []
     pipelined = trainer is not None and dist is None
+    n_elements = sum(int(a.size) for a in params.values())
+    seen_nonfinite = [opt.nonfinite if opt is not None else 0]
+
+    def void():
+        # True when the last optimizer step left every element unchanged (its update was
+        # not finite anywhere: applied in name only)
+        n, seen_nonfinite[0] = opt.nonfinite - seen_nonfinite[0], opt.nonfinite
+        return n >= n_elements
 
     def checkpoint_due(step):
         return bool(cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0
@@ -342,7 +351,7 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
                                      checkpointing=cfg.checkpointing, eps=cfg.eps,
                                      n_threads=cfg.threads, reduce=reduce,
                                      discretization=cfg.discretization)
-            skipped += (not applied) or opt.skipped != before
+            skipped += (not applied) or opt.skipped != before or void()
         else:
             _set_lr(opt, lr)
             kw = {}
@@ -362,7 +371,7 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
                 grads, loss, _ = reduce(grads, loss, False)
             if cfg.grad_clip:
                 clip_grad_norm(grads, cfg.grad_clip)
-            skipped += not opt.step(grads)
+            skipped += (not opt.step(grads)) or void()
         after(step, loss)
     if trainer is not None:
         skipped += trainer.skipped - skipped_before
@@ -538,6 +547,10 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
         steps, threads = cfg.steps, cfg.threads   # the only settings a resume may change
         state = load_training_checkpoint(resume)
         cfg = state["config"]
+        if steps < state["step"]:
+            # refused before anything is written: the checkpoint stays loadable
+            raise ValueError(f"--steps {steps}: {resume} is at step {state['step']} already; "
+                             f"resume with --steps >= {state['step']} (the run's total)")
         cfg.steps, cfg.threads = steps, threads
         start = state["step"]
         losses = state["losses"]

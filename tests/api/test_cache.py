@@ -88,3 +88,37 @@ def test_fingerprint_sees_an_edit_of_any_single_value(dtype):
             bwd(np.ones_like(x), p, cache)
         flat[index] = old
         bwd(np.ones_like(x), p, cache)                       # restored: accepted again
+
+
+@pytest.mark.parametrize("name", ["wInProj", "A_log", "wXProj"])
+def test_fingerprint_sees_two_values_swapped(name):
+    """A sum of the bytes misses a swap of two values (issue 27, point 5): the fingerprint
+    is an order-dependent hash of every byte."""
+    p = mamba_ext.init_mamba1_params(16, d_state=4, seed=2)
+    x = np.random.default_rng(1).standard_normal((1, 5, 16)).astype(np.float32)
+    flat = p[name].reshape(-1)
+    i, j = 0, flat.size - 1
+    assert flat[i] != flat[j]
+    _, cache = fwd(x, p)
+    flat[[i, j]] = flat[[j, i]]
+    with pytest.raises(ValueError, match=rf"values of \['{name}'\] differ"):
+        bwd(np.ones_like(x), p, cache)
+    flat[[i, j]] = flat[[j, i]]
+    bwd(np.ones_like(x), p, cache)
+
+
+def test_hash_depends_on_every_byte_and_its_place():
+    from mamba_ext.cpu import block as _blk
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 7, 8, 31, 32, 33, 1000, (1 << 20) + 5, 3 << 20):
+        a = rng.integers(0, 256, n, dtype=np.uint8)
+        h = _blk.hash_bytes(a)
+        assert _blk.hash_bytes(a.copy()) == h
+        if n >= 2:
+            for k in {0, n // 2, n - 1}:
+                b = a.copy()
+                b[k] ^= 1
+                assert _blk.hash_bytes(b) != h, (n, k)
+            b = a.copy()
+            b[0], b[-1] = a[-1], a[0]
+            assert a[0] == a[-1] or _blk.hash_bytes(b) != h

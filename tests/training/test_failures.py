@@ -190,3 +190,28 @@ def test_sample_takes_a_prompt_that_is_not_utf8(corpus, tmp_path):
                         b"--temperature", b"0"], capture_output=True, timeout=120)
     assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr
     assert r.stdout.startswith(b"ab\xef\xbf\xbd")     # printed with replacement characters
+
+
+def test_a_run_whose_updates_are_all_void_fails(corpus, tmp_path):
+    """lr 1e300: every element's update overflows, the optimizer's per-element guard
+    leaves every weight unchanged; that is no step at all (issue 27, point 4)."""
+    with pytest.raises(TrainingFailed, match="every one of the 5 steps was skipped"):
+        train(_cfg(corpus, lr=1e300, steps=5), tmp_path / "out", progress=None,
+              log=lambda s: None)
+    s = _strict_json(tmp_path / "out" / "summary.json")
+    assert s["status"] == "failed" and s["skipped_steps"] == 5
+
+
+def test_resume_with_fewer_steps_than_done_is_refused_and_harmless(corpus, tmp_path):
+    """--resume with --steps below the checkpoint's step must not rewrite the checkpoint
+    into one that nothing can load (issue 27, point 3)."""
+    out = tmp_path / "out"
+    train(_cfg(corpus, steps=3), out, progress=None, log=lambda s: None)
+    ck = out / loop.CHECKPOINT_NAME
+    before = ck.read_bytes()
+    with pytest.raises(ValueError, match="at step 3 already"):
+        train(_cfg(corpus, steps=1), out, resume=str(ck), progress=None, log=lambda s: None)
+    assert ck.read_bytes() == before
+    loop.load_training_checkpoint(str(ck))                       # still loadable
+    res = train(_cfg(corpus, steps=4), out, resume=str(ck), progress=None, log=lambda s: None)
+    assert res["steps_run"] == 1
