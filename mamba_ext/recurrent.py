@@ -420,6 +420,9 @@ def generate(params: Mapping[str, ArrayLike], prompt: ArrayLike | Sequence[Array
     check_count("the output (batch, n_tokens)", (B, n_tokens))
     temperature, top_k, top_p = _check_sampling(temperature, top_k, top_p)
     stops = _check_stop(stop)
+    if rng is not None and not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng: expected None or a numpy.random.Generator "
+                        f"(np.random.default_rng(seed)), got {type(rng).__name__}")
     if temperature > 0 and rng is None:
         rng = np.random.default_rng()
     state = init_state(params, B, eps=eps, discretization=discretization)

@@ -87,12 +87,15 @@ def main(argv=None) -> int:
         return 2
     if dist is not None and not dist.is_root:      # one voice: rank 0 logs and shows progress
         log, args.quiet = (lambda s: None), True
-    cfg = TrainConfig(data=args.data, d_model=args.d_model, n_layers=args.n_layers,
+    # paths stored in the checkpoint's config are absolute: --resume from another folder
+    # finds them again
+    absolute = lambda p: None if p is None else os.path.abspath(p)
+    cfg = TrainConfig(data=absolute(args.data), d_model=args.d_model, n_layers=args.n_layers,
                       d_state=args.d_state, seq_len=args.seq_len, batch=args.batch,
                       steps=args.steps, lr=args.lr, seed=args.seed, amp=args.amp,
                       checkpointing=args.checkpointing, checkpoint_every=args.checkpoint_every,
                       device=args.device, threads=args.threads, init=args.init,
-                      init_from=args.init_from, carry_state=args.carry_state)
+                      init_from=absolute(args.init_from), carry_state=args.carry_state)
     try:
         cfg.validated()
     except (TypeError, ValueError) as e:     # name the option, not the config field

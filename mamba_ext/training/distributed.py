@@ -174,9 +174,14 @@ class ShardedBatches:
 
     def samples(self, step: int) -> np.ndarray:
         """Global sample numbers of this rank's slice of step ``step``, (b,)."""
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+            raise TypeError(f"ShardedBatches: step: expected an integer, got {type(step).__name__}")
         first = self.position(step) + self.rank * self.batch
         if first < 0:
             raise ValueError(f"ShardedBatches: step {step} lies before the stream start")
+        if first + self.batch > np.iinfo(np.int64).max:
+            raise ValueError(f"ShardedBatches: step {step} lies beyond the stream's int64 sample "
+                             f"numbers")
         return np.arange(first, first + self.batch, dtype=np.int64)
 
     def get(self, step: int):
@@ -375,8 +380,18 @@ def allreduce_grads(grads: Mapping, comm=None, *, average: bool = True,
     """
     MPI = require_mpi()
     comm = MPI.COMM_WORLD if comm is None else comm
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(f"allreduce_grads: comm: expected None or an mpi4py communicator, got "
+                        f"{type(comm).__name__}")
     if not isinstance(grads, Mapping) or not grads:
         raise TypeError("allreduce_grads: grads: expected a non-empty mapping name -> array")
+    for k, g in grads.items():      # all or nothing: refused before any array is written
+        if not isinstance(g, np.ndarray):
+            raise TypeError(f"allreduce_grads: grads[{k!r}]: expected a numpy array, got "
+                            f"{type(g).__name__}")
+        if not g.flags.writeable:
+            raise ValueError(f"allreduce_grads: grads[{k!r}] is read-only; the reduction works "
+                             f"in place (nothing was reduced)")
     dtypes = {np.asarray(g).dtype for g in grads.values()}
     if len(dtypes) != 1:
         raise TypeError(f"allreduce_grads: grads: expected one float dtype, got {sorted(map(str, dtypes))}")
@@ -392,8 +407,6 @@ def allreduce_grads(grads: Mapping, comm=None, *, average: bool = True,
                                            waiter=waiter)
     views, _, _ = red.reduce(grads, average=average)
     for k, g in grads.items():
-        if not g.flags.writeable:
-            raise ValueError(f"allreduce_grads: grads[{k!r}] is read-only; the reduction works in place")
         np.copyto(g, views[k])
     return grads
 

@@ -139,6 +139,7 @@ class TrainConfig:
             raise ValueError(f"config.{e}") from None
         if self.device not in ("cpu", "gpu"):
             raise ValueError(f"config.device: expected 'cpu' or 'gpu', got {self.device!r}")
+        _check_model_memory(self)
         if self.threads is not None:
             try:
                 self.threads = check_n_threads(self.threads)
@@ -386,6 +387,36 @@ class TrainingFailed(RuntimeError):
     def __init__(self, message: str, summary: dict):
         super().__init__(message)
         self.summary = summary
+
+
+def parameter_count(cfg: TrainConfig) -> int:
+    """Number of parameters of the model ``cfg`` describes (expected_param_shapes, summed,
+    without building the dict: a config may ask for 10^8 layers)."""
+    from .._validate import BLOCK_PARAM_NAMES, BlockDims, block_param_shapes
+    dims = BlockDims(Dm=cfg.d_model, D=cfg.expand * cfg.d_model, N=cfg.d_state, K=cfg.d_conv,
+                     R=cfg.dt_rank or -(-cfg.d_model // 16))
+    per_layer = sum(math.prod(s) for n, s in block_param_shapes(dims).items()
+                    if n in BLOCK_PARAM_NAMES)
+    return cfg.n_layers * per_layer + cfg.vocab_size * (cfg.d_model + 1) + cfg.d_model
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_model_memory(cfg: TrainConfig) -> None:
+    """Refuse, before anything is allocated, a model whose weights, gradients and two
+    AdamW moments (4 float32 copies) alone exceed this machine's memory."""
+    n = parameter_count(cfg)
+    need, have = 16 * n, _physical_memory()
+    if n > MAX_ELEMENTS or (have is not None and need > have):
+        raise ValueError(f"config: the model has {n:,} parameters; its weights, gradients and "
+                         f"optimizer state need {need / 2 ** 30:,.1f} GiB"
+                         + (f", more than this machine's {have / 2 ** 30:,.1f} GiB" if have else "")
+                         + "; use fewer or smaller layers")
 
 
 def expected_param_shapes(cfg: TrainConfig) -> dict[str, tuple[int, ...]]:

@@ -466,6 +466,27 @@ def test_sample_hf_uses_the_checkpoint_tokenizer(hf_folder, capsys):
     assert text.startswith(prompt) and len(text) > len(prompt) + 1
 
 
+def test_sample_hf_prompt_that_is_not_utf8_and_a_tokenizer_without_unk(hf_folder, tmp_path, capsys):
+    """Undecodable command-line bytes reach the tokenizer as U+FFFD; a vocabulary that
+    cannot encode the prompt gives one clear line (issue 27, point 7)."""
+    import subprocess
+    import sys
+    tk = optional("tokenizers", "pip install tokenizers")
+    path, _, _ = hf_folder
+    r = subprocess.run([os.fsencode(sys.executable), b"-m", b"mamba_ext", b"sample", b"--hf",
+                        os.fsencode(path), b"--prompt", b"ab\xff", b"--tokens", b"2",
+                        b"--temperature", b"0"], capture_output=True, timeout=120)
+    assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr
+    # a WordLevel vocabulary without an unknown token cannot encode an unseen word
+    word = tk.Tokenizer(tk.models.WordLevel({"def": 0, "add": 1}))
+    word.pre_tokenizer = tk.pre_tokenizers.Whitespace()
+    word.save(str(path / "tokenizer.json"))
+    from mamba_ext.__main__ import main
+    assert main(["sample", "--hf", str(path), "--prompt", "zzz", "--tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --prompt/--stop: the tokenizer cannot encode") and "[UNK]" in err
+
+
 def test_train_init_from_fine_tunes_and_exports_a_folder_transformers_loads(hf_folder, tmp_path, capsys):
     import torch
     from transformers import MambaForCausalLM
