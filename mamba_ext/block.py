@@ -88,10 +88,12 @@ class BlockCache:
     The cache also records the sizes, dtype, ``x`` shape, eps, discretization
     and a fingerprint of every value of every parameter (``_fingerprint``), so that
     using it with other parameters, other shapes or a ``dout`` of another shape raises
-    ValueError. Its attributes are read-only, ``buffer`` is a read-only view, and the
-    backward re-validates the cache's state before any kernel reads it (an edited cache
-    is refused, never read out of bounds). Writing into the buffer's memory by other
-    means voids the gradients, as editing the parameters would.
+    ValueError. No attribute can be assigned (private ones included), ``buffer`` and
+    ``conv_state`` are read-only and cannot be made writeable (their memory belongs to
+    an object without a buffer interface), and the backward re-validates the cache's
+    state before any kernel reads it (a cache edited by circumventing all that is
+    refused, never read out of bounds). Writing into the buffer's memory by other
+    means (ctypes) voids the gradients, as editing the parameters would.
 
     With state passing, ``has_h0`` records whether the forward got ``h0`` (it is the
     hstate of chunk 0, kept in ``buffer``) and ``conv_state`` holds a copy of the
@@ -105,17 +107,23 @@ class BlockCache:
     def __init__(self, buffer: np.ndarray, dims: BlockDims, dtype: DTypeLike, x_shape: tuple,
                  eps: float, discretization: str, fingerprint: tuple, has_h0: bool = False,
                  conv_state: np.ndarray | None = None) -> None:
-        self._buffer = buffer
-        self._dims = dims
-        self._dtype = np.dtype(dtype)
-        self._x_shape = tuple(x_shape)
-        self._eps = float(eps)
-        self._discretization = discretization
-        self._fingerprint = fingerprint
-        self._has_h0 = bool(has_h0)
-        if conv_state is not None:
+        init = super().__setattr__
+        init("_buffer", buffer)
+        init("_dims", dims)
+        init("_dtype", np.dtype(dtype))
+        init("_x_shape", tuple(x_shape))
+        init("_eps", float(eps))
+        init("_discretization", discretization)
+        init("_fingerprint", fingerprint)
+        init("_has_h0", bool(has_h0))
+        if conv_state is not None and conv_state.flags.writeable:
+            conv_state = conv_state.copy()
             conv_state.flags.writeable = False
-        self._conv_state = conv_state
+        init("_conv_state", conv_state)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"BlockCache is read-only: {name!r} cannot be set (run "
+                             f"mamba1_forward again for another cache)")
 
     buffer = property(lambda self: _readonly(self._buffer), doc="The cache values (read-only view).")
     dims = property(lambda self: self._dims, doc="BlockDims of the forward.")
@@ -241,10 +249,12 @@ def mamba1_forward(x: ArrayLike, params: Mapping[str, ArrayLike], *, h0: ArrayLi
         h0 = _check_state("h0", h0, x.dtype, h_shape, "(batch, dInner, dState)")
     if conv_state is not None:
         conv_state = _check_state("conv_state", conv_state, x.dtype, c_shape,
-                                  "(batch, dInner, dConv-1)").copy()   # kept for the backward
+                                  "(batch, dInner, dConv-1)")
+        conv_state = _block.sealed(conv_state)       # a copy kept for the backward
     x = np.ascontiguousarray(x)
     out = np.empty_like(x)
-    buffer = np.empty(_block.cache_len(sizes), dtype=x.dtype)
+    # sealed: read-only, and no view or base of it can be made writeable again
+    buffer = _block.sealed_empty(_block.cache_len(sizes), x.dtype)
     h_last = conv_tail = None
     if return_state:
         h_last = np.zeros(h_shape, x.dtype) if h0 is None else h0.copy()

@@ -39,6 +39,7 @@ from libc.stdlib cimport malloc, free
 from libc.string cimport memcpy, memset
 from cython.parallel cimport prange
 cimport numpy as cnp
+from cpython.ref cimport Py_INCREF
 import numpy as np
 
 from mamba_ext.cpu.types cimport floating, idx_t
@@ -53,6 +54,10 @@ from mamba_ext.cpu.conv1d cimport conv1d_forward, conv1d_backward
 from mamba_ext.cpu.scan cimport scan_forward_state, scan_backward_state, scan_nchunks
 
 cnp.import_array()
+
+cdef extern from "csrc/mx_threads.h" nogil:
+    void* mx_aligned_alloc(size_t nbytes) noexcept    # 64-byte aligned, or NULL
+    void mx_aligned_free(void* p) noexcept
 
 cdef extern from "csrc/mx_hash.h" nogil:
     uint64_t mx_hash64(const void* p, size_t n, uint64_t seed) noexcept
@@ -568,6 +573,53 @@ def window_len(tuple sizes, int itemsize):
     """Rows of one window of a call of sizes (B, L, Dm, D, N, K, R) (see "Windows")."""
     cdef mamba_dims d = make_dims(sizes, 0.0, 0)
     return window_rows(&d, itemsize)
+
+
+cdef class _Vault:
+    """Owner of a sealed array's memory (sealed): it exposes no buffer interface, so NumPy
+    can never make an array over that memory writeable again."""
+    cdef void* p
+
+    def __dealloc__(self):
+        mx_aligned_free(self.p)
+
+
+cdef object _sealed_array(int nd, cnp.npy_intp* shape, int typenum, size_t nbytes,
+                          const void* src):
+    # a read-only array of nbytes in a _Vault (src: copied in; NULL: left undefined)
+    cdef _Vault v = _Vault()
+    v.p = mx_aligned_alloc(nbytes if nbytes > 0 else 1)
+    if v.p == NULL:
+        raise MemoryError(f"out of memory for a sealed array of {nbytes} bytes")
+    if src != NULL:
+        memcpy(v.p, src, nbytes)
+    out = cnp.PyArray_SimpleNewFromData(nd, shape, typenum, v.p)
+    Py_INCREF(v)                         # PyArray_SetBaseObject steals a reference
+    cnp.PyArray_SetBaseObject(<cnp.ndarray>out, v)
+    cnp.PyArray_CLEARFLAGS(<cnp.ndarray>out, cnp.NPY_ARRAY_WRITEABLE)
+    return out
+
+
+def sealed(cnp.ndarray a):
+    """A read-only copy of the C-contiguous array ``a`` that cannot be made writeable
+    (``flags.writeable = True`` raises for it, its views and its base): the block cache's
+    conv_state."""
+    if not a.flags.c_contiguous:
+        raise ValueError("sealed: expected a C-contiguous array")
+    return _sealed_array(a.ndim, a.shape, cnp.PyArray_TYPE(a), <size_t>a.nbytes,
+                         cnp.PyArray_DATA(a))
+
+
+def sealed_empty(Py_ssize_t n, dtype):
+    """A 1-D read-only array of ``n`` elements of ``dtype`` that cannot be made writeable,
+    contents undefined: the block cache's buffer, which the compiled forward writes
+    through its pointer before anyone reads it."""
+    cdef cnp.npy_intp shape[1]
+    dt = np.dtype(dtype)
+    if n < 0:
+        raise ValueError(f"sealed_empty: n must be >= 0, got {n}")
+    shape[0] = n
+    return _sealed_array(1, shape, dt.num, <size_t>n * dt.itemsize, NULL)
 
 
 def hash_bytes(cnp.ndarray a):

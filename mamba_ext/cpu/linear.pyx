@@ -33,7 +33,7 @@ cdef extern from "csrc/mx_threads.h" nogil:
     int mx_team(int n, long long work, long long min_work, long long parts) noexcept
 
 cdef extern from "csrc/mx_blas.h" nogil:
-    const char* mx_blas_bind(const void* addr) noexcept
+    const char* mx_blas_bind(const char* path) noexcept
     int mx_blas_threads() noexcept
     void mx_blas_single_begin() noexcept
     void mx_blas_single_end() noexcept
@@ -50,9 +50,16 @@ cdef enum:
     SPLIT_N = 16
 
 
-# The thread-count controls of SciPy's BLAS, found once from the library that sgemm lives
-# in (or links): "openblas", "mkl", "blis" or "none".
-BLAS_CONTROLS = mx_blas_bind(<const void*>sgemm).decode()
+# The thread-count controls of SciPy's BLAS, found once among the libraries that
+# scipy.linalg.cython_blas (loaded by the cimport above) links: "openblas", "mkl", "blis"
+# or "none".
+def _bind():
+    import os
+    import scipy.linalg.cython_blas as cython_blas
+    return mx_blas_bind(os.fsencode(cython_blas.__file__)).decode()
+
+
+BLAS_CONTROLS = _bind()
 
 
 def blas_threads():

@@ -238,16 +238,21 @@ class GpuBlockCache:
     """What the GPU forward keeps for the backward: the plan whose buffers hold
     this forward's activations (on the GPU), the shape of ``x``, eps,
     discretization and the fingerprint of the parameters (the CPU cache's rule:
-    the backward refuses other parameter values)."""
+    the backward refuses other parameter values). Read-only: no attribute can be set."""
 
     def __init__(self, plan, shape, dims, eps, discretization, fingerprint):
-        self.plan = plan
-        self.shape = tuple(shape)
-        self.dims = dims
-        self.eps = eps
-        self.discretization = discretization
-        self.fingerprint = fingerprint
-        self._finalizer = None if plan is None else weakref.finalize(self, _release, plan)
+        init = super().__setattr__
+        init("plan", plan)
+        init("shape", tuple(shape))
+        init("dims", dims)
+        init("eps", eps)
+        init("discretization", discretization)
+        init("fingerprint", fingerprint)
+        init("_finalizer", None if plan is None else weakref.finalize(self, _release, plan))
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"GpuBlockCache is read-only: {name!r} cannot be set (run "
+                             f"mamba1_forward again for another cache)")
 
     @property
     def nbytes(self):

@@ -54,7 +54,16 @@ edits = {
 }
 for name, edit in edits.items():
     _, cache = mamba_ext.mamba1_forward(x, p)
+    try:
+        edit(cache)                       # a plain assignment is refused at once
+        out[name] = "assigned"
+    except AttributeError as e:
+        out["assign " + name] = "AttributeError: " + str(e)
+    # circumventing that (object.__setattr__) is caught by the backward's re-validation
+    setattr_ = lambda c, k, v: object.__setattr__(c, k, v)
+    globals()["setattr"] = setattr_
     edit(cache)
+    del globals()["setattr"]
     try:
         mamba_ext.mamba1_backward(np.ones_like(x), p, cache)
         out[name] = "accepted"
@@ -69,7 +78,11 @@ def test_an_edited_cache_is_refused_never_read_out_of_bounds():
     assert r.returncode == 0, f"crashed (exit {r.returncode}): {r.stderr[-2000:]}"
     results = json.loads(r.stdout.strip().splitlines()[-1])
     for name, what in results.items():
-        assert what.startswith("ValueError") and "cache" in what, (name, what)
+        if name.startswith("assign "):
+            assert what.startswith("AttributeError") and "read-only" in what, (name, what)
+        else:
+            assert what.startswith("ValueError") and "cache" in what, (name, what)
+    assert sum(n.startswith("assign ") for n in results) == 8
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -122,3 +135,18 @@ def test_hash_depends_on_every_byte_and_its_place():
             b = a.copy()
             b[0], b[-1] = a[-1], a[0]
             assert a[0] == a[-1] or _blk.hash_bytes(b) != h
+
+
+def test_cache_memory_cannot_be_made_writeable():
+    """The buffer and conv_state live in memory NumPy cannot re-flag writeable (issue 27,
+    point 5): not through the view, not through its base, not through the private slot."""
+    x, p = _case()
+    _, cache = fwd(x, p, conv_state=np.zeros((2, 16, 2), np.float32))
+    for a in (cache.buffer, cache.buffer.base, cache._buffer, cache.conv_state,
+              cache._conv_state, cache.buffer[3:]):
+        if not isinstance(a, np.ndarray):
+            continue
+        with pytest.raises(ValueError, match="WRITEABLE"):
+            a.flags.writeable = True
+    with pytest.raises(AttributeError, match="read-only"):
+        cache._discretization = "euler"

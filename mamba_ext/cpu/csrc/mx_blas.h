@@ -10,11 +10,12 @@
  * the user's own BLAS calls keep the threads they had, and nothing in the environment
  * changes.
  *
- *   mx_blas_bind(addr): find the thread-count controls of the BLAS library that holds
- *     the function at addr, or one of the libraries it links (addr: SciPy's sgemm from
- *     scipy.linalg.cython_blas, whose module links SciPy's BLAS). Returns a name for the
- *     controls found ("openblas", "mkl", "blis"), or "none" (a BLAS without a pool of its
- *     own, such as the reference BLAS; then the scope below does nothing).
+ *   mx_blas_bind(path): find the thread-count controls of the BLAS library that the
+ *     loaded shared library at path links (path: scipy.linalg.cython_blas's own file,
+ *     which links SciPy's BLAS; dlsym on its handle searches the libraries it links;
+ *     on Windows every module of the process is searched and path is not used). Returns a
+ *     name for the controls found ("openblas", "mkl", "blis"), or "none" (a BLAS without
+ *     a pool of its own, such as the reference BLAS; then the scope below does nothing).
  *   mx_blas_single_begin() / mx_blas_single_end(): a scope in which the BLAS runs on the
  *     calling thread only. Scopes nest and may be entered from several threads at once:
  *     the first to enter saves and lowers the count, the last to leave restores it.
@@ -23,9 +24,6 @@
 #ifndef MX_BLAS_H
 #define MX_BLAS_H
 
-#if !defined(_WIN32) && !defined(_GNU_SOURCE)
-#define _GNU_SOURCE            /* dladdr, RTLD_NOLOAD: before the first libc header */
-#endif
 #include <stddef.h>
 #include <string.h>
 #include "mx_compat.h"
@@ -100,16 +98,15 @@ static MX_UNUSED void* mx_blas_sym(void* handle, const char* name) {
 }
 #endif
 
-static MX_UNUSED const char* mx_blas_bind(const void* addr) {
+static MX_UNUSED const char* mx_blas_bind(const char* path) {
     void* handle = NULL;
     size_t i;
 #if !defined(_WIN32)
-    Dl_info info;
-    if (addr == NULL || dladdr(addr, &info) == 0 || info.dli_fname == NULL) return mx_blas.name;
-    handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);   /* already loaded: no new load */
+    if (path == NULL) return mx_blas.name;
+    handle = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);   /* already loaded: no new load */
     if (handle == NULL) return mx_blas.name;
 #else
-    (void)addr;
+    (void)path;
 #endif
     MX_BLAS_LOCK();
     for (i = 0; i < sizeof mx_blas_controls / sizeof mx_blas_controls[0]; i++) {
