@@ -103,25 +103,10 @@ def main(argv=None) -> int:
                 tokenizer = load_tokenizer(ck["config"].init_from)
     except (OSError, ValueError, ImportError) as e:
         return _error(str(e), 1)
-    if tokenizer is not None:
-        def encode(text):
-            # text of the command line that is not valid UTF-8 (kept by Python as surrogate
-            # escapes) cannot reach a text tokenizer: its bytes become U+FFFD, as a decoder
-            # would show them
-            text = _bytes(text).decode("utf-8", errors="replace")
-            try:
-                return np.asarray(tokenizer.encode(text).ids, np.int64)
-            except Exception as e:      # tokenizers raises its own Exception type
-                raise ValueError(f"the tokenizer cannot encode {text[:40]!r}: "
-                                 f"{' '.join(str(e).split()) or type(e).__name__} (a vocabulary "
-                                 f"without an unknown token such as [UNK]?)") from None
-    else:
-        def encode(text):
-            return np.frombuffer(_bytes(text) or b"\n", np.uint8).astype(np.int64)
-    texts = args.prompt or ["def "]
+    from ..io.hf import text_ids
     try:
-        ids = [encode(t) for t in texts]
-        stops = [list(encode(s)) for s in args.stop or []]
+        ids = [text_ids(_bytes(t), tokenizer) for t in args.prompt or ["def "]]
+        stops = [list(text_ids(_bytes(s), tokenizer)) for s in args.stop or []]
     except ValueError as e:
         return _error(f"--prompt/--stop: {e}", 2)
     if any(i.size == 0 for i in ids) or any(not s for s in stops):

@@ -14,6 +14,8 @@ def cache_len(sizes: tuple[int, ...]) -> int: ...
 def window_len(sizes: tuple[int, ...], itemsize: int) -> int: ...   # rows of one window
 def hash_bytes(a: np.ndarray) -> int: ...    # 64-bit hash of a C-contiguous array's bytes
 def _set_window_bytes(n: int) -> int: ...    # testing hook: the window budget; returns the old
+def sealed(a: np.ndarray) -> np.ndarray: ...   # a read-only copy that cannot be made writeable
+def sealed_empty(n: int, dtype) -> np.ndarray: ...   # the same, 1-D, contents undefined
 def forward(x: np.ndarray, params: list[np.ndarray], out: np.ndarray, cache: np.ndarray,
             sizes: tuple[int, ...], eps: float, discretization: int, n_threads: int,
             h0: np.ndarray | None = None, conv_state: np.ndarray | None = None,

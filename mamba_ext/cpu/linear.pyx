@@ -53,13 +53,10 @@ cdef enum:
 # The thread-count controls of SciPy's BLAS, found once among the libraries that
 # scipy.linalg.cython_blas (loaded by the cimport above) links: "openblas", "mkl", "blis"
 # or "none".
-def _bind():
-    import os
-    import scipy.linalg.cython_blas as cython_blas
-    return mx_blas_bind(os.fsencode(cython_blas.__file__)).decode()
+import os as _os
+import scipy.linalg.cython_blas as _cython_blas
 
-
-BLAS_CONTROLS = _bind()
+BLAS_CONTROLS = mx_blas_bind(_os.fsencode(_cython_blas.__file__)).decode()
 
 
 def blas_threads():

@@ -3,7 +3,10 @@ pipeline cache, buffers and dispatch recording, and the dispatch helpers every
 step module uses (:func:`elementwise`, :func:`column_sum`, :func:`arena_layout`).
 
 Everything that touches wgpu goes through :func:`gpu` (created lazily, once per
-process). Kernels are WGSL files of the package ``mamba_ext.kernels`` (the
+process), on the WebGPU implementation that ``MAMBA_EXT_GPU_BACKEND`` selects
+(``backends/``: wgpu-native by default, or Dawn); this module uses only the wgpu-py API,
+and each backend's private calls live in its own module. Kernels are WGSL files of the
+package ``mamba_ext.kernels`` (the
 repository's ``kernels/`` folder, mapped by ``package_dir`` in setup.py), read
 with importlib.resources; each pipeline is compiled once per (file, entry point,
 override constants) and cached.
@@ -57,8 +60,9 @@ _MIN_STORAGE_BUFFERS = 11
 #   "none"   neither (our kernels guard their own ranges; buffers stay protected by the
 #            driver's robust buffer access where wgpu enables it).
 # "bounds" and "none" go through wgpuDeviceCreateShaderModuleTrusted; where wgpu's
-# backend does not offer it, every choice falls back to "full".
-SHADER_CHECKS = {"full": None, "bounds": 1, "none": 0}
+# backend does not offer it, every choice falls back to "full" (backends/wgpu_native.py).
+# (Dawn: see backends/dawn.py.)
+SHADER_CHECKS = ("full", "bounds", "none")
 
 
 def _kernel_dir_sources():
@@ -131,131 +135,6 @@ def _shader_checks() -> str:
     return name
 
 
-def _shader_module(device, label: str, code: str, checks: str):
-    """The shader module of WGSL ``code`` with the runtime ``checks`` (SHADER_CHECKS)."""
-    bits = SHADER_CHECKS[checks]
-    trusted = None
-    if bits is not None:
-        try:   # wgpu-py's wgpu-native backend: its cffi handle and module class
-            from wgpu.backends.wgpu_native import _api
-            from wgpu.backends.wgpu_native._ffi import ffi, lib
-            trusted = lib.wgpuDeviceCreateShaderModuleTrusted
-            internal = device._internal
-        except (ImportError, AttributeError):
-            trusted = None
-    if trusted is None:
-        return device.create_shader_module(label=label, code=code)
-    text, name = code.encode(), label.encode()
-    text_c, name_c = ffi.new("char[]", text), ffi.new("char[]", name)
-    src = ffi.new("WGPUShaderSourceWGSL *")
-    src.chain.next = ffi.NULL
-    src.chain.sType = lib.WGPUSType_ShaderSourceWGSL
-    src.code.data, src.code.length = text_c, len(text)
-    desc = ffi.new("WGPUShaderModuleDescriptor *")
-    desc.nextInChain = ffi.cast("WGPUChainedStruct *", src)
-    desc.label.data, desc.label.length = name_c, len(name)
-    handle = trusted(internal, desc, bits)
-    if handle == ffi.NULL:
-        raise RuntimeError(f"mamba_ext.gpu: shader module {label!r} could not be created")
-    return _api.GPUShaderModule(label, handle, device)
-
-
-def _native_dispatch():
-    """A function recording ops into a compute pass by wgpu-native's C entry points
-    directly, or None where the backend is not wgpu-native. Why: wgpu-py wraps every
-    call in a Python error-capture proxy, about half of the host's cost of a
-    dispatch (block c's 43: 12-14 -> 5-10 us each on the H200 host, run 51; 5.2 -> 3.5 us
-    here with lavapipe);
-    the checks are not lost: wgpu-core validates a pass when its encoder finishes
-    (``finish`` stays wgpu-py's, which raises GPUValidationError, e.g. for a grid
-    above max_compute_workgroups_per_dimension)."""
-    try:
-        from wgpu.backends.wgpu_native._ffi import ffi, lib
-        set_pipeline = lib.wgpuComputePassEncoderSetPipeline
-        set_bind_group = lib.wgpuComputePassEncoderSetBindGroup
-        dispatch = lib.wgpuComputePassEncoderDispatchWorkgroups
-    except (ImportError, AttributeError):
-        return None
-    null = ffi.NULL
-
-    def record(cp, ops):
-        h = cp._internal
-        for op in ops:
-            set_pipeline(h, op.pipeline._internal)
-            set_bind_group(h, 0, op.bind_group._internal, 0, null)
-            dispatch(h, *op.grid)
-    return record
-
-
-class _NativeQueue:
-    """Submits that return their submission index, and the read-back of a MAP_READ buffer
-    that waits for exactly the submission that wrote it, by wgpu-native's entry points.
-
-    Why: wgpu-py's ``map_sync`` waits on the device for the *last* submission. A trainer
-    that submits step s+1 before reading back step s (ResidentTrainer.step_async) would
-    then wait for s+1 too, and the GPU idle while the host prepares s+2 (H200, 4 x 256
-    model: 9.8-9.9 ms per step against 9.2 with this, docs/gpu_h200.txt runs 58-59). Here the
-    map is started with wgpuBufferMapAsync and the device polled until that submission is
-    done (wgpuDevicePoll with its index), which fires the map's callback; the bytes are
-    copied out and the buffer unmapped. wgpu-py's own object never sees the map (its
-    state stays "unmapped", which is what it is again afterwards)."""
-
-    def __init__(self, device):
-        from wgpu.backends.wgpu_native._ffi import ffi, lib
-        self.ffi, self.lib = ffi, lib
-        self.device, self.queue = device._internal, device.queue._internal
-        for name in ("wgpuQueueSubmitForIndex", "wgpuDevicePoll", "wgpuBufferMapAsync",
-                     "wgpuBufferGetConstMappedRange", "wgpuBufferUnmap"):
-            getattr(lib, name)                      # AttributeError: not this backend
-        self._status = {}
-
-        @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
-        def mapped(status, message, user1, user2):
-            self._status[int(ffi.cast("uintptr_t", user1))] = int(status)
-        self._mapped = mapped                       # kept alive with this object
-
-    def submit(self, command_buffer) -> int:
-        """Submit one command buffer; returns its submission index."""
-        arr = self.ffi.new("WGPUCommandBuffer[]", [command_buffer._internal])
-        return int(self.lib.wgpuQueueSubmitForIndex(self.queue, 1, arr))
-
-    def read(self, buffer, nbytes, index=None) -> np.ndarray:
-        """The first ``nbytes`` of the MAP_READ ``buffer`` (bytes, uint8), once submission
-        ``index`` (None: everything submitted) is done."""
-        ffi, lib = self.ffi, self.lib
-        key = len(self._status) + 1
-        while key in self._status:
-            key += 1
-        self._status[key] = None
-        info = ffi.new("WGPUBufferMapCallbackInfo *")
-        info.mode = lib.WGPUCallbackMode_AllowProcessEvents
-        info.callback = self._mapped
-        info.userdata1 = ffi.cast("void *", key)
-        try:
-            lib.wgpuBufferMapAsync(buffer._internal, lib.WGPUMapMode_Read, 0, nbytes, info[0])
-            which = ffi.NULL if index is None else ffi.new("WGPUSubmissionIndex *", index)
-            lib.wgpuDevicePoll(self.device, True, which)
-            for _ in range(100):                    # done, but its callback not yet run:
-                if self._status[key] is not None:   # wait for everything (a bounded number
-                    break                           # of times: a lost device must not hang)
-                lib.wgpuDevicePoll(self.device, True, ffi.NULL)
-            if self._status[key] is None:
-                raise RuntimeError("mamba_ext.gpu: a read-back buffer was never mapped (the "
-                                   "device may be lost)")
-            if self._status[key] != lib.WGPUMapAsyncStatus_Success:
-                raise RuntimeError(f"mamba_ext.gpu: mapping a read-back buffer failed "
-                                   f"(WGPUMapAsyncStatus {self._status[key]})")
-            try:                                    # mapped: unmapped again whatever happens
-                ptr = lib.wgpuBufferGetConstMappedRange(buffer._internal, 0, nbytes)
-                if ptr == ffi.NULL:
-                    raise RuntimeError("mamba_ext.gpu: a mapped read-back buffer gave no range")
-                return np.frombuffer(ffi.buffer(ptr, nbytes), np.uint8).copy()
-            finally:
-                lib.wgpuBufferUnmap(buffer._internal)
-        finally:
-            del self._status[key]
-
-
 @dataclass(frozen=True)
 class Slice:
     """Bytes [offset, offset + size) of a buffer, bound as a binding of their own: the kernel
@@ -291,18 +170,28 @@ class Gpu:
     """The device, its limits and the caches (pipelines by shader+constants)."""
 
     def __init__(self):
-        try:
-            import wgpu
-        except ImportError as e:  # pragma: no cover - depends on the environment
-            raise RuntimeError("mamba_ext.gpu needs the wgpu package: pip install wgpu "
-                               "(or pip install mamba_ext[gpu])") from e
-        self.wgpu = wgpu
+        from . import backends
+        self.backend = backends.load()
+        if self.backend.NAME == "wgpu":
+            try:
+                import wgpu
+            except ImportError as e:  # pragma: no cover - depends on the environment
+                raise RuntimeError("mamba_ext.gpu needs the wgpu package: pip install wgpu "
+                                   "(or pip install mamba_ext[gpu])") from e
+        wgpu = self.wgpu = self.backend.module()
+        self.checks = _shader_checks()
+        self.backend.prepare(self.checks)
         index = os.environ.get("MAMBA_EXT_GPU_INDEX", "").strip()
         if index:   # one adapter per process, e.g. per MPI rank (mamba_ext.training.distributed)
             adapter = _adapter_by_index(wgpu, index)
         else:
             adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
         if adapter is None:
+            if self.backend.NAME == "dawn":
+                raise RuntimeError("mamba_ext.gpu: Dawn (MAMBA_EXT_GPU_BACKEND=dawn) found no "
+                                   "adapter; it needs a Vulkan, Metal or D3D12 GPU driver (it "
+                                   "does not start on Mesa 22.3's lavapipe); unset the variable "
+                                   "for wgpu-native")
             raise RuntimeError(NO_ADAPTER_HELP)
         self.adapter = adapter
         self.info = dict(adapter.info)
@@ -323,12 +212,8 @@ class Gpu:
         # bytes of workgroup memory a kernel may use (the scan sizes its blocks by it)
         self.wg_memory = int(lim.get("max-compute-workgroup-storage-size", 16384))
         self.timestamps = "timestamp-query" in features
-        self.checks = _shader_checks()
-        self._record = _native_dispatch()   # None: through wgpu-py's methods
-        try:                                  # None: submits and maps through wgpu-py
-            self._native = _NativeQueue(self.device)
-        except (ImportError, AttributeError):
-            self._native = None
+        self._record = self.backend.native_dispatch()         # None: through wgpu-py's methods
+        self._native = self.backend.native_queue(self.device)  # None: submits and maps too
         self._pipelines = {}
         self._modules = {}
         self.bytes_allocated = 0
@@ -342,7 +227,8 @@ class Gpu:
         if pl is None:
             mod = self._modules.get(file)
             if mod is None:
-                mod = _shader_module(self.device, file, kernel_source(file), self.checks)
+                mod = self.backend.shader_module(self.device, file, kernel_source(file),
+                                                 self.checks)
                 self._modules[file] = mod
             compute = {"module": mod, "entry_point": entry}
             if constants:
@@ -685,11 +571,15 @@ def _adapters(wgpu):
 
 
 def adapter_count() -> int:
-    """Number of adapters MAMBA_EXT_GPU_INDEX chooses from (0 without wgpu)."""
+    """Number of adapters MAMBA_EXT_GPU_INDEX chooses from (0 without the backend's
+    package: wgpu, or wgpudawn for MAMBA_EXT_GPU_BACKEND=dawn)."""
+    from . import backends
     try:
-        import wgpu
-    except ImportError:
+        be = backends.load()
+        wgpu = be.module()
+    except (ImportError, RuntimeError):
         return 0
+    be.prepare(_shader_checks())
     return len(_adapters(wgpu))
 
 

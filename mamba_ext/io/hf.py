@@ -315,6 +315,25 @@ def load_tokenizer(path: StrPath) -> Any:
         raise ValueError(f"{fname}: not a tokenizer the 'tokenizers' package reads ({e})") from None
 
 
+def text_ids(text: bytes | str, tokenizer=None) -> np.ndarray:
+    """Token ids (int64) of ``text``: its bytes for a byte-level model (``tokenizer``
+    None; an empty text is one newline), else its ids under a ``tokenizers.Tokenizer``.
+    Bytes that are not valid UTF-8 become U+FFFD for a tokenizer (it takes text); a text
+    the vocabulary cannot encode (a WordLevel model without an unknown token) raises one
+    clear ValueError."""
+    if tokenizer is None:
+        raw = text.encode("utf-8", errors="surrogateescape") if isinstance(text, str) else text
+        return np.frombuffer(raw or b"\n", np.uint8).astype(np.int64)
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    try:
+        return np.asarray(tokenizer.encode(text).ids, np.int64)
+    except Exception as e:      # tokenizers raises its own Exception type
+        raise ValueError(f"the tokenizer cannot encode {text[:40]!r}: "
+                         f"{' '.join(str(e).split()) or type(e).__name__} (a vocabulary "
+                         f"without an unknown token such as [UNK]?)") from None
+
+
 def _read_json(fname: str) -> dict[str, Any]:
     """A JSON object from a file: one ValueError naming the file when it is not one."""
     try:

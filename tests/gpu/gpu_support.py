@@ -21,7 +21,9 @@ ADAPTER_WHY = ("the GPU tests need a Vulkan/Metal/DX12 adapter; on Linux install
 def require_gpu():
     """Skip (locally) or fail (CI=true) the calling test module unless wgpu imports and
     finds an adapter; returns the mamba_ext.gpu device."""
-    optional("wgpu", WGPU_WHY)
+    from mamba_ext.gpu import backends
+    if backends.selected() != "dawn":
+        optional("wgpu", WGPU_WHY)
     from mamba_ext.gpu.device import gpu
     try:
         return gpu()

@@ -82,6 +82,7 @@ def test_submit_in_several_command_buffers_runs_every_op_after_the_clears():
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["wgpu-native", "wgpu-py"])
+@pytest.mark.skipif(g.backend.NAME != "wgpu", reason="wgpu-native's private entry points")
 def test_ops_recorded_directly_or_through_wgpu_py_alike(direct, monkeypatch):
     """Ops are recorded by wgpu-native's entry points where the backend has them (the
     default here), else by wgpu-py's methods: the same results, and an invalid dispatch
@@ -103,6 +104,7 @@ def test_ops_recorded_directly_or_through_wgpu_py_alike(direct, monkeypatch):
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["wgpu-native", "wgpu-py"])
+@pytest.mark.skipif(g.backend.NAME != "wgpu", reason="wgpu-native's private entry points")
 def test_read_staged_after_later_submissions(native, monkeypatch):
     """read_staged of a step's staging buffer, with that step's submission index, after a
     later step was submitted (as ResidentTrainer.step_async reads back): the values that
@@ -161,6 +163,7 @@ def test_shader_checks_chosen_by_environment(monkeypatch):
         dev._shader_checks()
 
 
+@pytest.mark.skipif(g.backend.NAME != "wgpu", reason="wgpu-native's trusted shader modules")
 @pytest.mark.parametrize("trusted", [True, False])
 def test_every_shader_checks_mode_gives_the_cpu_block(monkeypatch, trusted):
     """Each MAMBA_EXT_GPU_CHECKS mode compiles every kernel of a block forward and
