@@ -133,8 +133,8 @@ setup(
     # The WGSL sources live in kernels/ at the top of the repository and ship
     # inside the wheel as the package ``mamba_ext.kernels``.
     packages=["mamba_ext", "mamba_ext.cpu", "mamba_ext.gpu", "mamba_ext.gpu.backends",
-              "mamba_ext.io", "mamba_ext.training", "mamba_ext.testing", "mamba_ext.bench", "mamba_ext.cli", "mamba_ext.kernels",
-              "mamba_ext.include"],
+              "mamba_ext.io", "mamba_ext.training", "mamba_ext.testing", "mamba_ext.bench",
+              "mamba_ext.cli", "mamba_ext.kernels", "mamba_ext.include"],
     package_dir={"mamba_ext.kernels": "kernels"},
     package_data={
         "mamba_ext": ["py.typed"],
