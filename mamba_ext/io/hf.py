@@ -315,7 +315,7 @@ def load_tokenizer(path: StrPath) -> Any:
         raise ValueError(f"{fname}: not a tokenizer the 'tokenizers' package reads ({e})") from None
 
 
-def text_ids(text: bytes | str, tokenizer=None) -> np.ndarray:
+def text_ids(text: bytes | str, tokenizer: Any = None) -> np.ndarray:
     """Token ids (int64) of ``text``: its bytes for a byte-level model (``tokenizer``
     None; an empty text is one newline), else its ids under a ``tokenizers.Tokenizer``.
     Bytes that are not valid UTF-8 become U+FFFD for a tokenizer (it takes text); a text

@@ -6,7 +6,7 @@
 - ``dawn``: Dawn through wgpudawn (``pip install "mamba_ext[dawn]"``);
 - ``auto`` (the default): wgpu-native. Dawn's reason to be chosen is its subgroup
   matrices (tensor cores from WGSL); until kernels that use them exist, the fp32 kernels
-  run faster on wgpu-native (H200: block d 16.6 ms against 20.8 on Dawn), so auto does not
+  run faster on wgpu-native (H200: block d 16.6 ms against 20.8 on Dawn, docs/gpu.md), so auto does not
   pick Dawn yet.
 
 Each backend module gives the same small interface: ``NAME``; ``module()`` (the wgpu-py

@@ -30,7 +30,7 @@ def prepare(checks: str) -> None:
         return
     _prepared.append(checks)
     if checks == "none":
-        from wgpudawn.backends.dawn import set_instance_extras
+        from wgpudawn.backends.dawn.extras import set_instance_extras
         set_instance_extras(enable_toggles=["disable_robustness"])
 
 
