@@ -62,8 +62,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.repeat is not None and args.repeat < 1:
         ap.error("--repeat must be >= 1")
-    if args.threads is not None and args.threads < 1:
-        ap.error("--threads must be >= 1")
+    from .._validate import max_threads
+    if args.threads is not None and not 1 <= args.threads <= max_threads():
+        print(f"error: --threads must be in [1, {max_threads()}], got {args.threads}", file=sys.stderr)
+        return 2
     if args.generation:
         if args.tokens < 1:
             ap.error("--tokens must be >= 1")

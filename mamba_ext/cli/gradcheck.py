@@ -29,8 +29,10 @@ def build_parser():
 def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    if args.threads < 1:
-        ap.error("--threads must be >= 1")
+    from .._validate import max_threads
+    if not 1 <= args.threads <= max_threads():
+        print(f"error: --threads must be in [1, {max_threads()}], got {args.threads}", file=sys.stderr)
+        return 2
     if not (args.step > 0 and args.threshold >= 0):
         ap.error("--step must be > 0 and --threshold >= 0")
     return run(args.config, threshold=args.threshold, h=args.step, n_threads=args.threads)

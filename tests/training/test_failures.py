@@ -89,7 +89,9 @@ def test_cli_failure_is_one_line_and_exit_1(corpus, tmp_path):
     (["train", "--resume", "/nonexistent/x"], 2, "no checkpoint at"),
     (["sample", "--checkpoint", "/nonexistent/x"], 1, "No such file"),
     (["sample", "--checkpoint", "x", "--temperature", "inf"], 2, "--temperature must be a finite"),
-    (["gradcheck", "--threads", "100000"], 1, "n_threads: expected None or an integer"),
+    (["gradcheck", "--threads", "100000"], 2, "--threads must be in [1, "),
+    (["gradcheck", "--threads", "1000"], 2, "--threads must be in [1, "),
+    (["bench", "--threads", "1000"], 2, "--threads must be in [1, "),
 ])
 def test_cli_argument_errors_are_one_line(argv, rc, text):
     r = subprocess.run([sys.executable, "-m", "mamba_ext", *argv], capture_output=True, text=True,
