@@ -109,6 +109,36 @@ def check_count(name: str, shape: Sequence[int]) -> None:
                          f"{_MAX_ELEMENTS} that mamba_ext can index")
 
 
+def memory_limit() -> int | None:
+    """Bytes this process may allocate at most: the machine's physical memory, or the
+    address-space limit (RLIMIT_AS) when that is lower; None where neither is known."""
+    import os
+    limits = []
+    try:
+        limits.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        pass
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY and soft > 0:
+            limits.append(soft)
+    except (ImportError, OSError, ValueError):
+        pass
+    return min(limits) if limits else None
+
+
+def check_memory(name: str, nbytes: int) -> None:
+    """Refuse, before allocating, work whose arrays alone need more bytes than this
+    process may ever have (:func:`memory_limit`): a clear ValueError instead of a
+    MemoryError (or the system's out-of-memory killer) partway through."""
+    limit = memory_limit()
+    if limit is not None and nbytes > limit:
+        raise ValueError(f"{name}: needs {nbytes / 2 ** 30:,.2f} GiB, more than the "
+                         f"{limit / 2 ** 30:,.2f} GiB this process may use (physical memory or "
+                         f"its address-space limit); use a smaller batch or model")
+
+
 def as_float_array(name: str, value: ArrayLike, dtype: DTypeLike | None = None,
                    contiguous: bool = True) -> np.ndarray:
     """Convert an array-like to a C-contiguous float32/float64 array.

@@ -37,6 +37,7 @@ from ._validate import (
     block_param_shapes,
     check_block_params,
     check_count,
+    check_memory,
     check_discretization,
     check_eps,
     check_n_threads,
@@ -199,6 +200,8 @@ def _check_work_size(sizes) -> None:
     M, P = B * L, R + 2 * N
     check_count("cache", (_cache_elements(sizes),))
     check_count("backward scratch", (M * (7 * D + P + 2 * R + 2 * Dm),))
+    # the cache and the block's input and output (the scratch is bounded by a window)
+    check_memory("mamba1_forward: the cache, x and out", 4 * (_cache_elements(sizes) + 2 * M * Dm))
 
 
 def mamba1_forward(x: ArrayLike, params: Mapping[str, ArrayLike], *, h0: ArrayLike | None = None,

@@ -42,6 +42,7 @@ from ._validate import (
     check_count,
     check_discretization,
     check_eps,
+    check_memory,
     check_n_threads,
     check_size,
     check_tokens,
@@ -239,6 +240,11 @@ def init_state(params: Mapping[str, ArrayLike], batch: int, *, eps: float = DEFA
     eps = check_eps(eps)
     state = RecurrentState(batch, eps, discretization)
     layers, arrays = _validated(params, state)
+    # the state, and what each step allocates: the logits (B, V) and the stepper's scratch
+    V, Dm = arrays["embedding"].shape
+    per_seq = V + 3 * Dm + 1 + sum(p["wConv"].shape[0] * (p["A_log"].shape[1] + p["wConv"].shape[1] + 6)
+                                   + p["wXProj"].shape[0] for p in layers)
+    check_memory(f"init_state(batch={batch})", batch * per_seq * arrays["embedding"].itemsize)
     for p in layers:
         D, K = p["wConv"].shape
         N = p["A_log"].shape[1]
@@ -418,6 +424,7 @@ def generate(params: Mapping[str, ArrayLike], prompt: ArrayLike | Sequence[Array
     n_tokens = check_size("n_tokens", n_tokens, lo=0, hi=MAX_ELEMENTS)
     B = len(prompts)
     check_count("the output (batch, n_tokens)", (B, n_tokens))
+    check_memory("generate: the output (batch, n_tokens)", 8 * B * n_tokens)
     temperature, top_k, top_p = _check_sampling(temperature, top_k, top_p)
     stops = _check_stop(stop)
     if rng is not None and not isinstance(rng, np.random.Generator):

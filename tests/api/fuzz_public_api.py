@@ -182,6 +182,7 @@ def fuzz_scaler(init_scale, growth, backoff, interval):
 
 
 _VALID: bytes = b""
+_TMP: Path = Path(".")        # a folder of special files (main)
 
 
 @given(st.one_of(st.binary(max_size=300), st.tuples(st.integers(0, 10 ** 6), st.integers(0, 255))))
@@ -198,8 +199,130 @@ def fuzz_checkpoint_bytes(data):
         attempt("checkpoint.load(require_checksum=False)", lambda: ck.load(f.name, require_checksum=False))
 
 
+_STATE_PARAMS = mamba_ext.init_model_params(7, 6, 2, d_state=3, seed=0)      # D 12, N 3, K 4
+
+state_values = st.one_of(
+    st.tuples(st.integers(0, 3), st.integers(0, 13), st.integers(0, 4)).map(
+        lambda s: np.zeros(s, np.float32)),                                  # wrong shapes
+    st.sampled_from(["float64", "float16", "int32", "complex64", "object"]).map(
+        lambda d: np.zeros((2, 12, 3), d)),                                  # wrong dtypes
+    st.just("read-only"), st.just("bytes"), st.just("strided"), st.just("fortran"),
+    st.just("list"), st.just("good"), st.none(), st.integers(), st.text(max_size=3))
+
+
+def _materialize(value, like):
+    """An array (or object) to put where ``like`` (a state array) was."""
+    if isinstance(value, str) and value == "read-only":
+        a = like.copy()
+        a.flags.writeable = False
+        return a
+    if isinstance(value, str) and value == "bytes":
+        return np.frombuffer(bytes(like.nbytes), like.dtype).reshape(like.shape)
+    if isinstance(value, str) and value == "strided":
+        return np.repeat(like, 2, axis=-1)[..., ::2]
+    if isinstance(value, str) and value == "fortran":
+        return np.asfortranarray(like)
+    if isinstance(value, str) and value == "list":
+        return like.tolist()
+    if isinstance(value, str) and value == "good":
+        return np.random.default_rng(0).standard_normal(like.shape).astype(like.dtype)
+    return value
+
+
+@given(st.sampled_from(["h", "conv"]), st.integers(-3, 3), state_values,
+       st.sampled_from(["", "eps", "discretization", "batch", "h-list", "conv-list"]),
+       weird_numbers)
+def fuzz_recurrent_state(slot, layer, value, setting, setting_value):
+    """Assign wrong shapes, dtypes, read-only, foreign and non-array values into every slot
+    of a live recurrent state, or its settings, then step: a result or a refusal."""
+    p = _STATE_PARAMS
+    state = recurrent.init_state(p, 2)
+    recurrent.step(np.array([1, 2]), p, state)              # the stepper exists now
+    arrays = getattr(state, slot)
+    try:
+        if setting == "h-list":
+            state.h = _materialize(value, arrays[0])
+        elif setting == "conv-list":
+            state.conv = arrays[:layer] if layer >= 0 else arrays + arrays
+        elif setting:
+            setattr(state, setting, setting_value)
+        else:
+            arrays[layer] = _materialize(value, arrays[layer])
+    except (TypeError, ValueError, AttributeError, IndexError):
+        COUNTS.setdefault("recurrent state edit", [0, 0])[1] += 1
+        return
+    attempt("recurrent state edit", lambda: recurrent.step(np.array([3, 4]), p, state))
+
+
+def _special_paths(d: Path):
+    """Paths that are not regular files: a FIFO (with no writer), devices, a folder, a
+    symlink to a device, a missing file; each must be refused at once."""
+    import os
+    paths = [d, d / "missing", Path("/dev/zero"), Path("/dev/urandom"), Path("/dev/null")]
+    if hasattr(os, "mkfifo"):
+        fifo = d / "fifo"
+        if not fifo.exists():
+            os.mkfifo(fifo)
+        paths.append(fifo)
+    link = d / "zero.safetensors"
+    if not link.exists():
+        link.symlink_to("/dev/zero")
+    paths.append(link)
+    return [str(q) for q in paths if q.exists() or q.name == "missing"]
+
+
+@given(st.integers(0, 6), st.sampled_from(["checkpoint", "corpus", "training", "hf"]))
+def fuzz_special_files(which, reader):
+    """Readers of user-named files on FIFOs, devices, folders and symlinks to devices: a
+    refusal (OSError for a missing file counts as one) within a second, never a hang."""
+    import signal
+    from mamba_ext.io import hf
+    from mamba_ext.training import data, loop
+    paths = _special_paths(_TMP)
+    path = paths[which % len(paths)]
+    call = {"checkpoint": lambda: ck.load(path), "corpus": lambda: data.load_corpus(path),
+            "training": lambda: loop.load_training_checkpoint(path),
+            "hf": lambda: hf.load_hf(path)}[reader]
+
+    def hang(signum, frame):
+        raise RuntimeError(f"{reader} hung on {path}")
+    old = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(5)
+    try:
+        attempt(f"special file: {reader}", lambda: _refuse_oserror(call))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _refuse_oserror(call):
+    try:
+        call()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
+        raise ValueError(str(e)) from None       # a missing file: refused by open itself
+
+
 TARGETS = {"block": fuzz_block, "model": fuzz_model, "recurrent": fuzz_recurrent, "adamw": fuzz_adamw,
-           "scaler": fuzz_scaler, "checkpoint": fuzz_checkpoint_bytes}
+           "scaler": fuzz_scaler, "checkpoint": fuzz_checkpoint_bytes,
+           "recurrent_state": fuzz_recurrent_state, "special_files": fuzz_special_files}
+
+
+def _cap_memory():
+    """Cap this process's address space (MAMBA_EXT_FUZZ_MEMORY_GIB, default 4): work that
+    would allocate more must be refused by a size check (ValueError), and a MemoryError
+    is a failure of the target, on every machine alike."""
+    import os
+    try:
+        import resource
+    except ImportError:
+        return None
+    gib = float(os.environ.get("MAMBA_EXT_FUZZ_MEMORY_GIB", "4"))
+    cap = int(gib * 2 ** 30)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    return cap
 
 
 def main(argv=None) -> int:
@@ -209,6 +332,9 @@ def main(argv=None) -> int:
     ap.add_argument("--target", action="append", choices=sorted(TARGETS),
                     help="fuzz only this target (repeatable); default: all")
     args = ap.parse_args(argv)
+    global _TMP
+    _TMP = Path(tempfile.mkdtemp())
+    cap = _cap_memory()
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "v.safetensors"
         ck.save(path, {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.zeros(2)}, {"k": "v"})
@@ -227,7 +353,8 @@ def main(argv=None) -> int:
             failed.append(f"{fuzz.__name__}:\n{buf.getvalue()}")
     for target, (ok, refused) in sorted(COUNTS.items()):
         print(f"fuzz {target:44s} {ok:5d} returned {refused:5d} refused")
-    print(f"fuzz total: {sum(a + b for a, b in COUNTS.values())} calls, {len(failed)} failing target(s)")
+    print(f"fuzz total: {sum(a + b for a, b in COUNTS.values())} calls, {len(failed)} failing target(s)"
+          + (f" (address space capped at {cap / 2 ** 30:.1f} GiB)" if cap else ""))
     for f in failed:
         print(f, file=sys.stderr)
     return 1 if failed else 0

@@ -13,7 +13,8 @@ import pytest
 from conftest import optional
 
 SCRIPT = Path(__file__).resolve().parent / "fuzz_public_api.py"
-TARGETS = ("adamw", "block", "checkpoint", "model", "recurrent", "scaler")
+TARGETS = ("adamw", "block", "checkpoint", "model", "recurrent", "recurrent_state", "scaler",
+           "special_files")
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -28,7 +29,10 @@ def test_public_api_fuzz_refuses_cleanly_and_never_crashes(target):
     total = [ln for ln in lines if ln.startswith("fuzz total:")]
     assert total and ", 0 failing target(s)" in total[0], r.stdout
     # each target both ran through and was refused at least once: the fuzz reached the kernels
+    # (special files are only ever refused); the address space was capped (a MemoryError
+    # fails the target: work that cannot fit must be refused by a size check)
+    assert "address space capped" in total[0] or sys.platform == "win32", total[0]
     for ln in lines[:-1]:
         returned, refused = int(ln.split()[-4]), int(ln.split()[-2])
-        assert returned > 0 and refused > 0, ln
+        assert refused > 0 and (returned > 0 or ln.startswith("fuzz special file")), ln
     print("\n".join(lines))
