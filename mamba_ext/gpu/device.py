@@ -128,11 +128,8 @@ def check_aliasing(file: str, entry: str, entries) -> None:
 
 
 def _shader_checks() -> str:
-    name = os.environ.get("MAMBA_EXT_GPU_CHECKS", "").strip().lower() or "bounds"
-    if name not in SHADER_CHECKS:
-        raise ValueError(f"MAMBA_EXT_GPU_CHECKS must be one of {', '.join(SHADER_CHECKS)}; "
-                         f"got {name!r}")
-    return name
+    from .backends import env_choice
+    return env_choice("MAMBA_EXT_GPU_CHECKS", SHADER_CHECKS, "bounds")
 
 
 @dataclass(frozen=True)

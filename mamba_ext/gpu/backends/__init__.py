@@ -24,13 +24,18 @@ import os
 BACKENDS = ("auto", "wgpu", "dawn")
 
 
+def env_choice(variable: str, choices, default: str) -> str:
+    """The value of the environment variable ``variable`` (lower case; ``default`` when
+    unset or empty), one of ``choices`` or a ValueError naming the variable."""
+    name = os.environ.get(variable, "").strip().lower() or default
+    if name not in choices:
+        raise ValueError(f"{variable} must be one of {', '.join(choices)}; got {name!r}")
+    return name
+
+
 def selected() -> str:
     """The backend ``MAMBA_EXT_GPU_BACKEND`` names ("auto" when unset), checked."""
-    name = os.environ.get("MAMBA_EXT_GPU_BACKEND", "").strip().lower() or "auto"
-    if name not in BACKENDS:
-        raise ValueError(f"MAMBA_EXT_GPU_BACKEND must be one of {', '.join(BACKENDS)}; "
-                         f"got {name!r}")
-    return name
+    return env_choice("MAMBA_EXT_GPU_BACKEND", BACKENDS, "auto")
 
 
 def load(name: str | None = None):
