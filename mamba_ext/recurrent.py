@@ -263,7 +263,7 @@ def step(token_ids: ArrayLike, params: Mapping[str, ArrayLike], state: Recurrent
     ``weights_dtype``: None (the params' dtype) or ``"float16"`` (float32 params only:
     float16 projection and embedding weights, float32 accumulation; converted once per
     state and params). ``n_threads``: None (OpenMP default) or the thread count of the
-    conv/scan step and the float16 products (BLAS keeps its own).
+    step's kernels, its products included (one thread pool: docs/api.md, Threads).
     """
     st, arrays = _stepper(params, state, weights_dtype, n_threads)
     V = arrays["embedding"].shape[0]
