@@ -316,6 +316,8 @@ def _cap_memory():
         import resource
     except ImportError:
         return None
+    if os.environ.get("ASAN_OPTIONS") or "asan" in os.environ.get("LD_PRELOAD", ""):
+        return None     # AddressSanitizer reserves terabytes of address space for its shadow
     gib = float(os.environ.get("MAMBA_EXT_FUZZ_MEMORY_GIB", "4"))
     cap = int(gib * 2 ** 30)
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
