@@ -9,6 +9,7 @@ R dtRank, P = R + 2N.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Mapping, Sequence
@@ -39,8 +40,10 @@ MAX_ELEMENTS = _MAX_ELEMENTS
 MAX_THREADS_CAP = 1024
 
 
+@functools.lru_cache(maxsize=None)
 def max_threads() -> int:
-    """Largest accepted ``n_threads``: min(1024, max(64, 8 * os.cpu_count()))."""
+    """Largest accepted ``n_threads``: min(1024, max(64, 8 * os.cpu_count())) (read once:
+    os.cpu_count() costs ~15 us, and every kernel call checks its n_threads)."""
     import os
     return min(MAX_THREADS_CAP, max(64, 8 * (os.cpu_count() or 1)))
 

@@ -270,7 +270,7 @@ cdef int forward_window(floating* out, floating* cache, const cache_layout* w,
     rows_elementwise(1, delta, delta, D, <floating*>NULL, M, D, nt)  # delta_pre -> delta
     # Bs, Cs: columns R .. R+N-1 and R+N .. R+2N-1 of xproj (rows P apart)
     rc = scan_forward_state(cache + cl.y, cache + cl.hstate, h_last, u, delta,
-                            xproj + R, xproj + R + N, P, params[P_A_log], params[P_D_vec], h0,
+                            xproj + R, xproj + R + N, P, params[P_A_log], 0, params[P_D_vec], h0,
                             B, L, D, N, d.discretization, n_threads)
     if rc == 0:
         rows_elementwise(2, u, xz + D, 2 * D, cache + cl.y, M, D, nt)  # gated = y * silu(z), into u
@@ -357,7 +357,7 @@ cdef int backward_window(floating* dx, floating** grads,
     rows_elementwise(0, s3, s2, D, <floating*>NULL, M, D, nt)
     rc = scan_backward_state(du, ddelta, dxproj + R, dxproj + R + N, grads[P_A_log],
                              grads[P_D_vec], dh0, s1, dh_last, cache + cl.hstate, s3, delta,
-                             xproj + R, xproj + R + N, P, params[P_A_log], params[P_D_vec],
+                             xproj + R, xproj + R + N, P, params[P_A_log], 0, params[P_D_vec],
                              B, L, D, N, d.discretization, n_threads)
     if rc != 0:
         return rc

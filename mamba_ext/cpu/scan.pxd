@@ -42,12 +42,14 @@ cdef int scan_backward(floating* du, floating* ddelta, floating* dBs, floating* 
 
 # The same with an initial and final state (any of the four may be NULL: zeros / not
 # wanted): h0 (B, D, N) the state before step 0 (hstate chunk 0 = h0); h_last (B, D, N)
-# written with the state after step L-1.
+# written with the state after step L-1. a_given != 0: A_log holds A itself (negative
+# values, used as they are: no clamp), and the backward adds dLoss/dA to dA_log; the
+# forward returns -2 (its outputs undefined) when such an A is not negative or NaN.
 cdef int scan_forward_state(floating* y, floating* hstate, floating* h_last,
                             const floating* u, const floating* delta,
                             const floating* Bs, const floating* Cs, idx_t ld_bc,
-                            const floating* A_log, const floating* D_vec, const floating* h0,
-                            idx_t B, idx_t L, idx_t D, idx_t N,
+                            const floating* A_log, int a_given, const floating* D_vec,
+                            const floating* h0, idx_t B, idx_t L, idx_t D, idx_t N,
                             int discretization, int n_threads) noexcept nogil
 
 # dh_last (B, D, N): dLoss/d h_last (read; NULL = 0); dh0 (B, D, N) += dLoss/d h0.
@@ -57,6 +59,6 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
                              const floating* hstate,
                              const floating* u, const floating* delta,
                              const floating* Bs, const floating* Cs, idx_t ld_bc,
-                             const floating* A_log, const floating* D_vec,
+                             const floating* A_log, int a_given, const floating* D_vec,
                              idx_t B, idx_t L, idx_t D, idx_t N,
                              int discretization, int n_threads) noexcept nogil

@@ -41,6 +41,10 @@ order, so the gradients are bitwise reproducible and independent of the thread c
 (no critical sections). With one channel group (D <= G) a job owns its sequence's
 dBs/dCs rows and adds into them directly: no (B, L, 2N) slots at all.
 
+With a_given (scan_forward_state, scan_backward_state) the A_log argument holds A itself:
+no clamp, and its gradient is dLoss/dA = (A dLoss/dA) / A (mamba_ext.torch's
+mamba_ssm-compatible functions take A, any negative values).
+
 Optional initial / final states (scan_forward_state, scan_backward_state): h0 is
 the state entering chunk 0 (so hstate chunk 0 = h0); the backward's carry starts
 at dh_last instead of 0, and after step 0 it is a_bar[0] * dh[0] = dLoss/dh0.
@@ -95,25 +99,33 @@ cdef idx_t scan_nchunks(idx_t L) noexcept nogil:
     return (L + SCAN_CHUNK - 1) // SCAN_CHUNK
 
 
-cdef inline void load_AT(floating* AT, floating* invAT, floating* Dv, const floating* A_log,
-                         const floating* D_vec, idx_t N, int nl) noexcept nogil:
+cdef inline int load_AT(floating* AT, floating* invAT, floating* Dv, const floating* A_log,
+                        int a_given, int zoh, const floating* D_vec, idx_t N, int nl) noexcept nogil:
     # AT, invAT (N, G) = A, 1/A of the nl channels whose A_log rows (N,) start at A_log;
-    # A = -exp(clamp(A_log, A_LOG_MIN, A_LOG_MAX)); padding lanes get A = -1 (their inputs are 0).
+    # A = -exp(clamp(A_log, A_LOG_MIN, A_LOG_MAX)), or A = A_log's values as they are when
+    # a_given; padding lanes get A = -1 (their inputs are 0). invAT is only read by ZOH:
+    # zeros in Euler (no divisions: they cost as much as a one-step scan).
     # Dv (G,) = their D_vec entries (padding lanes 0).
+    # Returns 1 when a given A is not negative (or NaN), else 0.
     cdef idx_t n
-    cdef int g
+    cdef int g, bad = 0
     cdef double a
     for g in range(MX_SCAN_G):
         Dv[g] = D_vec[g] if g < nl else 0
     for n in range(N):
         for g in range(MX_SCAN_G):
-            if g < nl:
+            if g < nl and a_given:
+                AT[n * MX_SCAN_G + g] = A_log[g * N + n]
+                if not (A_log[g * N + n] < 0):
+                    bad = 1
+            elif g < nl:
                 a = A_log[g * N + n]
                 a = A_LOG_MIN if a < A_LOG_MIN else (A_LOG_MAX if a > A_LOG_MAX else a)
                 AT[n * MX_SCAN_G + g] = <floating>(-exp(a))
             else:
                 AT[n * MX_SCAN_G + g] = -1
-            invAT[n * MX_SCAN_G + g] = 1 / AT[n * MX_SCAN_G + g]
+            invAT[n * MX_SCAN_G + g] = 1 / AT[n * MX_SCAN_G + g] if zoh else 0
+    return bad
 
 
 cdef inline void stage(floating* dst, const floating* src, idx_t rows, idx_t ld,
@@ -169,21 +181,22 @@ cdef int scan_forward(floating* y, floating* hstate,
                       const floating* A_log, const floating* D_vec,
                       idx_t B, idx_t L, idx_t D, idx_t N,
                       int discretization, int n_threads) noexcept nogil:
-    return scan_forward_state(y, hstate, <floating*>NULL, u, delta, Bs, Cs, ld_bc, A_log,
+    return scan_forward_state(y, hstate, <floating*>NULL, u, delta, Bs, Cs, ld_bc, A_log, 0,
                               D_vec, <floating*>NULL, B, L, D, N, discretization, n_threads)
 
 
 cdef int scan_forward_state(floating* y, floating* hstate, floating* h_last,
                             const floating* u, const floating* delta,
                             const floating* Bs, const floating* Cs, idx_t ld_bc,
-                            const floating* A_log, const floating* D_vec, const floating* h0,
-                            idx_t B, idx_t L, idx_t D, idx_t N,
+                            const floating* A_log, int a_given, const floating* D_vec,
+                            const floating* h0, idx_t B, idx_t L, idx_t D, idx_t N,
                             int discretization, int n_threads) noexcept nogil:
     # Jobs: (sequence b, group of G channels d0 .. d0+nl-1), b-major.
     cdef idx_t T = SCAN_CHUNK, G = MX_SCAN_G, C = scan_nchunks(L), ng = (D + MX_SCAN_G - 1) // MX_SCAN_G
     cdef idx_t job, b, d0, c, t0, tn, r0, s
-    cdef int nl, g, zoh = discretization == 0, failed = 0
+    cdef int nl, g, zoh = discretization == 0, failed = 0, bad = 0
     cdef int* failp = &failed
+    cdef int* badp = &bad
     cdef int nt = mx_threads(n_threads)
     cdef floating* buf = NULL
     cdef floating* AT = NULL
@@ -217,7 +230,9 @@ cdef int scan_forward_state(floating* y, floating* hstate, floating* h_last,
                 b = job // ng
                 d0 = (job % ng) * G
                 nl = <int>min(G, D - d0)
-                load_AT(AT, invAT, Dv, A_log + d0 * N, D_vec + d0, N, nl)
+                if load_AT(AT, invAT, Dv, A_log + d0 * N, a_given, zoh, D_vec + d0, N, nl):
+                    badp[0] = 1
+                    continue
                 if h0 != NULL:
                     state_io(h, <floating*>h0 + (b * D + d0) * N, N, nl, False)
                 else:
@@ -242,7 +257,7 @@ cdef int scan_forward_state(floating* y, floating* hstate, floating* h_last,
                 if h_last != NULL:
                     state_io(h, h_last + (b * D + d0) * N, N, nl, True)
         mx_aligned_free(buf)
-    return -1 if failed else 0
+    return -1 if failed else (-2 if bad else 0)
 
 
 cdef int scan_backward(floating* du, floating* ddelta, floating* dBs, floating* dCs,
@@ -254,8 +269,8 @@ cdef int scan_backward(floating* du, floating* ddelta, floating* dBs, floating* 
                        idx_t B, idx_t L, idx_t D, idx_t N,
                        int discretization, int n_threads) noexcept nogil:
     return scan_backward_state(du, ddelta, dBs, dCs, dA_log, dD_vec, <floating*>NULL, dy,
-                               <floating*>NULL, hstate, u, delta, Bs, Cs, ld_bc, A_log, D_vec,
-                               B, L, D, N, discretization, n_threads)
+                               <floating*>NULL, hstate, u, delta, Bs, Cs, ld_bc, A_log, 0,
+                               D_vec, B, L, D, N, discretization, n_threads)
 
 
 cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floating* dCs,
@@ -264,7 +279,7 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
                              const floating* hstate,
                              const floating* u, const floating* delta,
                              const floating* Bs, const floating* Cs, idx_t ld_bc,
-                             const floating* A_log, const floating* D_vec,
+                             const floating* A_log, int a_given, const floating* D_vec,
                              idx_t B, idx_t L, idx_t D, idx_t N,
                              int discretization, int n_threads) noexcept nogil:
     # Deterministic: every job writes its shares of the shared gradients (dBs/dCs rows of
@@ -343,7 +358,7 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
                 b = job // ng
                 d0 = (job % ng) * G
                 nl = <int>min(G, D - d0)
-                load_AT(AT, invAT, Dv, A_log + d0 * N, D_vec + d0, N, nl)
+                load_AT(AT, invAT, Dv, A_log + d0 * N, a_given, zoh, D_vec + d0, N, nl)
                 memset(carry, 0, (2 * N + 1) * G * sizeof(floating))  # carry, dAacc, dDacc
                 if dh_last != NULL:   # the adjoint entering from after step L-1
                     state_io(carry, <floating*>dh_last + (b * D + d0) * N, N, nl, False)
@@ -412,7 +427,8 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
                 else:
                     dCs[r * ld_bc + k - N] += sum
     if not failed:
-        # dA_log (zero where the clamp is active), D_vec: sum over the sequences b = 0 .. B-1
+        # dA_log (zero where the clamp is active; dA = (A dLoss/dA) / A when a_given), D_vec:
+        # sum over the sequences b = 0 .. B-1
         for j in range(ng):
             d0 = j * G
             nl = <int>min(G, D - d0)
@@ -423,6 +439,8 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
                         sum = sum + partAD[(b * ng + j) * (N + 1) * G + n * G + g]
                     if n == N:
                         dD_vec[d0 + g] += sum
+                    elif a_given:
+                        dA_log[(d0 + g) * N + n] += sum / A_log[(d0 + g) * N + n]
                     else:
                         al = A_log[(d0 + g) * N + n]
                         if al > A_LOG_MIN and al < A_LOG_MAX:

@@ -192,10 +192,11 @@ def scan_forward(floating[:, :, ::1] y not None, floating[:, :, :, ::1] hstate n
                  const floating[:, :, ::1] Bs not None, const floating[:, :, ::1] Cs not None,
                  const floating[:, ::1] A_log not None, const floating[::1] D_vec not None,
                  str discretization="zoh", const floating[:, :, ::1] h0=None,
-                 floating[:, :, ::1] h_last=None, n_threads=None):
+                 floating[:, :, ::1] h_last=None, n_threads=None, bint a_given=False):
     """Selective scan: y (B, L, D) = scan(u, delta, A, Bs, Cs) + D_vec * u and hstate
     (B, C, D, N), the state entering each chunk of SCAN_CHUNK steps: written.
-    u, delta (B, L, D); Bs, Cs (B, L, N); A_log (D, N) (A = -exp(clamp(A_log))); D_vec (D,);
+    u, delta (B, L, D); Bs, Cs (B, L, N); A_log (D, N) (A = -exp(clamp(A_log)); with
+    a_given, A itself: negative values, not clamped); D_vec (D,);
     h0 (B, D, N) the state before step 0 (None: zeros); h_last (B, D, N) written with the
     state after step L-1 (None: not wanted)."""
     cdef idx_t B = u.shape[0], L = u.shape[1], D = u.shape[2], N = A_log.shape[1]
@@ -219,7 +220,9 @@ def scan_forward(floating[:, :, ::1] y not None, floating[:, :, :, ::1] hstate n
     with nogil:
         rc = scan_forward_state(&y[0, 0, 0], &hstate[0, 0, 0, 0], phl, &u[0, 0, 0],
                                 &delta[0, 0, 0], &Bs[0, 0, 0], &Cs[0, 0, 0], N, &A_log[0, 0],
-                                &D_vec[0], ph0, B, L, D, N, disc, nt)
+                                a_given, &D_vec[0], ph0, B, L, D, N, disc, nt)
+    if rc == -2:
+        raise ValueError("A_log: with a_given, expected A itself: negative values (no NaN)")
     if rc != 0:
         raise MemoryError("scan_forward: out of memory for scratch buffers")
 
@@ -233,11 +236,11 @@ def scan_backward(floating[:, :, ::1] du not None, floating[:, :, ::1] ddelta no
                   const floating[:, :, ::1] Bs not None, const floating[:, :, ::1] Cs not None,
                   const floating[:, ::1] A_log not None, const floating[::1] D_vec not None,
                   str discretization="zoh", const floating[:, :, ::1] dh_last=None,
-                  floating[:, :, ::1] dh0=None, n_threads=None):
+                  floating[:, :, ::1] dh0=None, n_threads=None, bint a_given=False):
     """Gradients of the scan ACCUMULATE: du, ddelta (B, L, D), dBs, dCs (B, L, N), dA_log
-    (D, N) (exactly 0 added where A_log is clamped), dD_vec (D,), dh0 (B, D, N) (None: not
-    wanted), given dy (B, L, D), dh_last (B, D, N) (None: 0) and the forward's hstate
-    and inputs."""
+    (D, N) (exactly 0 added where A_log is clamped; with a_given, dLoss/dA), dD_vec (D,),
+    dh0 (B, D, N) (None: not wanted), given dy (B, L, D), dh_last (B, D, N) (None: 0) and
+    the forward's hstate and inputs."""
     cdef idx_t B = u.shape[0], L = u.shape[1], D = u.shape[2], N = A_log.shape[1]
     cdef int disc = _disc(discretization), rc
     cdef int nt = check_n_threads(n_threads)
@@ -262,8 +265,8 @@ def scan_backward(floating[:, :, ::1] du not None, floating[:, :, ::1] ddelta no
         rc = scan_backward_state(&du[0, 0, 0], &ddelta[0, 0, 0], &dBs[0, 0, 0], &dCs[0, 0, 0],
                                  &dA_log[0, 0], &dD_vec[0], pdh0, &dy[0, 0, 0], pdhl,
                                  &hstate[0, 0, 0, 0], &u[0, 0, 0], &delta[0, 0, 0],
-                                 &Bs[0, 0, 0], &Cs[0, 0, 0], N, &A_log[0, 0], &D_vec[0],
-                                 B, L, D, N, disc, nt)
+                                 &Bs[0, 0, 0], &Cs[0, 0, 0], N, &A_log[0, 0], a_given,
+                                 &D_vec[0], B, L, D, N, disc, nt)
     if rc != 0:
         raise MemoryError("scan_backward: out of memory for scratch buffers")
 

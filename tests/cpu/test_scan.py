@@ -7,6 +7,8 @@ and a partial one (lane copies); A_log includes entries beyond the clamp bounds.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -93,3 +95,36 @@ def test_bad_arguments_are_named(rng):
         with pytest.raises(err, match="n_threads"):    # never an OpenMP team of 10^9
             steps.scan_forward(y, hstate, *args, n_threads=bad)
     steps.scan_forward(y, hstate, *args, n_threads=1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scan_with_A_given_equals_the_A_log_path(dtype):
+    """a_given (mamba_ext.torch's path): A itself instead of A_log, no clamp. Inside the
+    clamp range with A = -exp(A_log) the forward is bitwise the A_log path, and dA = dA_log / A."""
+    from mamba_ext.cpu import steps
+    rng = np.random.default_rng(7)
+    B, L, D, N = 2, 70, 67, 3              # two chunks, a partial channel group
+    u, delta, dy = (rng.standard_normal((B, L, D)).astype(dtype) for _ in range(3))
+    delta = np.abs(delta) * 0.1
+    Bs, Cs = (rng.standard_normal((B, L, N)).astype(dtype) for _ in range(2))
+    A_log = rng.uniform(-2, 2, (D, N)).astype(dtype)
+    # libm's exp, as the kernel's (NumPy's own exp may differ in the last bit)
+    A = (-np.vectorize(math.exp)(A_log.astype(np.float64))).astype(dtype)
+    Dv = rng.standard_normal(D).astype(dtype)
+    C = (L + 63) // 64
+    outs = []
+    for arr, given in ((A_log, False), (A, True)):
+        y, hs = np.empty_like(u), np.empty((B, C, D, N), dtype)
+        steps.scan_forward(y, hs, u, delta, Bs, Cs, arr, Dv, "euler", a_given=given)
+        g = [np.zeros_like(a) for a in (u, u, Bs, Cs, arr, Dv)]
+        steps.scan_backward(*g, dy, hs, u, delta, Bs, Cs, arr, Dv, "euler", a_given=given)
+        outs.append((y, g))
+    (y0, g0), (y1, g1) = outs
+    assert np.array_equal(y0, y1)
+    for a, b in zip(g0[:4] + g0[5:], g1[:4] + g1[5:]):
+        assert np.array_equal(a, b)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(g1[4] * A, g0[4], rtol=tol, atol=tol * np.abs(g0[4]).max())
+    with pytest.raises(ValueError, match="negative"):
+        steps.scan_forward(y0, np.empty((B, C, D, N), dtype), u, delta, Bs, Cs, -A, Dv, "euler",
+                           a_given=True)

@@ -1,0 +1,210 @@
+"""mamba_ext.torch's mamba_ssm / causal-conv1d functions: float64 gradcheck, an independent
+float64 reference of mamba_ssm's maths (selective_scan_ref's recurrence), no clamp of A,
+the recurrent step against the scan, the convolution against torch's conv1d, errors."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import optional
+
+torch = optional("torch", "the PyTorch interface needs torch (pip install torch)")
+F = torch.nn.functional
+from torch.autograd import gradcheck  # noqa: E402
+
+from mamba_ext.torch import (  # noqa: E402
+    causal_conv1d_fn,
+    causal_conv1d_update,
+    mamba_inner_fn,
+    selective_scan_fn,
+    selective_state_update,
+)
+
+f64 = torch.float64
+
+
+def scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+             return_last_state=False):
+    """mamba_ssm's selective_scan_ref recurrence, in the inputs' dtype (float64 here)."""
+    if delta_bias is not None:
+        delta = delta + delta_bias[..., None]
+    if delta_softplus:
+        delta = F.softplus(delta)
+    b, d, L = u.shape
+    if B.dim() == 4:
+        B = B.repeat_interleave(d // B.shape[1], dim=1)
+        C = C.repeat_interleave(d // C.shape[1], dim=1)
+    else:
+        B, C = B[:, None].expand(b, d, *B.shape[1:]), C[:, None].expand(b, d, *C.shape[1:])
+    x = torch.zeros(b, d, A.shape[1], dtype=u.dtype)
+    ys = []
+    for t in range(L):
+        x = torch.exp(delta[:, :, t, None] * A) * x + delta[:, :, t, None] * B[..., t] * u[:, :, t, None]
+        ys.append((x * C[..., t]).sum(-1))
+    y = torch.stack(ys, dim=2)
+    out = y if D is None else y + u * D[:, None]
+    if z is not None:
+        out = out * F.silu(z)
+    return (out, x) if return_last_state else out
+
+
+def _inputs(b=2, d=6, L=70, n=3, groups=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=f64)   # noqa: E731
+    bc = (b, n, L) if groups is None else (b, groups, n, L)
+    return dict(u=r(b, d, L), delta=torch.rand(b, d, L, generator=g, dtype=f64),
+                A=-(torch.rand(d, n, generator=g, dtype=f64) * 2 + 0.1), B=r(*bc), C=r(*bc),
+                D=r(d), z=r(b, d, L), delta_bias=r(d) * 0.1)
+
+
+@pytest.mark.parametrize("groups", [None, 3])
+def test_scan_matches_the_float64_reference(groups):
+    a = _inputs(groups=groups)     # L 70 > one chunk of the CPU scan
+    out, last = selective_scan_fn(**a, delta_softplus=True, return_last_state=True)
+    ref, ref_last = scan_ref(**a, delta_softplus=True, return_last_state=True)
+    assert out.shape == (2, 6, 70) and last.shape == (2, 6, 3)
+    assert torch.allclose(out, ref, rtol=0, atol=1e-12 * ref.abs().max())
+    assert torch.allclose(last, ref_last, rtol=0, atol=1e-12 * ref_last.abs().max())
+
+
+def test_A_is_not_clamped():
+    """A far outside the block's A_log clamp (A_log in (-10, 5)): -1e-7 and -400."""
+    a = _inputs(d=4, n=2, L=9)
+    a["A"] = torch.tensor([[-1e-7, -400.0], [-1e-5, -200.0], [-0.5, -1.0], [-3.0, -150.0]], dtype=f64)
+    assert torch.allclose(selective_scan_fn(**a), scan_ref(**a), rtol=1e-12, atol=1e-12)
+    A = a.pop("A").clone()
+    A[0, 0] = -1e-4               # gradcheck steps A by 1e-6: keep it negative
+    assert gradcheck(lambda A: selective_scan_fn(A=A, **a), (A.requires_grad_(),))
+
+
+@pytest.mark.parametrize("case", ["full", "grouped", "bare"])
+def test_scan_gradcheck(case):
+    a = _inputs(b=2, d=4, L=67, n=2, groups=2 if case == "grouped" else None)
+    if case == "bare":                     # no D, no z, no delta_bias, no softplus
+        a = {k: a[k] for k in ("u", "delta", "A", "B", "C")}
+    names = list(a)
+    ts = [a[k].clone().requires_grad_() for k in names]
+
+    def f(*ts):
+        out = selective_scan_fn(**dict(zip(names, ts)), delta_softplus=case != "bare",
+                                return_last_state=True)
+        return out
+    assert gradcheck(f, ts)
+
+
+def test_state_update_is_one_scan_step_and_chains():
+    a = _inputs(b=2, d=4, L=5, n=3)
+    ref, last = scan_ref(**a, delta_softplus=True, return_last_state=True)
+    state = torch.zeros(2, 4, 3, dtype=f64)
+    outs = [selective_state_update(state, a["u"][..., t], a["delta"][..., t], a["A"], a["B"][..., t],
+                                   a["C"][..., t], a["D"], z=a["z"][..., t], dt_bias=a["delta_bias"],
+                                   dt_softplus=True) for t in range(5)]
+    assert torch.allclose(torch.stack(outs, 2), ref, atol=1e-12)
+    assert torch.allclose(state, last, atol=1e-12)
+
+
+def test_state_update_gradcheck_including_the_old_state():
+    a = _inputs(b=2, d=4, L=1, n=3)
+    args = [torch.randn(2, 4, 3, dtype=f64), a["u"][..., 0], a["delta"][..., 0], a["A"],
+            a["B"][..., 0], a["C"][..., 0], a["D"], a["z"][..., 0], a["delta_bias"]]
+    args = [t.clone().requires_grad_() for t in args]
+
+    def f(state, x, dt, A, B, C, D, z, b):
+        return selective_state_update(state.clone(), x, dt, A, B, C, D, z=z, dt_bias=b, dt_softplus=True)
+    assert gradcheck(f, args)
+
+
+def _conv_ref(x, w, b, init=None):
+    K = w.shape[1]
+    xs = x if init is None else torch.cat([init, x], 2)
+    out = F.conv1d(F.pad(xs, (K - 1, 0)), w[:, None], b, groups=x.shape[1])
+    return out[:, :, -x.shape[2]:]
+
+
+def test_causal_conv1d_fn_and_update_match_torch_conv1d():
+    g = torch.Generator().manual_seed(3)
+    x, w, b = (torch.randn(2, 5, 11, generator=g, dtype=f64), torch.randn(5, 4, generator=g, dtype=f64),
+               torch.randn(5, generator=g, dtype=f64))
+    init = torch.randn(2, 5, 3, generator=g, dtype=f64)
+    assert torch.allclose(causal_conv1d_fn(x, w, b), _conv_ref(x, w, b), atol=1e-13)
+    out, final = causal_conv1d_fn(x, w, b, initial_states=init, return_final_states=True,
+                                  activation="silu")
+    assert torch.allclose(out, F.silu(_conv_ref(x, w, b, init)), atol=1e-13)
+    assert torch.equal(final, x[:, :, -3:])
+    state = torch.zeros(2, 5, 4, dtype=f64)          # transformers keeps K inputs
+    steps = [causal_conv1d_update(x[:, :, t], state, w, b) for t in range(11)]
+    assert torch.allclose(torch.stack(steps, 2), _conv_ref(x, w, b), atol=1e-13)
+    assert torch.equal(state, x[:, :, -4:])
+    ts = [t.clone().requires_grad_() for t in (x, w, b, init)]
+    assert gradcheck(lambda x, w, b, i: causal_conv1d_fn(x, w, b, initial_states=i, activation="silu"), ts)
+
+
+def test_mamba_inner_fn_equals_its_composition_and_gradchecks():
+    g = torch.Generator().manual_seed(4)
+    b, Dm, d, n, R, K, L = 2, 3, 4, 2, 2, 3, 9
+    r = lambda *s: torch.randn(*s, generator=g, dtype=f64) * 0.5   # noqa: E731
+    xz, cw, cb, xw, dw, ow, ob = r(b, 2 * d, L), r(d, 1, K), r(d), r(R + 2 * n, d), r(d, R), r(Dm, d), r(Dm)
+    A, D, db = -torch.rand(d, n, generator=g, dtype=f64) - 0.2, r(d), r(d)
+    out = mamba_inner_fn(xz, cw, cb, xw, dw, ow, ob, A, None, None, D, db)
+    x, z = xz.chunk(2, 1)
+    xc = F.silu(_conv_ref(x, cw[:, 0], cb))
+    x_dbl = xc.transpose(1, 2) @ xw.t()
+    delta = (x_dbl[..., :R] @ dw.t()).transpose(1, 2)
+    y = scan_ref(xc, delta, A, x_dbl[..., R:R + n].transpose(1, 2), x_dbl[..., R + n:].transpose(1, 2), D, z,
+                 db, True)
+    assert torch.allclose(out, y.transpose(1, 2) @ ow.t() + ob, atol=1e-12)
+    ts = [t.clone().requires_grad_() for t in (xz, cw, cb, xw, dw, ow, ob, A, D, db)]
+    assert gradcheck(lambda xz, cw, cb, xw, dw, ow, ob, A, D, db:
+                     mamba_inner_fn(xz, cw, cb, xw, dw, ow, ob, A, None, None, D, db), ts)
+
+
+def test_float32_matches_float64_and_a_transposed_view_is_not_copied():
+    a = _inputs()
+    want = selective_scan_fn(**a, delta_softplus=True)
+    a32 = {k: v.float() for k, v in a.items()}
+    got = selective_scan_fn(**a32, delta_softplus=True)
+    assert got.dtype == torch.float32
+    assert torch.allclose(got.double(), want, rtol=0, atol=1e-4 * want.abs().max())
+    rows = a["u"].transpose(1, 2).contiguous()          # (B, L, D) rows
+    u_view = rows.transpose(1, 2)                        # what in_proj(x).transpose(1, 2) gives
+    assert torch.equal(selective_scan_fn(u_view, a["delta"], a["A"], a["B"], a["C"]),
+                       selective_scan_fn(a["u"], a["delta"], a["A"], a["B"], a["C"]))
+    from mamba_ext.torch.functions import _rows
+    assert _rows(u_view, f64).data_ptr() == rows.data_ptr()
+
+
+def test_bad_inputs_give_clear_errors():
+    a = _inputs(d=4, n=2, L=5)
+    with pytest.raises(ValueError, match="A: expected negative"):
+        selective_scan_fn(**{**a, "A": a["A"].abs()})
+    with pytest.raises(ValueError, match="A: expected negative"):
+        selective_scan_fn(**{**a, "A": torch.where(a["A"] < -1, torch.nan, a["A"])})
+    with pytest.raises(TypeError, match="A: complex"):
+        selective_scan_fn(**{**a, "A": a["A"].to(torch.complex128)})
+    with pytest.raises(TypeError, match="u: expected float32 or float64"):
+        selective_scan_fn(**{**a, "u": a["u"].half()})
+    with pytest.raises(ValueError, match="on the CPU"):
+        selective_scan_fn(**{**a, "u": a["u"].to("meta")})
+    with pytest.raises(ValueError, match=r"B: expected shape"):
+        selective_scan_fn(**{**a, "B": a["B"][:, :, :3]})
+    with pytest.raises(ValueError, match="groups must divide"):
+        bc3 = torch.zeros(2, 3, 2, 5, dtype=f64)
+        selective_scan_fn(**{**a, "B": bc3, "C": bc3})
+    with pytest.raises(TypeError, match="u: expected a torch.Tensor"):
+        selective_scan_fn(**{**a, "u": a["u"].numpy()})
+    state = torch.ones(2, 4, 2, dtype=f64)
+    with pytest.raises(ValueError, match="A: expected negative"):
+        selective_state_update(state, a["u"][..., 0], a["delta"][..., 0], -a["A"], a["B"][..., 0],
+                               a["C"][..., 0])
+    assert torch.equal(state, torch.ones(2, 4, 2, dtype=f64))     # not written
+    with pytest.raises(ValueError, match="activation"):
+        causal_conv1d_fn(a["u"], torch.zeros(4, 3, dtype=f64), activation="relu")
+    with pytest.raises(ValueError, match="conv_state"):
+        causal_conv1d_update(a["u"][..., 0], torch.zeros(2, 4, 1, dtype=f64), torch.zeros(4, 3, dtype=f64))
+
+
+def test_import_mamba_ext_does_not_import_torch():
+    code = "import sys, mamba_ext, mamba_ext.block, mamba_ext.model; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
