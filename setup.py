@@ -134,7 +134,7 @@ setup(
     # inside the wheel as the package ``mamba_ext.kernels``.
     packages=["mamba_ext", "mamba_ext.cpu", "mamba_ext.gpu", "mamba_ext.gpu.backends",
               "mamba_ext.io", "mamba_ext.training", "mamba_ext.testing", "mamba_ext.bench",
-              "mamba_ext.cli", "mamba_ext.kernels", "mamba_ext.include"],
+              "mamba_ext.cli", "mamba_ext.torch", "mamba_ext.kernels", "mamba_ext.include"],
     package_dir={"mamba_ext.kernels": "kernels"},
     package_data={
         "mamba_ext": ["py.typed"],

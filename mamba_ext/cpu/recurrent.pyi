@@ -8,6 +8,9 @@ import numpy as np
 LAYER_ARRAYS: tuple[str, ...]
 HALF_ARRAYS: tuple[str, ...]
 
+def mixer_step_arrays(out: np.ndarray, xn: np.ndarray, layer: tuple, h: np.ndarray,
+                      tail: np.ndarray, zoh: bool, n_threads: int = 0) -> None: ...
+
 class Stepper:
     def __init__(self, batch: int, embedding: np.ndarray, final_norm: np.ndarray,
                  lm_head_bias: np.ndarray, layers: list, h: list[np.ndarray],

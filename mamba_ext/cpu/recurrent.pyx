@@ -101,29 +101,83 @@ cdef void _linear(floating* out, const floating* x, const void* w, const floatin
     linear_forward(out, x, <const floating*>w, bias, B, IC, OC, nt)
 
 
-cdef void recurrent_step(floating* logits, const int64_t* ids, const step_model* m) noexcept nogil:
-    # logits (B, V) written; ids (B,) checked by the caller
-    cdef idx_t B = m.B, Dm = m.Dm, D = m.D, N = m.N, K = m.K, R = m.R, P = m.R + 2 * m.N
-    cdef floating* x = <floating*>m.scratch        # x (B, Dm)
-    cdef floating* xn = x + B * Dm                  # xn (B, Dm)
-    cdef floating* rstd = xn + B * Dm               # rstd (B,)
-    cdef floating* xz = rstd + B                    # xz (B, 2D) = [xc | z]
+cdef void mixer_step(floating* out, const floating* xn, const void** w, floating* h,
+                     floating* tail, floating* s, idx_t B, idx_t Dm, idx_t D, idx_t N,
+                     idx_t K, idx_t R, int zoh, int half, int nt) noexcept nogil:
+    # One token through one layer's mixer (steps 2-12, without the norm before it and the
+    # residual after it): out (B, Dm) written from xn (B, Dm); w the layer's NW pointers
+    # (LAYER_ARRAYS order); h (B, D, N) and tail (B, D, K-1) updated in place.
+    # s: scratch of B * (6 D + P + R) values: xz (B, 2D), u (B, D), xproj (B, P),
+    # dt_low (B, R), delta, y, gated (B, D).
+    cdef idx_t P = R + 2 * N
+    cdef floating* xz = s                           # xz (B, 2D) = [xc | z]
     cdef floating* u = xz + B * 2 * D               # u (B, D)
     cdef floating* xproj = u + B * D                # xproj (B, P) = [dt_low | Bs | Cs]
     cdef floating* dtl = xproj + B * P              # dt_low (B, R), contiguous copy
     cdef floating* delta = dtl + B * R              # delta (B, D)
     cdef floating* y = delta + B * D                # y (B, D)
     cdef floating* gated = y + B * D                # gated (B, D)
-    cdef floating* out = gated + B * D              # out (B, Dm)
-    cdef const void** w
-    cdef floating* h
-    cdef floating* tail
-    cdef idx_t i, b, j, c, d0, nd, njobs
-    cdef idx_t nblk = (D + CHANNEL_BLOCK - 1) // CHANNEL_BLOCK
-    cdef int nt = m.n_threads
-    cdef int half = m.half
+    cdef idx_t b, j, c, d0, nd
+    cdef idx_t nblk = (D + CHANNEL_BLOCK - 1) // CHANNEL_BLOCK, njobs = B * nblk
     # threads of the conv/scan jobs: one unless the step's B*D*N is large enough
     cdef int nts = nt if B * D * N >= PARALLEL_MIN_WORK else 1
+    _linear(xz, xn, w[W_IN], <const floating*>w[B_IN], B, Dm, 2 * D, half, nt)      # 2
+    for j in prange(njobs, schedule='static', num_threads=nts):  # 3-4
+        b = j // nblk
+        d0 = (j % nblk) * CHANNEL_BLOCK
+        nd = min(<idx_t>CHANNEL_BLOCK, D - d0)
+        if floating is float:
+            mx_conv_step_f(u + b * D + d0, tail + (b * D + d0) * (K - 1),
+                           xz + b * 2 * D + d0, <const float*>w[W_CONV] + d0 * K,
+                           <const float*>w[B_CONV] + d0, nd, K)
+            mx_silu_forward_f(u + b * D + d0, u + b * D + d0, nd)
+        else:
+            mx_conv_step_d(u + b * D + d0, tail + (b * D + d0) * (K - 1),
+                           xz + b * 2 * D + d0, <const double*>w[W_CONV] + d0 * K,
+                           <const double*>w[B_CONV] + d0, nd, K)
+            mx_silu_forward_d(u + b * D + d0, u + b * D + d0, nd)
+    _linear(xproj, u, w[W_X], <const floating*>w[B_X], B, D, P, half, nt)          # 5
+    for b in range(B):
+        for c in range(R):
+            dtl[b * R + c] = xproj[b * P + c]
+    _linear(delta, dtl, w[W_DT], <const floating*>w[B_DT], B, R, D, half, nt)      # 6
+    if floating is float:
+        mx_softplus_forward_f(delta, B * D)
+    else:
+        mx_softplus_forward_d(delta, B * D)
+    for j in prange(njobs, schedule='static', num_threads=nts):  # 7-10
+        b = j // nblk
+        d0 = (j % nblk) * CHANNEL_BLOCK
+        nd = min(<idx_t>CHANNEL_BLOCK, D - d0)
+        if floating is float:
+            mx_scan_step_f(y + b * D + d0, h + (b * D + d0) * N, u + b * D + d0,
+                           delta + b * D + d0, <const float*>w[A_] + d0 * N,
+                           <const float*>w[A_INV] + d0 * N, xproj + b * P + R,
+                           xproj + b * P + R + N, <const float*>w[D_VEC] + d0, nd, N, zoh)
+        else:
+            mx_scan_step_d(y + b * D + d0, h + (b * D + d0) * N, u + b * D + d0,
+                           delta + b * D + d0, <const double*>w[A_] + d0 * N,
+                           <const double*>w[A_INV] + d0 * N, xproj + b * P + R,
+                           xproj + b * P + R + N, <const double*>w[D_VEC] + d0, nd, N, zoh)
+    for b in range(B):                                                              # 11
+        if floating is float:
+            mx_gate_forward_f(gated + b * D, y + b * D, xz + b * 2 * D + D, D)
+        else:
+            mx_gate_forward_d(gated + b * D, y + b * D, xz + b * 2 * D + D, D)
+    _linear(out, gated, w[W_OUT], <const floating*>w[B_OUT], B, D, Dm, half, nt)    # 12
+
+
+cdef void recurrent_step(floating* logits, const int64_t* ids, const step_model* m) noexcept nogil:
+    # scratch of m (module docstring): x, xn (B, Dm), rstd (B,), the mixer's scratch, out (B, Dm)
+    cdef idx_t B = m.B, Dm = m.Dm, D = m.D, N = m.N, R = m.R, P = m.R + 2 * m.N
+    cdef floating* x = <floating*>m.scratch        # x (B, Dm)
+    cdef floating* xn = x + B * Dm                  # xn (B, Dm)
+    cdef floating* rstd = xn + B * Dm               # rstd (B,)
+    cdef floating* ms = rstd + B                    # the mixer's scratch, B * (6 D + P + R)
+    cdef floating* out = ms + B * (6 * D + P + R)   # out (B, Dm)
+    cdef const void** w
+    cdef idx_t i, b, j
+    cdef int half = m.half
     # 0. embedding lookup
     for b in range(B):
         if floating is float:
@@ -131,62 +185,61 @@ cdef void recurrent_step(floating* logits, const int64_t* ids, const step_model*
                 mx_half_row_to_float(x + b * Dm, <const uint16_t*>m.embedding + ids[b] * Dm, Dm)
                 continue
         memcpy(x + b * Dm, <const floating*>m.embedding + ids[b] * Dm, Dm * sizeof(floating))
-    njobs = B * nblk
     for i in range(m.n_layers):
         w = m.w + i * NW
-        h = <floating*>m.h[i]
-        tail = <floating*>m.tail[i]
         rmsnorm_forward(xn, rstd, x, <const floating*>w[NORM], B, Dm, m.eps)            # 1
-        _linear(xz, xn, w[W_IN], <const floating*>w[B_IN], B, Dm, 2 * D, half, nt)      # 2
-        for j in prange(njobs, schedule='static', num_threads=nts):  # 3-4
-            b = j // nblk
-            d0 = (j % nblk) * CHANNEL_BLOCK
-            nd = min(<idx_t>CHANNEL_BLOCK, D - d0)
-            if floating is float:
-                mx_conv_step_f(u + b * D + d0, tail + (b * D + d0) * (K - 1),
-                               xz + b * 2 * D + d0, <const float*>w[W_CONV] + d0 * K,
-                               <const float*>w[B_CONV] + d0, nd, K)
-                mx_silu_forward_f(u + b * D + d0, u + b * D + d0, nd)
-            else:
-                mx_conv_step_d(u + b * D + d0, tail + (b * D + d0) * (K - 1),
-                               xz + b * 2 * D + d0, <const double*>w[W_CONV] + d0 * K,
-                               <const double*>w[B_CONV] + d0, nd, K)
-                mx_silu_forward_d(u + b * D + d0, u + b * D + d0, nd)
-        _linear(xproj, u, w[W_X], <const floating*>w[B_X], B, D, P, half, nt)          # 5
-        for b in range(B):
-            for c in range(R):
-                dtl[b * R + c] = xproj[b * P + c]
-        _linear(delta, dtl, w[W_DT], <const floating*>w[B_DT], B, R, D, half, nt)      # 6
-        if floating is float:
-            mx_softplus_forward_f(delta, B * D)
-        else:
-            mx_softplus_forward_d(delta, B * D)
-        for j in prange(njobs, schedule='static', num_threads=nts):  # 7-10
-            b = j // nblk
-            d0 = (j % nblk) * CHANNEL_BLOCK
-            nd = min(<idx_t>CHANNEL_BLOCK, D - d0)
-            if floating is float:
-                mx_scan_step_f(y + b * D + d0, h + (b * D + d0) * N, u + b * D + d0,
-                               delta + b * D + d0, <const float*>w[A_] + d0 * N,
-                               <const float*>w[A_INV] + d0 * N, xproj + b * P + R,
-                               xproj + b * P + R + N, <const float*>w[D_VEC] + d0, nd, N,
-                               m.zoh)
-            else:
-                mx_scan_step_d(y + b * D + d0, h + (b * D + d0) * N, u + b * D + d0,
-                               delta + b * D + d0, <const double*>w[A_] + d0 * N,
-                               <const double*>w[A_INV] + d0 * N, xproj + b * P + R,
-                               xproj + b * P + R + N, <const double*>w[D_VEC] + d0, nd, N,
-                               m.zoh)
-        for b in range(B):                                                              # 11
-            if floating is float:
-                mx_gate_forward_f(gated + b * D, y + b * D, xz + b * 2 * D + D, D)
-            else:
-                mx_gate_forward_d(gated + b * D, y + b * D, xz + b * 2 * D + D, D)
-        _linear(out, gated, w[W_OUT], <const floating*>w[B_OUT], B, D, Dm, half, nt)    # 12
+        mixer_step(out, xn, w, <floating*>m.h[i], <floating*>m.tail[i], ms, B, Dm, D, N,
+                   m.K, R, m.zoh, half, m.n_threads)                                     # 2-12
         for j in range(B * Dm):
             x[j] += out[j]
     rmsnorm_forward(xn, rstd, x, <const floating*>m.final_norm, B, Dm, m.eps)
-    _linear(logits, xn, m.embedding, <const floating*>m.lm_head_bias, B, Dm, m.V, half, nt)
+    _linear(logits, xn, m.embedding, <const floating*>m.lm_head_bias, B, Dm, m.V, half, m.n_threads)
+
+
+def mixer_step_arrays(out, xn, tuple layer, h, tail, bint zoh, int n_threads=0):
+    """One token through one layer's mixer (no norm, no residual): out (B, Dm) written
+    from xn (B, Dm); ``layer`` the NW arrays in LAYER_ARRAYS order (normWeight unused);
+    h (B, D, N) and tail (B, D, K-1) updated in place. float32 or float64, C-contiguous,
+    one dtype (no float16 weights here). Used by mamba_ext.torch for transformers' decode."""
+    cdef idx_t B, Dm, D, N, K, R
+    cdef const void* w[NW]
+    cdef void* p[5]
+    cdef int k, nt
+    cdef bint single
+    arrays = (out, xn, h, tail) + layer
+    if len(layer) != NW:
+        raise ValueError(f"layer: expected {NW} arrays (LAYER_ARRAYS), got {len(layer)}")
+    for a in arrays:
+        if not isinstance(a, np.ndarray) or a.dtype != out.dtype or not a.flags.c_contiguous:
+            raise ValueError("mixer_step_arrays: every array C-contiguous of one dtype")
+    if out.dtype != np.float32 and out.dtype != np.float64:
+        raise TypeError(f"mixer_step_arrays: expected float32 or float64, got {out.dtype}")
+    if out.ndim != 2 or xn.ndim != 2 or h.ndim != 3 or tail.ndim != 3:
+        raise ValueError("mixer_step_arrays: out, xn (B, Dm); h (B, D, N); tail (B, D, K-1)")
+    B, Dm, D, N, K = xn.shape[0], xn.shape[1], h.shape[1], h.shape[2], tail.shape[2] + 1
+    R = layer[W_DT].shape[1]
+    want = {W_IN: (2 * D, Dm), B_IN: (2 * D,), W_CONV: (D, K), B_CONV: (D,), W_X: (R + 2 * N, D),
+            B_X: (R + 2 * N,), W_DT: (D, R), B_DT: (D,), A_: (D, N), A_INV: (D, N), D_VEC: (D,),
+            W_OUT: (Dm, D), B_OUT: (Dm,)}
+    for k, shape in want.items():
+        if layer[k].shape != shape:
+            raise ValueError(f"layer[{LAYER_ARRAYS[k]}]: expected shape {shape}, got {layer[k].shape}")
+    if out.shape != (B, Dm) or h.shape[0] != B or tail.shape[:2] != (B, D):
+        raise ValueError("mixer_step_arrays: out (B, Dm), h (B, D, N), tail (B, D, K-1)")
+    for k in range(NW):
+        w[k] = _ptr(layer[k])
+    s = np.empty(B * (6 * D + R + 2 * N + R), out.dtype)
+    for k, a in enumerate((out, xn, h, tail, s)):
+        p[k] = _ptr(a)
+    nt = mx_threads(n_threads)
+    single = out.dtype == np.float32
+    with nogil:
+        if single:
+            mixer_step(<float*>p[0], <const float*>p[1], w, <float*>p[2], <float*>p[3],
+                       <float*>p[4], B, Dm, D, N, K, R, zoh, 0, nt)
+        else:
+            mixer_step(<double*>p[0], <const double*>p[1], w, <double*>p[2], <double*>p[3],
+                       <double*>p[4], B, Dm, D, N, K, R, zoh, 0, nt)
 
 
 cdef int _argmax_rows(int64_t* out, idx_t ld, const floating* logits, idx_t B,

@@ -17,6 +17,7 @@ import types
 
 import torch
 
+from mamba_ext.cpu.recurrent import mixer_step_arrays
 from mamba_ext.torch import functions as _f
 
 __all__ = ["use_in_transformers", "restore"]
@@ -43,6 +44,65 @@ def _A(mixer):
     return kept[1]
 
 
+def _decode_layer(mixer):
+    """The mixer's weights as mamba_ext.cpu.recurrent's LAYER_ARRAYS (NumPy views of the
+    parameters where the layout is the same; the conv taps reversed to lag order, zeros for
+    absent biases, A = -exp(A_log) in float32 as transformers computes it, 1/A), kept while
+    no parameter changes; None when a parameter is not C-contiguous float32/float64 of
+    one dtype."""
+    m = mixer
+    params = [p for p in (m.in_proj.weight, m.in_proj.bias, m.conv1d.weight, m.conv1d.bias,
+                          m.x_proj.weight, m.x_proj.bias, m.dt_proj.weight, m.dt_proj.bias,
+                          m.A_log, m.D, m.out_proj.weight, m.out_proj.bias) if p is not None]
+    key = tuple([(id(p), p.data_ptr(), p._version) for p in params])
+    kept = mixer.__dict__.get("_mamba_ext_layer")
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    dt = mixer.in_proj.weight.dtype
+    if dt not in (torch.float32, torch.float64) or any(p.dtype != dt for p in params):
+        return None
+
+    def a(t):
+        return t.detach().contiguous().numpy()
+
+    D, Dm = mixer.intermediate_size, mixer.hidden_size
+    P = mixer.time_step_rank + 2 * mixer.ssm_state_size
+    zeros = lambda n: torch.zeros(n, dtype=dt).numpy()    # noqa: E731
+    bias = lambda lin, n: a(lin.bias) if lin.bias is not None else zeros(n)    # noqa: E731
+    A = (-torch.exp(mixer.A_log.detach().float())).to(dt)
+    layer = (a(mixer.in_proj.weight), bias(mixer.in_proj, 2 * D), a(mixer.conv1d.weight[:, 0].flip(-1)),
+             a(mixer.conv1d.bias) if mixer.use_conv_bias else zeros(D), a(mixer.x_proj.weight),
+             bias(mixer.x_proj, P), a(mixer.dt_proj.weight), bias(mixer.dt_proj, D), a(A), a(1 / A),
+             a(mixer.D), a(mixer.out_proj.weight), bias(mixer.out_proj, Dm), zeros(Dm))
+    mixer.__dict__["_mamba_ext_layer"] = (key, layer, params)   # params: kept alive with their ids
+    return layer
+
+
+def _decode_step(mixer, hidden_states, conv_state, recurrent_state):
+    """One generated token through the mixer as one compiled call (mamba_ext.cpu.recurrent's
+    per-layer step: in_proj, conv step, x_proj, dt_proj, scan step, gate, out_proj), when
+    autograd is off and the states are C-contiguous of the weights' dtype; else None (the
+    caller takes the general path). conv_state (B, D, K) and recurrent_state (B, D, N) are
+    advanced in place as transformers' own step advances them."""
+    if torch.is_grad_enabled() or mixer.conv_kernel_size < 2:
+        return None
+    layer = _decode_layer(mixer)
+    if layer is None:
+        return None
+    dt = mixer.in_proj.weight.dtype
+    if (recurrent_state.dtype != dt or conv_state.dtype != dt or not recurrent_state.is_contiguous()
+            or not conv_state.is_contiguous() or hidden_states.dtype != dt):
+        return None
+    xn = hidden_states[:, 0].contiguous()                                 # (B, Dm)
+    out = torch.empty_like(xn)
+    tail = conv_state[:, :, 1:].contiguous()                              # (B, D, K-1), oldest first
+    mixer_step_arrays(out.numpy(), xn.numpy(), layer, recurrent_state.numpy(), tail.numpy(),
+                      False, torch.get_num_threads())
+    conv_state[:, :, 0] = conv_state[:, :, 1]        # the K inputs kept: s1 .. s_{K-1}, x
+    conv_state[:, :, 1:] = tail
+    return out[:, None]
+
+
 def _mixer_forward(self, hidden_states, cache=None, attention_mask=None, cache_params=None,
                    **kwargs):
     """MambaMixer.forward (transformers 5.x) on mamba_ext's kernels: hidden_states
@@ -55,9 +115,14 @@ def _mixer_forward(self, hidden_states, cache=None, attention_mask=None, cache_p
         conv_state = cache.get_conv_state(self.layer_idx, state_idx=0)
         recurrent_state = cache.get_recurrent_state(self.layer_idx, state_idx=0)
     hidden_states = _mask(hidden_states, attention_mask)
+    act = self.activation if self.activation in ("silu", "swish") else None
+    if (conv_state is not None and recurrent_state is not None and seq_len == 1
+            and act is not None and not cache.is_recording_past(self.layer_idx)):
+        out = _decode_step(self, hidden_states, conv_state, recurrent_state)
+        if out is not None:
+            return out
     xz = self.in_proj(hidden_states).transpose(1, 2)                      # (B, 2D, L)
     A = _A(self)
-    act = self.activation if self.activation in ("silu", "swish") else None
     fused = (self.training and cache is None and act is not None
              and (attention_mask is None or bool(attention_mask.all())))
     if fused:
@@ -135,5 +200,6 @@ def restore(model):
     for m in _mixers(model):
         m.__dict__.pop("forward", None)
         m.__dict__.pop("_mamba_ext_A", None)
+        m.__dict__.pop("_mamba_ext_layer", None)
     model.__dict__.pop("_mamba_ext_patched", None)
     return model

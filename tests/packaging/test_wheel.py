@@ -46,6 +46,10 @@ def expected_wheel_files():
               "mamba_ext/__init__.py"}
     for mod in compiled_module_names():
         files |= {f"mamba_ext/{mod.replace('.', '/')}.pyi"}
+    # every Python module of the source tree (a subpackage missing from setup.py's
+    # packages would be left out of the wheel and of a plain `pip install .`)
+    files |= {f"mamba_ext/{p.relative_to(REPO / 'mamba_ext').as_posix()}"
+              for p in (REPO / "mamba_ext").rglob("*.py")}
     return files
 
 

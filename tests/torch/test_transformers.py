@@ -31,6 +31,14 @@ def _pair(cfg, dtype, seed=0):
     return ref, use_in_transformers(copy.deepcopy(ref))
 
 
+def _rel_finite(a, b):
+    """_rel over the finite entries (min_new_tokens sets the EOS score to -inf), which
+    must be the same in both."""
+    keep = torch.isfinite(b)
+    assert torch.equal(keep, torch.isfinite(a))
+    return _rel(a[keep], b[keep])
+
+
 def _rel(a, b):
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
 
@@ -68,11 +76,41 @@ def test_training_step_matches_the_torch_path(cfg, dtype):
 def test_greedy_generate_gives_the_same_tokens():
     ref, ours = _pair(CONFIGS[0], torch.float32, seed=2)
     prompt = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        a = ref.eval().generate(prompt, max_new_tokens=20, min_new_tokens=20, do_sample=False)
-        b = ours.eval().generate(prompt, max_new_tokens=20, min_new_tokens=20, do_sample=False)
-        assert torch.equal(a, b)
+    kw = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False, return_dict_in_generate=True,
+              output_scores=True)
+    with torch.no_grad():      # the decode steps run as one compiled call per mixer (hf._decode_step)
+        a = ref.eval().generate(prompt, **kw)
+        b = ours.eval().generate(prompt, **kw)
+        assert torch.equal(a.sequences, b.sequences)
+        for sa, sb in zip(a.scores, b.scores):          # the logits of every step
+            assert _rel_finite(sb, sa) <= 1e-5
         assert _rel(ours(prompt).logits, ref(prompt).logits) <= 1e-5     # eval forward, no cache
+
+
+def test_decode_step_advances_the_cache_like_transformers():
+    """One compiled mixer step per token (float64 weights): the conv and recurrent states
+    after prefill + steps equal transformers' own."""
+    ref, ours = _pair(CONFIGS[1], torch.float64, seed=6)
+    prompt = torch.randint(0, 37, (2, 5), generator=torch.Generator().manual_seed(7))
+    kw = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, return_dict_in_generate=True,
+              output_scores=True)
+    with torch.no_grad():
+        a = ref.eval().generate(prompt, **kw)
+        b = ours.eval().generate(prompt, **kw)
+    assert torch.equal(a.sequences, b.sequences)
+    for sa, sb in zip(a.scores, b.scores):
+        assert _rel_finite(sb, sa) <= 1e-6
+    assert "_mamba_ext_layer" in vars(ours.backbone.layers[0].mixer)     # the compiled step ran
+    with torch.no_grad():              # changed weights (in place, or a new Parameter) are seen
+        for m in (ref, ours):
+            m.backbone.layers[0].mixer.out_proj.weight.mul_(1.5)
+            m.backbone.layers[0].mixer.in_proj.weight = torch.nn.Parameter(
+                m.backbone.layers[0].mixer.in_proj.weight * 0.5)
+        a = ref.generate(prompt, **kw)
+        b = ours.generate(prompt, **kw)
+    assert torch.equal(a.sequences, b.sequences)
+    for sa, sb in zip(a.scores, b.scores):
+        assert _rel_finite(sb, sa) <= 1e-6
 
 
 def test_padding_mask_takes_transformers_masked_path():
