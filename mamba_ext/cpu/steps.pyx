@@ -151,26 +151,43 @@ def linear_backward(dx, dweight, dbias, dout, x, weight):
 
 # ------------------------------------------------------------------ conv1d
 
-def conv1d_forward(floating[:, :, ::1] conv not None, const floating[:, :, ::1] xc not None,
+cdef idx_t _row_ld(str name, object a, idx_t L) except -1:
+    # a (B, L, D) array whose rows are evenly spaced and whose channels are contiguous
+    # (e.g. the x columns of a (B, L, 2D) array): the distance of its rows, in values
+    cdef Py_ssize_t item = a.itemsize
+    st = a.strides
+    if a.shape[2] > 1 and st[2] != item:
+        raise ValueError(f"{name}: expected contiguous channels (last stride {item} bytes), "
+                         f"got strides {st}")
+    if st[1] % item or (L > 1 and st[1] < a.shape[2] * item) or st[1] < 0:
+        raise ValueError(f"{name}: expected rows of D values, evenly spaced, got strides {st}")
+    if a.shape[0] > 1 and st[0] != L * st[1]:
+        raise ValueError(f"{name}: expected the sequences' rows to follow each other, got strides {st}")
+    return max(st[1] // item, a.shape[2])
+
+
+def conv1d_forward(floating[:, :, ::1] conv not None, const floating[:, :, :] xc not None,
                    const floating[:, ::1] weight not None, const floating[::1] bias not None):
     """conv (B, L, D) = bias (D,) + sum_k weight (D, K)[:, k] * xc (B, L, D)[t-k]: written
-    (causal, zero history before t = 0)."""
+    (causal, zero history before t = 0). xc may be a view with evenly spaced rows (e.g. the
+    first D columns of a (B, L, 2D) array): no copy."""
     cdef idx_t B = xc.shape[0], L = xc.shape[1], D = xc.shape[2], K = weight.shape[1]
     _same("conv", _shape(conv, 3), (B, L, D))
     _same("weight", _shape(weight, 2), (D, K))
     _same("bias", _shape(bias, 1), (D,))
     if B * L * D == 0:
         return
+    cdef idx_t ld = _row_ld("xc", xc, L)
     with nogil:
-        k_conv1d_forward(&conv[0, 0, 0], &xc[0, 0, 0], D, &weight[0, 0] if K > 0 else NULL,
+        k_conv1d_forward(&conv[0, 0, 0], &xc[0, 0, 0], ld, &weight[0, 0] if K > 0 else NULL,
                          &bias[0], B, L, D, K, 0)
 
 
 def conv1d_backward(floating[:, :, ::1] dxc not None, floating[:, ::1] dweight not None,
                     floating[::1] dbias not None, const floating[:, :, ::1] dconv not None,
-                    const floating[:, :, ::1] xc not None, const floating[:, ::1] weight not None):
+                    const floating[:, :, :] xc not None, const floating[:, ::1] weight not None):
     """dxc (B, L, D) +=, dweight (D, K) +=, dbias (D,) += the VJP of conv1d_forward given
-    dconv (B, L, D)."""
+    dconv (B, L, D); xc as in conv1d_forward (evenly spaced rows)."""
     cdef idx_t B = xc.shape[0], L = xc.shape[1], D = xc.shape[2], K = weight.shape[1]
     for name, a in (("dxc", dxc), ("dconv", dconv)):
         _same(name, _shape(a, 3), (B, L, D))
@@ -179,9 +196,10 @@ def conv1d_backward(floating[:, :, ::1] dxc not None, floating[:, ::1] dweight n
     _same("dbias", _shape(dbias, 1), (D,))
     if B * L * D == 0:
         return
+    cdef idx_t ld = _row_ld("xc", xc, L)
     with nogil:
         k_conv1d_backward(&dxc[0, 0, 0], D, &dweight[0, 0] if K > 0 else NULL, &dbias[0],
-                          &dconv[0, 0, 0], &xc[0, 0, 0], D, &weight[0, 0] if K > 0 else NULL,
+                          &dconv[0, 0, 0], &xc[0, 0, 0], ld, &weight[0, 0] if K > 0 else NULL,
                           B, L, D, K, 0)
 
 

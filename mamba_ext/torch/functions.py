@@ -16,8 +16,9 @@ NumPy views of the tensors' memory (no copy), run with the GIL released and with
 gate, the D skip is in the kernel, the projections of ``mamba_inner_fn``) is plain torch, so
 autograd differentiates it and torch's own GEMMs run the projections. The kernels read
 (B, L, D) rows with channels contiguous; a (B, D, L) tensor that is a transposed view of such
-rows (as ``in_proj(x).transpose(1, 2)`` is) passes without a copy, a contiguous (B, D, L)
-tensor is transposed once. ``selective_state_update`` is the scan of one step from a given
+rows (as ``in_proj(x).transpose(1, 2)`` is) passes without a copy (the convolution also
+reads the x half of xz in place, its rows 2D apart), a contiguous (B, D, L) tensor is
+transposed once. ``selective_state_update`` is the scan of one step from a given
 state, ``causal_conv1d_update`` the convolution over the kept window plus the new steps.
 """
 from __future__ import annotations
@@ -154,7 +155,8 @@ def _conv_forward(x, w, bias):
 class _Conv(torch.autograd.Function):
     """out (B, L, D) = bias + sum_k w[:, k] * x[t - k]: the causal depthwise convolution of
     x (B, L, D) with taps w (D, K) in lag order (w[:, 0] multiplies the current step) and
-    bias (D,); zero history before t = 0. All C-contiguous, one dtype."""
+    bias (D,); zero history before t = 0. One dtype; w, bias C-contiguous, x with evenly
+    spaced rows of contiguous channels (a view of xz's x half is read in place)."""
 
     @staticmethod
     def forward(ctx, x, w, bias):
@@ -402,7 +404,11 @@ def _conv(xs, weight, bias, ct):
     """(B, D, L) -> (B, D, L): our kernel on the (B, L, D) rows (taps flipped to lag order)."""
     Dn = xs.shape[1]
     b = torch.zeros(Dn, dtype=ct) if bias is None else bias.to(ct)
-    args = (_rows(xs, ct), weight.to(ct).flip(-1).contiguous(), b.contiguous())
+    rows = xs.transpose(1, 2).to(ct)                 # (B, L, D): a view of xz's x columns
+    if not (rows.stride(2) == 1 and rows.stride(1) >= rows.shape[2]
+            and rows.stride(0) == rows.shape[1] * rows.stride(1)):
+        rows = rows.contiguous()                     # the kernel reads evenly spaced rows
+    args = (rows, weight.to(ct).flip(-1).contiguous(), b.contiguous())
     out = _Conv.apply(*args) if _grad(*args) else _conv_forward(*args)
     return out.transpose(1, 2)
 

@@ -47,3 +47,27 @@ def test_bad_arguments_are_named(rng):
     with pytest.raises(ValueError, match="dconv"):
         steps.conv1d_backward(np.zeros_like(xc), np.zeros_like(w), np.zeros_like(b),
                               conv[:, :-1].copy(), xc, w)
+
+
+def test_conv1d_reads_evenly_spaced_rows_in_place():
+    """xc may be the x columns of a (B, L, 2D) array (mamba_ext.torch passes xz's x half
+    without a copy): the same results as its contiguous copy; other layouts are refused."""
+    from mamba_ext.cpu import steps
+    rng = np.random.default_rng(5)
+    B, L, D, K = 2, 9, 5, 4
+    xz = rng.standard_normal((B, L, 2 * D))
+    w, b, dconv = rng.standard_normal((D, K)), rng.standard_normal(D), rng.standard_normal((B, L, D))
+    outs = []
+    for xc in (xz[:, :, :D], np.ascontiguousarray(xz[:, :, :D])):
+        conv = np.empty((B, L, D))
+        steps.conv1d_forward(conv, xc, w, b)
+        g = [np.zeros((B, L, D)), np.zeros((D, K)), np.zeros(D)]
+        steps.conv1d_backward(*g, dconv, xc, w)
+        outs.append([conv] + g)
+    for a, c in zip(*outs):
+        assert np.array_equal(a, c)
+    with pytest.raises(ValueError, match="contiguous channels"):
+        steps.conv1d_forward(np.empty((B, L, D)), xz[:, :, ::2], w, b)
+    with pytest.raises(ValueError, match="follow each other"):
+        steps.conv1d_forward(np.empty((B, L, D)), np.ascontiguousarray(xz.transpose(1, 0, 2))
+                             .transpose(1, 0, 2)[:, :, :D], w, b)
