@@ -138,6 +138,9 @@ def test_causal_conv1d_fn_and_update_match_torch_conv1d():
     assert torch.equal(state, x[:, :, -4:])
     ts = [t.clone().requires_grad_() for t in (x, w, b, init)]
     assert gradcheck(lambda x, w, b, i: causal_conv1d_fn(x, w, b, initial_states=i, activation="silu"), ts)
+    st = torch.randn(2, 5, 4, generator=g, dtype=f64)
+    ts = [t.clone().requires_grad_() for t in (x[:, :, :2], st, w, b)]
+    assert gradcheck(lambda x, st, w, b: causal_conv1d_update(x, st.clone(), w, b, activation="silu"), ts)
 
 
 def test_mamba_inner_fn_equals_its_composition_and_gradchecks():
