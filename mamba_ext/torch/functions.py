@@ -266,6 +266,15 @@ def mamba_inner_fn(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_wei
     B, C: None (from x_proj, plus B_proj_bias / C_proj_bias) or as in selective_scan_fn;
     D, delta_bias (D,). Returns (B, L, Dm).
     """
+    return mamba_inner_with_state(xz, conv1d_weight, conv1d_bias, x_proj_weight,
+                                  delta_proj_weight, out_proj_weight, out_proj_bias, A, B, C, D,
+                                  delta_bias, B_proj_bias, C_proj_bias, delta_softplus, False)
+
+
+def mamba_inner_with_state(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight,
+                           out_proj_weight, out_proj_bias, A, B, C, D, delta_bias, B_proj_bias,
+                           C_proj_bias, delta_softplus, return_last_state):
+    """mamba_inner_fn, and with return_last_state also the scan's last state (B, D, N)."""
     xz = _check_tensor("xz", xz, (3,))
     A = _check_tensor("A", A, (2,))
     Bn, D2, L = xz.shape
@@ -304,9 +313,11 @@ def mamba_inner_fn(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_wei
             C = C + C_proj_bias.to(C.dtype)
         C = C.transpose(1, 2)
     y = selective_scan_fn(x, delta, A, B, C, D, z=z, delta_bias=delta_bias,
-                          delta_softplus=delta_softplus)
+                          delta_softplus=delta_softplus, return_last_state=return_last_state)
+    y, last = y if return_last_state else (y, None)
     bias = None if out_proj_bias is None else out_proj_bias.to(y.dtype)
-    return F.linear(y.transpose(1, 2), opw.to(y.dtype), bias)
+    out = F.linear(y.transpose(1, 2), opw.to(y.dtype), bias)
+    return (out, last) if return_last_state else out
 
 
 def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False):

@@ -11,7 +11,12 @@ import math
 import torch
 from torch import nn
 
-from mamba_ext.torch.functions import causal_conv1d_update, mamba_inner_fn, selective_state_update
+from mamba_ext.torch.functions import (
+    mamba_inner_with_state,
+    causal_conv1d_update,
+    mamba_inner_fn,
+    selective_state_update,
+)
 
 __all__ = ["Mamba"]
 
@@ -88,22 +93,18 @@ class Mamba(nn.Module):
                                   A, None, None, self.D.float(), delta_bias=self.dt_proj.bias.float(),
                                   delta_softplus=True)
         # prefill: the same maths, keeping the last K inputs of the conv and the last state
-        from mamba_ext.torch.functions import causal_conv1d_fn, selective_scan_fn
-        x, z = xz.chunk(2, dim=1)
         K = self.d_conv
+        x = xz[:, :self.d_inner]
         with torch.no_grad():
             conv_state.copy_(nn.functional.pad(x, (K - x.shape[2], 0)) if x.shape[2] < K
                              else x[:, :, -K:])
-        x = causal_conv1d_fn(x, self.conv1d.weight[:, 0], self.conv1d.bias, activation="silu")
-        dt, B, C = torch.split(self.x_proj(x.transpose(1, 2)), [self.dt_rank, self.d_state, self.d_state],
-                               dim=-1)
-        dt = (dt @ self.dt_proj.weight.t()).transpose(1, 2)
-        y, last = selective_scan_fn(x, dt, A, B.transpose(1, 2), C.transpose(1, 2), self.D.float(),
-                                    z=z, delta_bias=self.dt_proj.bias.float(), delta_softplus=True,
-                                    return_last_state=True)
+        out, last = mamba_inner_with_state(
+            xz, self.conv1d.weight, self.conv1d.bias, self.x_proj.weight, self.dt_proj.weight,
+            self.out_proj.weight, self.out_proj.bias, A, None, None, self.D.float(),
+            self.dt_proj.bias.float(), None, None, True, True)
         with torch.no_grad():
             ssm_state.copy_(last)
-        return self.out_proj(y.transpose(1, 2))
+        return out
 
     def step(self, hidden_states, conv_state, ssm_state):
         """One token: hidden_states (B, 1, Dm); conv_state (B, D, K) and ssm_state (B, D, N)
