@@ -45,9 +45,9 @@ cdef extern from "csrc/mx_threads.h" nogil:
 
 cdef extern from "csrc/mx_recurrent.h" nogil:
     void mx_conv_step_f(float* conv, float* tail, const float* xc, const float* weight,
-                        const float* bias, idx_t D, idx_t K) noexcept
+                        const float* bias, idx_t D, idx_t K, idx_t S) noexcept
     void mx_conv_step_d(double* conv, double* tail, const double* xc, const double* weight,
-                        const double* bias, idx_t D, idx_t K) noexcept
+                        const double* bias, idx_t D, idx_t K, idx_t S) noexcept
     void mx_scan_step_f(float* y, float* h, const float* u, const float* delta,
                         const float* A, const float* A_inv, const float* Bs, const float* Cs,
                         const float* D_vec, idx_t D, idx_t N, int zoh) noexcept
@@ -103,10 +103,11 @@ cdef void _linear(floating* out, const floating* x, const void* w, const floatin
 
 cdef void mixer_step(floating* out, const floating* xn, const void** w, floating* h,
                      floating* tail, floating* s, idx_t B, idx_t Dm, idx_t D, idx_t N,
-                     idx_t K, idx_t R, int zoh, int half, int nt) noexcept nogil:
+                     idx_t K, idx_t S, idx_t R, int zoh, int half, int nt) noexcept nogil:
     # One token through one layer's mixer (steps 2-12, without the norm before it and the
     # residual after it): out (B, Dm) written from xn (B, Dm); w the layer's NW pointers
-    # (LAYER_ARRAYS order); h (B, D, N) and tail (B, D, K-1) updated in place.
+    # (LAYER_ARRAYS order); h (B, D, N) and tail (B, D, S), the last S >= K-1 conv inputs
+    # (S = K-1 in Stepper; transformers' conv state keeps S = K), updated in place.
     # s: scratch of B * (6 D + P + R) values: xz (B, 2D), u (B, D), xproj (B, P),
     # dt_low (B, R), delta, y, gated (B, D).
     cdef idx_t P = R + 2 * N
@@ -127,14 +128,14 @@ cdef void mixer_step(floating* out, const floating* xn, const void** w, floating
         d0 = (j % nblk) * CHANNEL_BLOCK
         nd = min(<idx_t>CHANNEL_BLOCK, D - d0)
         if floating is float:
-            mx_conv_step_f(u + b * D + d0, tail + (b * D + d0) * (K - 1),
+            mx_conv_step_f(u + b * D + d0, tail + (b * D + d0) * S,
                            xz + b * 2 * D + d0, <const float*>w[W_CONV] + d0 * K,
-                           <const float*>w[B_CONV] + d0, nd, K)
+                           <const float*>w[B_CONV] + d0, nd, K, S)
             mx_silu_forward_f(u + b * D + d0, u + b * D + d0, nd)
         else:
-            mx_conv_step_d(u + b * D + d0, tail + (b * D + d0) * (K - 1),
+            mx_conv_step_d(u + b * D + d0, tail + (b * D + d0) * S,
                            xz + b * 2 * D + d0, <const double*>w[W_CONV] + d0 * K,
-                           <const double*>w[B_CONV] + d0, nd, K)
+                           <const double*>w[B_CONV] + d0, nd, K, S)
             mx_silu_forward_d(u + b * D + d0, u + b * D + d0, nd)
     _linear(xproj, u, w[W_X], <const floating*>w[B_X], B, D, P, half, nt)          # 5
     for b in range(B):
@@ -189,7 +190,7 @@ cdef void recurrent_step(floating* logits, const int64_t* ids, const step_model*
         w = m.w + i * NW
         rmsnorm_forward(xn, rstd, x, <const floating*>w[NORM], B, Dm, m.eps)            # 1
         mixer_step(out, xn, w, <floating*>m.h[i], <floating*>m.tail[i], ms, B, Dm, D, N,
-                   m.K, R, m.zoh, half, m.n_threads)                                     # 2-12
+                   m.K, m.K - 1, R, m.zoh, half, m.n_threads)                                     # 2-12
         for j in range(B * Dm):
             x[j] += out[j]
     rmsnorm_forward(xn, rstd, x, <const floating*>m.final_norm, B, Dm, m.eps)
@@ -199,9 +200,10 @@ cdef void recurrent_step(floating* logits, const int64_t* ids, const step_model*
 def mixer_step_arrays(out, xn, tuple layer, h, tail, bint zoh, int n_threads=0):
     """One token through one layer's mixer (no norm, no residual): out (B, Dm) written
     from xn (B, Dm); ``layer`` the NW arrays in LAYER_ARRAYS order (normWeight unused);
-    h (B, D, N) and tail (B, D, K-1) updated in place. float32 or float64, C-contiguous,
+    h (B, D, N) and tail (B, D, S), the last S >= K-1 conv inputs oldest first (K from
+    wConv), updated in place. float32 or float64, C-contiguous,
     one dtype (no float16 weights here). Used by mamba_ext.torch for transformers' decode."""
-    cdef idx_t B, Dm, D, N, K, R
+    cdef idx_t B, Dm, D, N, K, S, R
     cdef const void* w[NW]
     cdef void* p[5]
     cdef int k, nt
@@ -215,9 +217,12 @@ def mixer_step_arrays(out, xn, tuple layer, h, tail, bint zoh, int n_threads=0):
     if out.dtype != np.float32 and out.dtype != np.float64:
         raise TypeError(f"mixer_step_arrays: expected float32 or float64, got {out.dtype}")
     if out.ndim != 2 or xn.ndim != 2 or h.ndim != 3 or tail.ndim != 3:
-        raise ValueError("mixer_step_arrays: out, xn (B, Dm); h (B, D, N); tail (B, D, K-1)")
-    B, Dm, D, N, K = xn.shape[0], xn.shape[1], h.shape[1], h.shape[2], tail.shape[2] + 1
-    R = layer[W_DT].shape[1]
+        raise ValueError("mixer_step_arrays: out, xn (B, Dm); h (B, D, N); tail (B, D, S)")
+    B, Dm, D, N, S = xn.shape[0], xn.shape[1], h.shape[1], h.shape[2], tail.shape[2]
+    R, K = layer[W_DT].shape[1], layer[W_CONV].shape[1] if layer[W_CONV].ndim == 2 else 0
+    if K < 1 or S < K - 1:
+        raise ValueError(f"mixer_step_arrays: wConv (D, K >= 1) and tail (B, D, S >= K-1), "
+                         f"got K {K}, S {S}")
     want = {W_IN: (2 * D, Dm), B_IN: (2 * D,), W_CONV: (D, K), B_CONV: (D,), W_X: (R + 2 * N, D),
             B_X: (R + 2 * N,), W_DT: (D, R), B_DT: (D,), A_: (D, N), A_INV: (D, N), D_VEC: (D,),
             W_OUT: (Dm, D), B_OUT: (Dm,)}
@@ -225,7 +230,7 @@ def mixer_step_arrays(out, xn, tuple layer, h, tail, bint zoh, int n_threads=0):
         if layer[k].shape != shape:
             raise ValueError(f"layer[{LAYER_ARRAYS[k]}]: expected shape {shape}, got {layer[k].shape}")
     if out.shape != (B, Dm) or h.shape[0] != B or tail.shape[:2] != (B, D):
-        raise ValueError("mixer_step_arrays: out (B, Dm), h (B, D, N), tail (B, D, K-1)")
+        raise ValueError("mixer_step_arrays: out (B, Dm), h (B, D, N), tail (B, D, S)")
     for k in range(NW):
         w[k] = _ptr(layer[k])
     s = np.empty(B * (6 * D + R + 2 * N + R), out.dtype)
@@ -236,10 +241,10 @@ def mixer_step_arrays(out, xn, tuple layer, h, tail, bint zoh, int n_threads=0):
     with nogil:
         if single:
             mixer_step(<float*>p[0], <const float*>p[1], w, <float*>p[2], <float*>p[3],
-                       <float*>p[4], B, Dm, D, N, K, R, zoh, 0, nt)
+                       <float*>p[4], B, Dm, D, N, K, S, R, zoh, 0, nt)
         else:
             mixer_step(<double*>p[0], <const double*>p[1], w, <double*>p[2], <double*>p[3],
-                       <double*>p[4], B, Dm, D, N, K, R, zoh, 0, nt)
+                       <double*>p[4], B, Dm, D, N, K, S, R, zoh, 0, nt)
 
 
 cdef int _argmax_rows(int64_t* out, idx_t ld, const floating* logits, idx_t B,

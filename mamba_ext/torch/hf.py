@@ -95,11 +95,9 @@ def _decode_step(mixer, hidden_states, conv_state, recurrent_state):
         return None
     xn = hidden_states[:, 0].contiguous()                                 # (B, Dm)
     out = torch.empty_like(xn)
-    tail = conv_state[:, :, 1:].contiguous()                              # (B, D, K-1), oldest first
-    mixer_step_arrays(out.numpy(), xn.numpy(), layer, recurrent_state.numpy(), tail.numpy(),
+    # conv_state (B, D, K), the last K inputs oldest first, is the step's tail as it is
+    mixer_step_arrays(out.numpy(), xn.numpy(), layer, recurrent_state.numpy(), conv_state.numpy(),
                       False, torch.get_num_threads())
-    conv_state[:, :, 0] = conv_state[:, :, 1]        # the K inputs kept: s1 .. s_{K-1}, x
-    conv_state[:, :, 1:] = tail
     return out[:, None]
 
 

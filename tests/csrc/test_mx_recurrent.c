@@ -91,8 +91,8 @@ int main(void) {
                     Bs[n] = (float)(Bsd[n] = (float)(mx_test_uniform() - 0.5));
                     Cs[n] = (float)(Csd[n] = (float)(mx_test_uniform() - 0.5));
                 }
-                mx_conv_step_f(conv, tail, xc, wc, bc, D, k);
-                mx_conv_step_d(convd, taild, xcd, wcd, bcd, D, k);
+                mx_conv_step_f(conv, tail, xc, wc, bc, D, k, k - 1);
+                mx_conv_step_d(convd, taild, xcd, wcd, bcd, D, k, k - 1);
                 for (d = 0; d < D; d++) {
                     double want = bcd[d] + wcd[d * k] * xcd[d];
                     for (i = 1; i < k; i++) want += wcd[d * k + i] * tail0[d * (k - 1) + k - 1 - i];

@@ -34,19 +34,20 @@
 #define MX_SIMD_SUM_IF_0(v)
 
 #define MX_RECURRENT_KERNELS(T, SFX, EXPM1, SIMD)                                            \
-/* conv (D,) = causal conv of one step; tail (D, K-1) shifted in place; xc, bias (D,),  \
+/* conv (D,) = causal conv of one step; tail (D, S): the last S >= K-1 inputs, oldest   \
+   first, shifted in place (S = K-1 here; transformers keeps S = K); xc, bias (D,),      \
    weight (D, K). conv may not alias the others. */                                     \
 MX_KERNEL void mx_conv_step_##SFX(T* MX_RESTRICT conv, T* MX_RESTRICT tail,            \
         const T* MX_RESTRICT xc, const T* MX_RESTRICT weight, const T* MX_RESTRICT bias, \
-        ptrdiff_t D, ptrdiff_t K)                                                        \
+        ptrdiff_t D, ptrdiff_t K, ptrdiff_t S)                                           \
 {                                                                                        \
     for (ptrdiff_t d = 0; d < D; d++) {                                                  \
         const T* w = weight + d * K;                                                     \
-        T* tl = tail + d * (K - 1);                                                      \
+        T* tl = tail + d * S;                                                            \
         T acc = bias[d] + w[0] * xc[d];                                                  \
-        for (ptrdiff_t k = 1; k < K; k++) acc += w[k] * tl[K - 1 - k];                   \
-        for (ptrdiff_t j = 0; j + 1 < K - 1; j++) tl[j] = tl[j + 1];                     \
-        if (K > 1) tl[K - 2] = xc[d];                                                    \
+        for (ptrdiff_t k = 1; k < K; k++) acc += w[k] * tl[S - k];                       \
+        for (ptrdiff_t j = 0; j + 1 < S; j++) tl[j] = tl[j + 1];                         \
+        if (S > 0) tl[S - 1] = xc[d];                                                    \
         conv[d] = acc;                                                                   \
     }                                                                                    \
 }                                                                                        \
