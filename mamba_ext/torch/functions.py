@@ -95,8 +95,10 @@ def _scan_forward(u, delta, A, Bs, Cs, Dv, h0, h_last=None):
                                 _np(A), _np(Dv), "euler",
                                 h0=_np(h0) if h0 is not None else None, h_last=_np(h_last),
                                 n_threads=_threads(), a_given=True)
-        except ValueError:      # the kernel found an A that is not negative
-            _bad_A(A)
+        except ValueError as e:
+            if "a_given" in str(e):     # the kernel found an A that is not negative
+                _bad_A(A)
+            raise
     return y, h_last, hstate
 
 
