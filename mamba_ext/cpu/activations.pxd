@@ -7,6 +7,7 @@
 #   silu_backward:    du (n,) *= silu'(conv (n,))           (du becomes dconv)
 #   softplus_backward: ddelta (n,) *= -expm1(-delta (n,))    (ddelta becomes ddelta_pre)
 #   exp_shift:        x (n,) = exp(x - shift) in place        (the cross-entropy's softmax)
+#   add:              out (n,) += a (n,)                      (no overlap)
 cdef extern from "csrc/mx_activations.h" nogil:
     void mx_silu_forward_f(float* out, const float* conv, Py_ssize_t n) noexcept
     void mx_silu_forward_d(double* out, const double* conv, Py_ssize_t n) noexcept
@@ -24,3 +25,5 @@ cdef extern from "csrc/mx_activations.h" nogil:
     void mx_softplus_backward_d(double* ddelta, const double* delta, Py_ssize_t n) noexcept
     void mx_exp_shift_f(float* x, float shift, Py_ssize_t n) noexcept
     void mx_exp_shift_d(double* x, double shift, Py_ssize_t n) noexcept
+    void mx_add_f(float* out, const float* a, Py_ssize_t n) noexcept
+    void mx_add_d(double* out, const double* a, Py_ssize_t n) noexcept

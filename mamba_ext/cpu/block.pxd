@@ -35,6 +35,15 @@ ctypedef struct mamba_dims:
     double eps          # RMSNorm epsilon (DEFAULT_EPS = 1e-6 in the golden semantics)
     int discretization  # 0: exact ZOH (default); 1: Euler, b_bar = delta*Bs
 
+cdef enum:                 # flat_op's operations
+    FLAT_ZERO = 0          # out = 0 (a unused)
+    FLAT_COPY = 1          # out = a
+    FLAT_ADD = 2           # out += a
+
+# out (n,) = 0, = a or += a (a (n,) must not overlap out), split among up to nt threads
+# (nt <= 0: OpenMP's default); the results do not depend on nt.
+cdef void flat_op(int op, floating* out, const floating* a, idx_t n, int nt) noexcept nogil
+
 # Number of `floating` elements of the forward cache for these sizes.
 cdef idx_t block_cache_len(const mamba_dims* d) noexcept nogil
 

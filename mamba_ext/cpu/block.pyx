@@ -47,7 +47,8 @@ from mamba_ext.cpu cimport constants
 from mamba_ext.cpu.activations cimport (
     mx_silu_forward_f, mx_silu_forward_d, mx_softplus_forward_f, mx_softplus_forward_d,
     mx_gate_forward_f, mx_gate_forward_d, mx_gate_backward_f, mx_gate_backward_d,
-    mx_silu_backward_f, mx_silu_backward_d, mx_softplus_backward_f, mx_softplus_backward_d)
+    mx_silu_backward_f, mx_silu_backward_d, mx_softplus_backward_f, mx_softplus_backward_d,
+    mx_add_f, mx_add_d)
 from mamba_ext.cpu.linear cimport linear_forward, linear_backward
 from mamba_ext.cpu.rmsnorm cimport rmsnorm_forward, rmsnorm_backward
 from mamba_ext.cpu.conv1d cimport conv1d_forward, conv1d_backward
@@ -78,6 +79,8 @@ cdef enum:
     HASH_BLOCK = 1 << 20
     # elements of an elementwise step per thread (mx_team): 2^15 take ~5-10 us on one core
     MIN_ELEMENTS_PER_THREAD = 1 << 15
+    # values per piece of flat_op (a multiple of 16: pieces start on 64-byte boundaries)
+    FLAT_PIECE = 1 << 14
 
 # bytes of backward scratch per window (window_rows); tests lower it (_set_window_bytes)
 cdef size_t window_bytes = 256 << 20
@@ -161,11 +164,30 @@ cdef void gate_backward(floating* dy, floating* dz, idx_t ldz, const floating* d
             mx_gate_backward_d(dy + r * D, dz + r * ldz, dg + r * D, y + r * D, z + r * ldz, D)
 
 
+cdef void flat_op(int op, floating* out, const floating* a, idx_t n, int nt) noexcept nogil:
+    # out (n,) = 0 (op FLAT_ZERO), = a (FLAT_COPY) or += a (FLAT_ADD), in parallel pieces:
+    # the zeroing, copies and residual adds between the block's steps, which one thread
+    # alone would do while the others wait
+    cdef idx_t c, lo, npiece = (n + FLAT_PIECE - 1) // FLAT_PIECE
+    nt = mx_team(nt, n, 4 * MIN_ELEMENTS_PER_THREAD, npiece)
+    for c in prange(npiece, schedule='static', num_threads=nt):
+        lo = c * FLAT_PIECE
+        if op == FLAT_ZERO:
+            memset(out + lo, 0, min(<idx_t>FLAT_PIECE, n - lo) * sizeof(floating))
+        elif op == FLAT_COPY:
+            memcpy(out + lo, a + lo, min(<idx_t>FLAT_PIECE, n - lo) * sizeof(floating))
+        elif floating is float:
+            mx_add_f(out + lo, a + lo, min(<idx_t>FLAT_PIECE, n - lo))
+        else:
+            mx_add_d(out + lo, a + lo, min(<idx_t>FLAT_PIECE, n - lo))
+
+
 cdef void copy_cols(floating* dst, const floating* src, idx_t M, idx_t ncol,
-                    idx_t ld_src) noexcept nogil:
+                    idx_t ld_src, int nt) noexcept nogil:
     # dst (M, ncol) = src[:, 0:ncol] of rows ld_src apart
     cdef idx_t r
-    for r in range(M):
+    nt = mx_team(nt, M * ncol, MIN_ELEMENTS_PER_THREAD, M)
+    for r in prange(M, schedule='static', num_threads=nt):
         memcpy(dst + r * ncol, src + r * ld_src, ncol * sizeof(floating))
 
 
@@ -255,8 +277,8 @@ cdef int forward_window(floating* out, floating* cache, const cache_layout* w,
     u = xn + M * Dm
     dt_low = u + M * D
 
-    memcpy(cache + cl.x, x, M * Dm * sizeof(floating))
-    rmsnorm_forward(xn, cache + cl.rstd, x, params[P_normWeight], M, Dm, d.eps)
+    flat_op(FLAT_COPY, cache + cl.x, x, M * Dm, nt)
+    rmsnorm_forward(xn, cache + cl.rstd, x, params[P_normWeight], M, Dm, d.eps, nt)
     linear_forward(xz, xn, params[P_wInProj], params[P_bInProj], M, Dm, 2 * D, nt)
     conv1d_forward(u, xz, 2 * D, params[P_wConv], params[P_bConv], B, L, D, K, nt)
     if conv_state != NULL:
@@ -265,7 +287,7 @@ cdef int forward_window(floating* out, floating* cache, const cache_layout* w,
         conv_tail_io(conv_tail, xz, <floating*>conv_state, B, L, D, K, False)
     rows_elementwise(0, u, u, D, <floating*>NULL, M, D, nt)          # u = silu(conv) in place
     linear_forward(xproj, u, params[P_wXProj], params[P_bXProj], M, D, P, nt)
-    copy_cols(dt_low, xproj, M, R, P)
+    copy_cols(dt_low, xproj, M, R, P, nt)
     linear_forward(delta, dt_low, params[P_wDtProj], params[P_bDtProj], M, R, D, nt)
     rows_elementwise(1, delta, delta, D, <floating*>NULL, M, D, nt)  # delta_pre -> delta
     # Bs, Cs: columns R .. R+N-1 and R+N .. R+2N-1 of xproj (rows P apart)
@@ -275,8 +297,7 @@ cdef int forward_window(floating* out, floating* cache, const cache_layout* w,
     if rc == 0:
         rows_elementwise(2, u, xz + D, 2 * D, cache + cl.y, M, D, nt)  # gated = y * silu(z), into u
         linear_forward(out, u, params[P_wOutProj], params[P_bOutProj], M, D, Dm, nt)
-        for i in range(M * Dm):
-            out[i] += x[i]
+        flat_op(FLAT_ADD, out, x, M * Dm, nt)                       # the residual
     return rc
 
 
@@ -298,8 +319,8 @@ cdef int backward_window(floating* dx, floating** grads,
                          const mamba_dims* d, int n_threads) noexcept nogil:
     # block_backward_state over one window (see forward_window)
     cdef idx_t B = d.B, L = d.L, Dm = d.Dm, D = d.D, N = d.N, K = d.K, R = d.R
-    cdef idx_t M = B * L, P = R + 2 * N, r, i, j
-    cdef int nt = mx_threads(n_threads), rc
+    cdef idx_t M = B * L, P = R + 2 * N, r, j
+    cdef int nt = mx_threads(n_threads), nt_rows, rc
     cdef cache_layout cl = w[0]
     cdef const floating* x = cache + cl.x
     cdef const floating* rstd = cache + cl.rstd
@@ -328,8 +349,8 @@ cdef int backward_window(floating* dx, floating** grads,
     buf = <floating*>mx_workspace(M * (7 * D + P + 2 * R + 2 * Dm) * sizeof(floating))
     if buf == NULL:
         return -1
-    memset(buf + M * D, 0, M * (6 * D + P + 2 * R) * sizeof(floating))
-    memset(buf + M * (7 * D + P + 2 * R + Dm), 0, M * Dm * sizeof(floating))
+    flat_op(FLAT_ZERO, buf + M * D, NULL, M * (6 * D + P + 2 * R), nt)
+    flat_op(FLAT_ZERO, buf + M * (7 * D + P + 2 * R + Dm), NULL, M * Dm, nt)
     s1 = buf
     s2 = s1 + M * D
     s3 = s2 + M * D
@@ -343,8 +364,7 @@ cdef int backward_window(floating* dx, floating** grads,
     dxn = xn + M * Dm
 
     # residual and out_proj: s1 = gated (M, D), s2 = dgated
-    for i in range(M * Dm):
-        dx[i] += dout[i]
+    flat_op(FLAT_ADD, dx, dout, M * Dm, nt)
     rows_elementwise(2, s1, xz + D, 2 * D, yb, M, D, nt)
     linear_backward(s2, grads[P_wOutProj], grads[P_bOutProj], dout, s1,
                     params[P_wOutProj], M, D, Dm, nt)
@@ -364,29 +384,31 @@ cdef int backward_window(floating* dx, floating** grads,
     # softplus: ddelta_pre = ddelta * sigmoid(delta_pre), in place
     rows_elementwise(4, ddelta, delta, D, <floating*>NULL, M, D, nt)
     # dt_proj on the dt_low columns of xproj
-    copy_cols(dt_low, xproj, M, R, P)
+    copy_cols(dt_low, xproj, M, R, P, nt)
     linear_backward(ddt_low, grads[P_wDtProj], grads[P_bDtProj], ddelta, dt_low,
                     params[P_wDtProj], M, R, D, nt)
-    for r in range(M):
+    nt_rows = mx_team(nt, M * (R + Dm), MIN_ELEMENTS_PER_THREAD, M)
+    for r in prange(M, schedule='static', num_threads=nt_rows):
         for j in range(R):
             dxproj[r * P + j] += ddt_low[r * R + j]
     # x_proj, then silu: dconv = du * silu'(conv), in place
     linear_backward(du, grads[P_wXProj], grads[P_bXProj], dxproj, s3, params[P_wXProj], M, D, P,
                     nt)
     rows_elementwise(3, du, s2, D, <floating*>NULL, M, D, nt)
-    conv1d_backward(dxz, 2 * D, grads[P_wConv], grads[P_bConv], du, xz, 2 * D,
-                    params[P_wConv], B, L, D, K, nt)
+    if conv1d_backward(dxz, 2 * D, grads[P_wConv], grads[P_bConv], du, xz, 2 * D,
+                       params[P_wConv], B, L, D, K, nt) != 0:
+        return -1
     conv_history_backward(dconv_state, grads[P_wConv], du, params[P_wConv], conv_state,
                           B, L, D, K)
     if dconv_tail != NULL:
         conv_tail_io(<floating*>dconv_tail, dxz, dconv_state, B, L, D, K, True)
     # in_proj on xn = x * rstd * normWeight (recomputed), then RMSNorm
-    for r in range(M):
+    for r in prange(M, schedule='static', num_threads=nt_rows):
         for j in range(Dm):
             xn[r * Dm + j] = x[r * Dm + j] * rstd[r] * normW[j]
     linear_backward(dxn, grads[P_wInProj], grads[P_bInProj], dxz, xn, params[P_wInProj],
                     M, Dm, 2 * D, nt)
-    rmsnorm_backward(dx, grads[P_normWeight], dxn, x, normW, rstd, M, Dm)
+    rmsnorm_backward(dx, grads[P_normWeight], dxn, x, normW, rstd, M, Dm, nt)
     return 0
 
 

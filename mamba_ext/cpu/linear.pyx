@@ -9,9 +9,16 @@ threads, every thread calling a single-threaded BLAS on its own slice of the out
 pool is held at one thread for the duration (csrc/mx_blas.h) and restored afterwards.
 So the core has one team of threads whose idle members spin only briefly between
 regions, instead of two teams taking the cores from each other, and ``n_threads`` bounds
-the BLAS too. A slice never splits the reduction dimension: every output element is one
-BLAS dot product over its whole sum, the same for any thread count (bitwise), and the
-bias gradient sums each column over the rows in order.
+the BLAS too. A slice never splits the reduction dimension, and the bias gradient sums
+each column over the rows in order.
+
+Bitwise results for any thread count: slices split only BLAS's n dimension, at multiples
+of SPLIT_N (the rows of the batch; the output columns of dW). OpenBLAS computes a column
+of C the same way whatever n is, once slices start at multiples of its kernel's n-unroll
+(12 for the Haswell kernels that also serve AMD Zen, 16 for SkylakeX); a split of m
+changes the bits except at its own blocking boundaries, which depend on the shape. The
+exception is a forward of 2 .. 2*SPLIT_N - 1 rows (small-batch generation), where the
+output columns (BLAS's m) are split for speed; one row (gemv) stays bitwise.
 
 BLAS is column-major: a row-major (rows, cols) buffer is the column-major
 (cols, rows) matrix with leading dimension cols. So the row-major product
@@ -24,7 +31,9 @@ fit; see ``_validate.check_count``).
 """
 from cython.parallel cimport prange
 from scipy.linalg.cython_blas cimport sgemm, dgemm, sgemv, dgemv
+from libc.string cimport memcpy
 from mamba_ext.cpu.types cimport floating, idx_t
+from mamba_ext.cpu.activations cimport mx_add_f, mx_add_d
 
 cdef extern from "limits.h":
     const int INT_MAX
@@ -42,12 +51,10 @@ cdef enum:
     # multiply-adds per thread below which another thread costs more than it saves (a
     # region's wake-up is microseconds; 2^17 multiply-adds take ~5 us on one core)
     MIN_WORK_PER_THREAD = 1 << 17
-    # slice boundaries along BLAS's m and n dimensions: multiples of the register tiles
-    # of the BLAS kernels (16-32 rows of m, 4-16 columns of n for OpenBLAS), so that every
-    # element is computed by the same tile kernel whatever the thread count, as without a
-    # split; OpenBLAS's edge kernels on m sum in another order (measured: not bitwise)
+    # slice boundaries along BLAS's m and n dimensions (module docstring): n at multiples
+    # of every kernel n-unroll of OpenBLAS (4, 8, 12, 16, 24); m for few rows only
     SPLIT_M = 64
-    SPLIT_N = 16
+    SPLIT_N = 48
 
 
 # The thread-count controls of SciPy's BLAS, found once among the libraries that
@@ -106,8 +113,7 @@ cdef void forward_rows(floating* out, const floating* x, const floating* weight,
     cdef floating beta = 0, one = 1
     if bias != NULL:
         for r in range(r0, r1):
-            for o in range(OC):
-                out[r * OC + o] = bias[o]
+            memcpy(out + r * OC, bias, OC * sizeof(floating))
         beta = 1
     if IC == 0:
         if bias == NULL:
@@ -134,8 +140,7 @@ cdef void forward_cols(floating* out, const floating* x, const floating* weight,
         return
     if bias != NULL:
         for r in range(M):
-            for o in range(o0, o1):
-                out[r * OC + o] = bias[o]
+            memcpy(out + r * OC + o0, bias + o0, n * sizeof(floating))
         beta = 1
     if IC == 0:
         if bias == NULL:
@@ -173,9 +178,10 @@ cdef void linear_forward(floating* out, const floating* x, const floating* weigh
                          const floating* bias, idx_t M, idx_t IC, idx_t OC,
                          int n_threads) noexcept nogil:
     # out (M, OC) = x (M, IC) @ weight (OC, IC)^T + bias (OC,); slices of rows, or of
-    # columns when there are fewer rows than columns (then M * max(IC, OC) fits an int)
+    # columns when the rows are fewer than the columns and 2*SPLIT_N (then
+    # M * max(IC, OC) fits an int)
     cdef int nt, t
-    cdef bint by_rows = M >= OC or M * max(IC, OC) >= <idx_t>INT_MAX
+    cdef bint by_rows = M >= min(OC, <idx_t>(2 * SPLIT_N)) or M * max(IC, OC) >= <idx_t>INT_MAX
     nt = team_size(M * max(IC, <idx_t>1) * OC, M if by_rows else OC, n_threads)
     mx_blas_single_begin()
     for t in prange(nt, schedule='static', num_threads=nt):
@@ -186,47 +192,36 @@ cdef void linear_forward(floating* out, const floating* x, const floating* weigh
 cdef void backward_slice(floating* dx, floating* dweight, floating* dbias,
                          const floating* dout, const floating* x, const floating* weight,
                          idx_t M, idx_t IC, idx_t OC, int nt, int t) noexcept nogil:
-    # thread t of nt: dx rows (or columns of IC when M is small), dweight rows of OC
-    # (or columns of IC when IC > OC), dbias columns: see linear_backward
+    # thread t of nt: dx rows, dweight rows of OC, dbias columns (BLAS's n only: the
+    # module docstring); see linear_backward
     cdef idx_t r, o, r0, mb, lo, hi, step = row_block(max(IC, OC))
     cdef floating one = 1
     if IC > 0 and dx != NULL:
-        if M >= IC or M * max(IC, OC) >= <idx_t>INT_MAX:
-            part(M, nt, t, SPLIT_N, &lo, &hi)
-            r0 = lo
-            while r0 < hi:
-                mb = min(step, hi - r0)
-                # dx^T (IC, mb) += W^T(col-major (IC, OC)) . dout^T (OC, mb)
-                gemm(c'N', c'N', IC, mb, OC, one, weight, IC, dout + r0 * OC, OC,
-                     one, dx + r0 * IC, IC)
-                r0 += mb
-        else:
-            part(IC, nt, t, SPLIT_M, &lo, &hi)
-            # dx^T[lo:hi] (cols, M) += W^T[lo:hi] (cols, OC) . dout^T (OC, M)
-            gemm(c'N', c'N', hi - lo, M, OC, one, weight + lo, IC, dout, OC,
-                 one, dx + lo, IC)
+        part(M, nt, t, SPLIT_N, &lo, &hi)
+        r0 = lo
+        while r0 < hi:
+            mb = min(step, hi - r0)
+            # dx^T (IC, mb) += W^T(col-major (IC, OC)) . dout^T (OC, mb)
+            gemm(c'N', c'N', IC, mb, OC, one, weight, IC, dout + r0 * OC, OC,
+                 one, dx + r0 * IC, IC)
+            r0 += mb
     if IC > 0 and dweight != NULL:
-        if OC >= IC:
-            part(OC, nt, t, SPLIT_N, &lo, &hi)
-        else:
-            part(IC, nt, t, SPLIT_M, &lo, &hi)
+        part(OC, nt, t, SPLIT_N, &lo, &hi)
         r0 = 0
         while r0 < M and hi > lo:
             mb = min(step, M - r0)
-            if OC >= IC:
-                # dW^T[:, lo:hi] (IC, cols) += x^T (IC, mb) . dout[:, lo:hi] (mb, cols)
-                gemm(c'N', c'T', IC, hi - lo, mb, one, x + r0 * IC, IC, dout + r0 * OC + lo,
-                     OC, one, dweight + lo * IC, IC)
-            else:
-                # dW^T[lo:hi, :] (cols, OC) += x^T[lo:hi] (cols, mb) . dout (mb, OC)
-                gemm(c'N', c'T', hi - lo, OC, mb, one, x + r0 * IC + lo, IC, dout + r0 * OC,
-                     OC, one, dweight + lo, IC)
+            # dW^T[:, lo:hi] (IC, cols) += x^T (IC, mb) . dout[:, lo:hi] (mb, cols)
+            gemm(c'N', c'T', IC, hi - lo, mb, one, x + r0 * IC, IC, dout + r0 * OC + lo,
+                 OC, one, dweight + lo * IC, IC)
             r0 += mb
     if dbias != NULL:
         part(OC, nt, t, SPLIT_N, &lo, &hi)
-        for r in range(M):
-            for o in range(lo, hi):
-                dbias[o] += dout[r * OC + o]
+        if hi > lo:
+            for r in range(M):      # each column summed over the rows in order
+                if floating is float:
+                    mx_add_f(dbias + lo, dout + r * OC + lo, hi - lo)
+                else:
+                    mx_add_d(dbias + lo, dout + r * OC + lo, hi - lo)
 
 
 cdef void linear_backward(floating* dx, floating* dweight, floating* dbias,
@@ -235,7 +230,7 @@ cdef void linear_backward(floating* dx, floating* dweight, floating* dbias,
     # dx (M, IC) += dout (M, OC) @ weight (OC, IC); dweight (OC, IC) += dout^T @ x;
     # dbias (OC,) += column sums of dout; one region, each thread on its slices
     cdef int nt, t
-    nt = team_size(M * max(IC, <idx_t>1) * OC, max(M, max(IC, OC)), n_threads)
+    nt = team_size(M * max(IC, <idx_t>1) * OC, (max(M, OC) + SPLIT_N - 1) // SPLIT_N, n_threads)
     mx_blas_single_begin()
     for t in prange(nt, schedule='static', num_threads=nt):
         backward_slice(dx, dweight, dbias, dout, x, weight, M, IC, OC, nt, t)

@@ -26,7 +26,7 @@ bit for bit and the gradients are bit-identical. The last layer's cache is
 still in the buffer after the forward, so it is not recomputed.
 """
 from libc.stdlib cimport malloc, free
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy
 from libc.math cimport log
 from libc.stdint cimport int64_t
 from cython.parallel cimport prange
@@ -38,7 +38,8 @@ from mamba_ext.cpu.types cimport floating, idx_t
 from mamba_ext.cpu.constants cimport DEFAULT_EPS
 from mamba_ext.cpu.activations cimport mx_exp_shift_f, mx_exp_shift_d
 from mamba_ext.cpu.block cimport (mamba_dims, MAMBA_NPARAMS, block_cache_len,
-                               block_forward_state, block_backward_state)
+                               block_forward_state, block_backward_state,
+                               flat_op, FLAT_ZERO)
 from mamba_ext.cpu.linear cimport linear_forward, linear_backward
 from mamba_ext.cpu.rmsnorm cimport rmsnorm_forward, rmsnorm_backward
 
@@ -128,7 +129,8 @@ cdef int _forward_trunk(floating* hs, floating* caches, idx_t cache_stride,
                                <const floating*>_state(states, i, STATE_CONV),
                                &d.block, n_threads) != 0:
             return MODEL_ERR_NOMEM
-    rmsnorm_forward(xn, rstd, hs + d.n_layers * M * Dm, final_norm, M, Dm, d.block.eps)
+    rmsnorm_forward(xn, rstd, hs + d.n_layers * M * Dm, final_norm, M, Dm, d.block.eps,
+                    n_threads)
     linear_forward(logits, xn, embedding, lm_head_bias, M, Dm, d.V, n_threads)
     return MODEL_OK
 
@@ -267,11 +269,12 @@ cdef int model_loss_and_grads_state(double* loss,
         loss[0] = total / <double>M
 
         # head: dxn (scratch) = dlogits @ embedding; g_embedding += dlogits^T @ xn
-        memset(scratch, 0, M * Dm * sizeof(floating))
+        flat_op(FLAT_ZERO, scratch, <floating*>NULL, M * Dm, n_threads)
         linear_backward(scratch, g_embedding, g_lm_head_bias, logits, xn, embedding, M, Dm, V,
                         n_threads)
-        memset(da, 0, M * Dm * sizeof(floating))
-        rmsnorm_backward(da, g_final_norm, scratch, hs + nl * M * Dm, final_norm, rstd, M, Dm)
+        flat_op(FLAT_ZERO, da, <floating*>NULL, M * Dm, n_threads)
+        rmsnorm_backward(da, g_final_norm, scratch, hs + nl * M * Dm, final_norm, rstd, M, Dm,
+                         n_threads)
 
         i = nl - 1
         while i >= 0:
@@ -284,7 +287,7 @@ cdef int model_loss_and_grads_state(double* loss,
                                        &d.block, n_threads) != 0:
                     status = MODEL_ERR_NOMEM
                     break
-            memset(db, 0, M * Dm * sizeof(floating))
+            flat_op(FLAT_ZERO, db, <floating*>NULL, M * Dm, n_threads)
             if block_backward_state(db, g_layer_params + i * MAMBA_NPARAMS, NULL, NULL, da,
                                     NULL, NULL, caches + i * cache_stride,
                                     layer_params + i * MAMBA_NPARAMS,

@@ -188,12 +188,12 @@ cdef void recurrent_step(floating* logits, const int64_t* ids, const step_model*
         memcpy(x + b * Dm, <const floating*>m.embedding + ids[b] * Dm, Dm * sizeof(floating))
     for i in range(m.n_layers):
         w = m.w + i * NW
-        rmsnorm_forward(xn, rstd, x, <const floating*>w[NORM], B, Dm, m.eps)            # 1
+        rmsnorm_forward(xn, rstd, x, <const floating*>w[NORM], B, Dm, m.eps, m.n_threads)  # 1
         mixer_step(out, xn, w, <floating*>m.h[i], <floating*>m.tail[i], ms, B, Dm, D, N,
                    m.K, m.K - 1, R, m.zoh, half, m.n_threads)                                     # 2-12
         for j in range(B * Dm):
             x[j] += out[j]
-    rmsnorm_forward(xn, rstd, x, <const floating*>m.final_norm, B, Dm, m.eps)
+    rmsnorm_forward(xn, rstd, x, <const floating*>m.final_norm, B, Dm, m.eps, m.n_threads)
     _linear(logits, xn, m.embedding, <const floating*>m.lm_head_bias, B, Dm, m.V, half, m.n_threads)
 
 

@@ -5,45 +5,88 @@ out = x * rstd * weight with rstd = 1/sqrt(mean(x^2) + eps) per row.
 Backward, with g = dout * weight and xhat = x * rstd:
 dx = rstd * (g - xhat * mean(g * xhat)),  dweight = sum over rows of dout * xhat.
 Row sums are accumulated in double for both precisions.
+
+Threads: one region each. Rows are split among the threads (out, rstd, dx); dweight is
+split by columns, each thread summing its columns over all rows in row order, so every
+result is the same for any thread count.
 """
 from libc.math cimport sqrt
+from cython.parallel cimport prange
 from mamba_ext.cpu.types cimport floating, idx_t
+
+cdef extern from "csrc/mx_threads.h" nogil:
+    int mx_team(int n, long long work, long long min_work, long long parts) noexcept
+
+cdef enum:
+    # values per thread below which another thread costs more than it saves
+    MIN_WORK_PER_THREAD = 1 << 15
+    # dweight column slices start at multiples of this (a cache line of floats)
+    COL_ALIGN = 16
+
+
+cdef inline void forward_row(floating* out, floating* rstd, const floating* x,
+                             const floating* weight, idx_t r, idx_t Dm, double eps) noexcept nogil:
+    cdef idx_t i
+    cdef const floating* xr = x + r * Dm
+    cdef double ss = 0.0, s
+    for i in range(Dm):
+        ss += <double>xr[i] * xr[i]
+    s = 1.0 / sqrt(ss / Dm + eps) if Dm > 0 else 1.0 / sqrt(eps)
+    rstd[r] = <floating>s
+    for i in range(Dm):
+        out[r * Dm + i] = <floating>(xr[i] * s * weight[i])
 
 
 cdef void rmsnorm_forward(floating* out, floating* rstd, const floating* x,
-                          const floating* weight, idx_t M, idx_t Dm, double eps) noexcept nogil:
+                          const floating* weight, idx_t M, idx_t Dm, double eps,
+                          int n_threads) noexcept nogil:
     # out (M, Dm), rstd (M,) written; x (M, Dm), weight (Dm,) read
+    cdef idx_t r
+    cdef int nt = mx_team(n_threads, M * Dm, MIN_WORK_PER_THREAD, M)
+    for r in prange(M, schedule='static', num_threads=nt):
+        forward_row(out, rstd, x, weight, r, Dm, eps)
+
+
+cdef inline void backward_row(floating* dx, const floating* dout, const floating* x,
+                              const floating* weight, const floating* rstd, idx_t r,
+                              idx_t Dm) noexcept nogil:
+    cdef idx_t i
+    cdef const floating* xr = x + r * Dm
+    cdef const floating* gr = dout + r * Dm
+    cdef double s = rstd[r], dot = 0.0
+    for i in range(Dm):
+        dot += <double>gr[i] * weight[i] * (xr[i] * s)
+    dot = dot / Dm if Dm > 0 else 0.0
+    for i in range(Dm):
+        dx[r * Dm + i] += <floating>(s * (<double>gr[i] * weight[i] - xr[i] * s * dot))
+
+
+cdef inline void dweight_cols(floating* dweight, const floating* dout, const floating* x,
+                              const floating* rstd, idx_t M, idx_t Dm, idx_t lo,
+                              idx_t hi) noexcept nogil:
+    # dweight[lo:hi] += sum over rows, in row order, of dout * x * rstd
     cdef idx_t r, i
-    cdef double ss, s
-    cdef const floating* xr
+    cdef double s
     for r in range(M):
-        xr = x + r * Dm
-        ss = 0.0
-        for i in range(Dm):
-            ss += <double>xr[i] * xr[i]
-        s = 1.0 / sqrt(ss / Dm + eps) if Dm > 0 else 1.0 / sqrt(eps)
-        rstd[r] = <floating>s
-        for i in range(Dm):
-            out[r * Dm + i] = <floating>(xr[i] * s * weight[i])
+        s = rstd[r]
+        for i in range(lo, hi):
+            dweight[i] += <floating>(dout[r * Dm + i] * (x[r * Dm + i] * s))
 
 
 cdef void rmsnorm_backward(floating* dx, floating* dweight, const floating* dout,
                            const floating* x, const floating* weight, const floating* rstd,
-                           idx_t M, idx_t Dm) noexcept nogil:
+                           idx_t M, idx_t Dm, int n_threads) noexcept nogil:
     # dx (M, Dm) +=, dweight (Dm,) +=; dout (M, Dm), x (M, Dm), weight (Dm,), rstd (M,) read
-    cdef idx_t r, i
-    cdef double s, dot, xh
-    cdef const floating* xr
-    cdef const floating* gr
-    for r in range(M):
-        xr = x + r * Dm
-        gr = dout + r * Dm
-        s = rstd[r]
-        dot = 0.0
-        for i in range(Dm):
-            xh = xr[i] * s
-            dot += <double>gr[i] * weight[i] * xh
-            dweight[i] += <floating>(gr[i] * xh)
-        dot = dot / Dm if Dm > 0 else 0.0
-        for i in range(Dm):
-            dx[r * Dm + i] += <floating>(s * (<double>gr[i] * weight[i] - xr[i] * s * dot))
+    cdef idx_t r, t, q, lo, hi
+    cdef int nt = mx_team(n_threads, M * Dm, MIN_WORK_PER_THREAD, M)
+    # thread t's dweight columns: [t*q, (t+1)*q) (dweight reads no dx: no barrier needed)
+    q = ((Dm + nt - 1) // nt + COL_ALIGN - 1) // COL_ALIGN * COL_ALIGN
+    for t in prange(nt, schedule='static', num_threads=nt):
+        lo = t * M // nt
+        hi = (t + 1) * M // nt
+        for r in range(lo, hi):
+            backward_row(dx, dout, x, weight, rstd, r, Dm)
+        lo = min(Dm, t * q)
+        hi = min(Dm, lo + q)
+        if hi > lo:
+            dweight_cols(dweight, dout, x, rstd, M, Dm, lo, hi)

@@ -75,7 +75,7 @@ def rmsnorm_forward(floating[:, ::1] out not None, floating[::1] rstd not None,
         return
     with nogil:
         k_rmsnorm_forward(&out[0, 0], &rstd[0], &x[0, 0], &weight[0] if Dm > 0 else NULL,
-                          M, Dm, eps)
+                          M, Dm, eps, 0)
 
 
 def rmsnorm_backward(floating[:, ::1] dx not None, floating[::1] dweight not None,
@@ -93,7 +93,7 @@ def rmsnorm_backward(floating[:, ::1] dx not None, floating[::1] dweight not Non
         return
     with nogil:
         k_rmsnorm_backward(&dx[0, 0], &dweight[0], &dout[0, 0], &x[0, 0], &weight[0], &rstd[0],
-                           M, Dm)
+                           M, Dm, 0)
 
 
 # ------------------------------------------------------------------ linear
@@ -197,10 +197,13 @@ def conv1d_backward(floating[:, :, ::1] dxc not None, floating[:, ::1] dweight n
     if B * L * D == 0:
         return
     cdef idx_t ld = _row_ld("xc", xc, L)
+    cdef int rc
     with nogil:
-        k_conv1d_backward(&dxc[0, 0, 0], D, &dweight[0, 0] if K > 0 else NULL, &dbias[0],
-                          &dconv[0, 0, 0], &xc[0, 0, 0], ld, &weight[0, 0] if K > 0 else NULL,
-                          B, L, D, K, 0)
+        rc = k_conv1d_backward(&dxc[0, 0, 0], D, &dweight[0, 0] if K > 0 else NULL, &dbias[0],
+                               &dconv[0, 0, 0], &xc[0, 0, 0], ld,
+                               &weight[0, 0] if K > 0 else NULL, B, L, D, K, 0)
+    if rc != 0:
+        raise MemoryError("conv1d_backward: out of memory for the gradient partial sums")
 
 
 # ------------------------------------------------------------------ scan

@@ -1,30 +1,41 @@
 /* test_mx_conv1d.c - the conv1d jobs of mx_conv1d.h against the plain formula (double).
  *
- * B = 2, L = 11, D = 70 channels (a full job of CB = 64 and a partial one of 6), K = 11 taps
- * (two passes: KB = 8 and 3), xc rows ld_xc = 2D apart (the xc half of xz):
+ * B = 2, L = 11, D = 260 channels (a full job of CB = 256 and a partial one of 4), K = 11
+ * taps (two passes: KB = 8 and 3), row blocks of RB = 5 rows (blocks that span the end of
+ * a sequence, and a last partial one), xc rows ld_xc = 2D apart (the xc half of xz):
  *   forward: conv[b,t,d] = bias[d] + sum_{k<=t} w[d,k] xc[b,t-k,d], to 1e-14;
- *   backward: dxc, dweight, dbias against the transposed formula, to 1e-14.
+ *   backward: dxc, and dweight, dbias through the partial sums and mx_conv1d_reduce,
+ *   against the transposed formula, to 1e-14.
  */
 #include <stdlib.h>
 #include "mx_conv1d.h"
 #include "mx_test.h"
 
-enum { B = 2, L = 11, D = 70, K = 11, LDX = 2 * D };
+enum { B = 2, L = 11, D = 260, K = 11, LDX = 2 * D, M = B * L, RB = 5,
+       NBLK = (M + RB - 1) / RB };
 
 static void run_jobs(int backward, double* conv, double* dxc, double* dw, double* db,
                      const double* dconv, const double* xc, const double* w,
                      const double* bias) {
-    ptrdiff_t d0, k0;
-    for (d0 = 0; d0 < D; d0 += MX_CONV_CB)
-        for (k0 = 0; k0 < K; k0 += MX_CONV_KB) {
-            int n = (int)(D - d0 < MX_CONV_CB ? D - d0 : MX_CONV_CB);
-            int kn = (int)(K - k0 < MX_CONV_KB ? K - k0 : MX_CONV_KB);
-            if (backward)
-                mx_conv1d_backward_d(dxc, LDX, dw, db, dconv, xc, LDX, w, B, L, D, K, d0, n,
-                                     k0, kn);
-            else
-                mx_conv1d_forward_d(conv, xc, LDX, w, bias, B, L, D, K, d0, n, k0, kn);
-        }
+    static double dw_part[NBLK * K * D], db_part[NBLK * D];
+    ptrdiff_t r0, d0, k0;
+    for (r0 = 0; r0 < M; r0 += RB)
+        for (d0 = 0; d0 < D; d0 += MX_CONV_CB)
+            for (k0 = 0; k0 < K; k0 += MX_CONV_KB) {
+                int n = (int)(D - d0 < MX_CONV_CB ? D - d0 : MX_CONV_CB);
+                int kn = (int)(K - k0 < MX_CONV_KB ? K - k0 : MX_CONV_KB);
+                ptrdiff_t r1 = r0 + RB < M ? r0 + RB : M, blk = r0 / RB;
+                if (backward)
+                    mx_conv1d_backward_d(dxc, LDX, dw_part + blk * K * D, db_part + blk * D,
+                                         dconv, xc, LDX, w, L, D, K, r0, r1, d0, n, k0, kn);
+                else
+                    mx_conv1d_forward_d(conv, xc, LDX, w, bias, L, D, K, r0, r1, d0, n, k0,
+                                        kn);
+            }
+    if (backward)
+        for (d0 = 0; d0 < D; d0 += MX_CONV_CB)
+            mx_conv1d_reduce_d(dw, db, dw_part, db_part, NBLK, D, K, d0,
+                               (int)(D - d0 < MX_CONV_CB ? D - d0 : MX_CONV_CB));
 }
 
 int main(void) {

@@ -67,6 +67,11 @@ MX_KERNEL void mx_softplus_backward_##SFX(T* MX_RESTRICT ddelta,                
 MX_KERNEL void mx_exp_shift_##SFX(T* MX_RESTRICT x, T shift, ptrdiff_t n) {             \
     MX_SIMD_IF(SIMD)                                                                     \
     for (ptrdiff_t i = 0; i < n; i++) x[i] = EXP(x[i] - shift);                          \
+}                                                                                        \
+/* out (n,) += a (n,) (residuals, bias-gradient rows); out and a do not overlap */       \
+MX_KERNEL void mx_add_##SFX(T* MX_RESTRICT out, const T* MX_RESTRICT a, ptrdiff_t n) {   \
+    MX_OMP_SIMD                                                                          \
+    for (ptrdiff_t i = 0; i < n; i++) out[i] += a[i];                                    \
 }
 
 /* SIMD 1 for float: the inline branch-free helpers vectorise (`omp simd`); 0 for double:

@@ -1,16 +1,23 @@
 /* mx_conv1d.h - depthwise causal conv1d jobs, float (_f) and double (_d).
  *
- * Size letters: B batch, L seqLen, D channels (dInner), K taps (dConv),
- * CB = MX_CONV_CB channels per job, KB = MX_CONV_KB taps per pass.
+ * Size letters: B batch, L seqLen, D channels (dInner), K taps (dConv), M = B*L rows,
+ * CB = MX_CONV_CB channels per job, KB = MX_CONV_KB taps per pass, RB rows per job.
  * conv[b,t,d] = bias[d] + sum_{k<K, t-k>=0} weight[d,k] * xc[b,t-k,d]
  * (tap k = 0 multiplies the current step; zero history before t = 0).
  *
- * A plain loop nest (weights read K apart, outputs possibly aliasing inputs for the
- * compiler) ran at ~1 GFLOP/s, ~3% of size c. So one job owns CB channels (its conv /
- * dxc / dweight / dbias entries: no reduction between jobs) and transposes its taps
- * into a (KB, CB) stack tile, so every inner loop is a contiguous, vectorised pass
- * over the job's channels. The driver (mamba_ext/cpu/conv1d.pyx) runs jobs in
- * parallel and further passes for taps beyond KB.
+ * A job is a block of rows [r0, r1) (of the flattened B*L rows; a block may span
+ * sequences, t is tracked per row) times a block of at most CB channels, with its taps
+ * transposed into a (KB, CB) stack tile, so that every inner loop is a contiguous,
+ * vectorised pass over the job's channels and each row's slice is a contiguous run of
+ * memory. Each vector of V = MX_CONV_V channels is summed over the taps (or the rows)
+ * in registers and stored once: a store per tap, followed by loads from rows a multiple
+ * of 4 KiB away, stalls on false store-to-load dependencies (4K aliasing).
+ *
+ * Summation order, the same for any job split: conv and dxc add their taps in the
+ * order k = 0, 1, ..; the weight and bias gradients are summed per row block (partial
+ * sums, `dw_part` / `db_part`) and the blocks are then added in order by
+ * mx_conv1d_reduce; the driver (mamba_ext/cpu/conv1d.pyx) fixes the row blocks from
+ * M alone, so the results do not depend on the thread count.
  */
 #ifndef MX_CONV1D_H
 #define MX_CONV1D_H
@@ -18,74 +25,137 @@
 #include <stddef.h>
 #include "mx_compat.h"
 
-#define MX_CONV_CB 64   /* channels per job */
+#define MX_CONV_CB 256  /* channels per job */
 #define MX_CONV_KB 8    /* taps per pass */
+#define MX_CONV_V 16    /* channels summed in registers at a time (one AVX-512 float vector) */
 
-/* One job: channels [d0, d0+n) (n <= CB), taps [k0, k0+kn) (kn <= KB), all B*L rows.
-   conv, dconv (B*L, D); xc (B*L rows, ld_xc apart), dxc (B*L rows, ld_dxc apart);
-   weight, dweight (D, K); bias, dbias (D,).
+/* One job: rows [r0, r1), channels [d0, d0+n) (n <= CB), taps [k0, k0+kn) (kn <= KB).
+   conv, dconv (M, D); xc (M rows, ld_xc apart), dxc (M rows, ld_dxc apart);
+   weight (D, K); bias (D,); dw_part (K, D) and db_part (D,): this row block's partial
+   sums, written (not added to).
    Forward: conv = (k0 == 0 ? bias : conv) + sum_k weight[., k] * xc[t-k].
-   Backward: dxc[t-k] += dconv[t] weight[., k]; dweight[., k] += sum_t dconv[t] xc[t-k];
-   dbias += sum_t dconv[t] (when k0 == 0). Buffers written must not overlap those read. */
+   Backward: dxc[t] += sum_k dconv[t+k] weight[., k] (t+k in the same sequence);
+   dw_part[k] = sum_t dconv[t] xc[t-k]; db_part = sum_t dconv[t] (when k0 == 0).
+   Buffers written must not overlap those read. */
 #define MX_CONV1D_KERNELS(T, SFX)                                                       \
 MX_KERNEL void mx_conv1d_forward_##SFX(T* MX_RESTRICT conv, const T* MX_RESTRICT xc,   \
         ptrdiff_t ld_xc, const T* MX_RESTRICT weight, const T* MX_RESTRICT bias,        \
-        ptrdiff_t B, ptrdiff_t L, ptrdiff_t D, ptrdiff_t K,                             \
+        ptrdiff_t L, ptrdiff_t D, ptrdiff_t K, ptrdiff_t r0, ptrdiff_t r1,              \
         ptrdiff_t d0, int n, ptrdiff_t k0, int kn)                                      \
 {                                                                                       \
     T wt[MX_CONV_KB][MX_CONV_CB];                                                       \
+    ptrdiff_t r, t = r0 % L;                                                            \
     for (int kk = 0; kk < kn; kk++)                                                     \
         for (int j = 0; j < n; j++) wt[kk][j] = weight[(d0 + j) * K + k0 + kk];         \
-    for (ptrdiff_t b = 0; b < B; b++)                                                   \
-        for (ptrdiff_t t = 0; t < L; t++) {                                             \
-            ptrdiff_t r = b * L + t;                                                    \
-            T* MX_RESTRICT o = conv + r * D + d0;                                       \
-            if (k0 == 0) {                                                              \
+    for (r = r0; r < r1; r++, t = t + 1 == L ? 0 : t + 1) {                             \
+        T* MX_RESTRICT o = conv + r * D + d0;                                           \
+        const T* MX_RESTRICT src = xc + (r - k0) * ld_xc + d0;                          \
+        int nk = t - k0 + 1 < kn ? (int)(t - k0 + 1) : kn;  /* taps inside the sequence */\
+        int j0 = 0;                                                                     \
+        for (; j0 + MX_CONV_V <= n; j0 += MX_CONV_V) {                                  \
+            T acc[MX_CONV_V];                                                           \
+            T* MX_RESTRICT oj = o + j0;                                                 \
+            const T* MX_RESTRICT init = k0 == 0 ? bias + d0 + j0 : oj;                  \
+            MX_OMP_SIMD                                                                 \
+            for (int j = 0; j < MX_CONV_V; j++) acc[j] = init[j];                       \
+            for (int kk = 0; kk < nk; kk++) {                                           \
+                const T* MX_RESTRICT s_ = src - kk * ld_xc + j0;                        \
+                const T* MX_RESTRICT w = wt[kk] + j0;                                   \
                 MX_OMP_SIMD                                                             \
-                for (int j = 0; j < n; j++) o[j] = bias[d0 + j];                        \
+                for (int j = 0; j < MX_CONV_V; j++) acc[j] += w[j] * s_[j];             \
             }                                                                           \
-            for (int kk = 0; kk < kn && k0 + kk <= t; kk++) {                           \
-                const T* MX_RESTRICT src = xc + (r - k0 - kk) * ld_xc + d0;             \
-                const T* MX_RESTRICT w = wt[kk];                                        \
-                MX_OMP_SIMD                                                             \
-                for (int j = 0; j < n; j++) o[j] += w[j] * src[j];                      \
-            }                                                                           \
+            MX_OMP_SIMD                                                                 \
+            for (int j = 0; j < MX_CONV_V; j++) oj[j] = acc[j];                         \
         }                                                                               \
+        for (int j = j0; j < n; j++) {          /* the last channels, one at a time */  \
+            T a = k0 == 0 ? bias[d0 + j] : o[j];                                        \
+            for (int kk = 0; kk < nk; kk++) a += wt[kk][j] * src[j - kk * ld_xc];       \
+            o[j] = a;                                                                   \
+        }                                                                               \
+    }                                                                                   \
 }                                                                                       \
 MX_KERNEL void mx_conv1d_backward_##SFX(T* MX_RESTRICT dxc, ptrdiff_t ld_dxc,          \
-        T* MX_RESTRICT dweight, T* MX_RESTRICT dbias, const T* MX_RESTRICT dconv,       \
+        T* MX_RESTRICT dw_part, T* MX_RESTRICT db_part, const T* MX_RESTRICT dconv,     \
         const T* MX_RESTRICT xc, ptrdiff_t ld_xc, const T* MX_RESTRICT weight,          \
-        ptrdiff_t B, ptrdiff_t L, ptrdiff_t D, ptrdiff_t K,                             \
+        ptrdiff_t L, ptrdiff_t D, ptrdiff_t K, ptrdiff_t r0, ptrdiff_t r1,              \
         ptrdiff_t d0, int n, ptrdiff_t k0, int kn)                                      \
 {                                                                                       \
-    T wt[MX_CONV_KB][MX_CONV_CB], dwt[MX_CONV_KB][MX_CONV_CB];                          \
+    T wt[MX_CONV_KB][MX_CONV_CB], dwt[MX_CONV_KB][MX_CONV_CB], dbt[MX_CONV_CB];         \
+    ptrdiff_t r, t, t0 = r0 % L;                                                        \
     for (int kk = 0; kk < kn; kk++)                                                     \
-        for (int j = 0; j < n; j++) {                                                   \
-            wt[kk][j] = weight[(d0 + j) * K + k0 + kk];                                 \
-            dwt[kk][j] = 0;                                                             \
-        }                                                                               \
-    for (ptrdiff_t b = 0; b < B; b++)                                                   \
-        for (ptrdiff_t t = 0; t < L; t++) {                                             \
-            ptrdiff_t r = b * L + t;                                                    \
-            const T* MX_RESTRICT g = dconv + r * D + d0;                                \
-            if (k0 == 0) {                                                              \
+        for (int j = 0; j < n; j++) wt[kk][j] = weight[(d0 + j) * K + k0 + kk];         \
+    /* dxc[t] += sum_k dconv[t+k] w[k]: one vector of channels summed over the taps */  \
+    for (r = r0, t = t0; r < r1; r++, t = t + 1 == L ? 0 : t + 1) {                     \
+        T* MX_RESTRICT di = dxc + r * ld_dxc + d0;                                      \
+        const T* MX_RESTRICT g = dconv + (r + k0) * D + d0;                             \
+        int nk = L - t - k0 < kn ? (int)(L - t - k0) : kn;                              \
+        int j0 = 0;                                                                     \
+        for (; j0 + MX_CONV_V <= n; j0 += MX_CONV_V) {                                  \
+            T acc[MX_CONV_V];                                                           \
+            T* MX_RESTRICT dij = di + j0;                                               \
+            MX_OMP_SIMD                                                                 \
+            for (int j = 0; j < MX_CONV_V; j++) acc[j] = dij[j];                        \
+            for (int kk = 0; kk < nk; kk++) {                                           \
+                const T* MX_RESTRICT gk = g + kk * D + j0;                              \
+                const T* MX_RESTRICT w = wt[kk] + j0;                                   \
                 MX_OMP_SIMD                                                             \
-                for (int j = 0; j < n; j++) dbias[d0 + j] += g[j];                      \
+                for (int j = 0; j < MX_CONV_V; j++) acc[j] += gk[j] * w[j];             \
             }                                                                           \
-            for (int kk = 0; kk < kn && k0 + kk <= t; kk++) {                           \
-                const T* MX_RESTRICT src = xc + (r - k0 - kk) * ld_xc + d0;             \
-                T* MX_RESTRICT di = dxc + (r - k0 - kk) * ld_dxc + d0;                  \
-                const T* MX_RESTRICT w = wt[kk];                                        \
-                T* MX_RESTRICT dw = dwt[kk];                                            \
-                MX_OMP_SIMD                                                             \
-                for (int j = 0; j < n; j++) {                                           \
-                    dw[j] += g[j] * src[j];                                             \
-                    di[j] += g[j] * w[j];                                               \
-                }                                                                       \
-            }                                                                           \
+            MX_OMP_SIMD                                                                 \
+            for (int j = 0; j < MX_CONV_V; j++) dij[j] = acc[j];                        \
         }                                                                               \
+        for (int j = j0; j < n; j++) {                                                  \
+            T a = di[j];                                                                \
+            for (int kk = 0; kk < nk; kk++) a += g[kk * D + j] * wt[kk][j];             \
+            di[j] = a;                                                                  \
+        }                                                                               \
+    }                                                                                   \
+    /* dw_part[k] = sum_t dconv[t] xc[t-k] and db_part = sum_t dconv[t], over the        \
+       block's rows in row order, into (KB, CB) and (CB,) stack tiles: an element's      \
+       next update comes n/V vectors later, so the sums do not wait on each other */    \
     for (int kk = 0; kk < kn; kk++)                                                     \
-        for (int j = 0; j < n; j++) dweight[(d0 + j) * K + k0 + kk] += dwt[kk][j];      \
+        for (int j = 0; j < n; j++) dwt[kk][j] = 0;                                     \
+    for (int j = 0; j < n; j++) dbt[j] = 0;                                             \
+    for (r = r0, t = t0; r < r1; r++, t = t + 1 == L ? 0 : t + 1) {                     \
+        const T* MX_RESTRICT g = dconv + r * D + d0;                                    \
+        if (k0 == 0) {                                                                  \
+            MX_OMP_SIMD                                                                 \
+            for (int j = 0; j < n; j++) dbt[j] += g[j];                                 \
+        }                                                                               \
+        for (int kk = 0; kk < kn && k0 + kk <= t; kk++) {                               \
+            const T* MX_RESTRICT s_ = xc + (r - k0 - kk) * ld_xc + d0;                  \
+            T* MX_RESTRICT dw = dwt[kk];                                                \
+            MX_OMP_SIMD                                                                 \
+            for (int j = 0; j < n; j++) dw[j] += g[j] * s_[j];                          \
+        }                                                                               \
+    }                                                                                   \
+    for (int kk = 0; kk < kn; kk++)                                                     \
+        for (int j = 0; j < n; j++) dw_part[(k0 + kk) * D + d0 + j] = dwt[kk][j];       \
+    if (k0 == 0)                                                                        \
+        for (int j = 0; j < n; j++) db_part[d0 + j] = dbt[j];                           \
+}                                                                                       \
+/* mx_conv1d_reduce: channels [d0, d0+n) (n <= CB): dweight (D, K) += the sum over the  \
+   nblk row blocks, in block order, of dw_part (nblk, K, D); dbias (D,) += likewise of   \
+   db_part (nblk, D). */                                                                \
+MX_KERNEL void mx_conv1d_reduce_##SFX(T* MX_RESTRICT dweight, T* MX_RESTRICT dbias,    \
+        const T* MX_RESTRICT dw_part, const T* MX_RESTRICT db_part, ptrdiff_t nblk,     \
+        ptrdiff_t D, ptrdiff_t K, ptrdiff_t d0, int n)                                  \
+{                                                                                       \
+    T acc[MX_CONV_CB];                                                                  \
+    for (ptrdiff_t k = 0; k <= K; k++) {    /* k == K: the bias */                      \
+        const T* MX_RESTRICT p = k < K ? dw_part + k * D + d0 : db_part + d0;           \
+        ptrdiff_t stride = k < K ? K * D : D;                                           \
+        for (int j = 0; j < n; j++) acc[j] = p[j];                                      \
+        for (ptrdiff_t b = 1; b < nblk; b++) {                                          \
+            const T* MX_RESTRICT q = p + b * stride;                                    \
+            MX_OMP_SIMD                                                                 \
+            for (int j = 0; j < n; j++) acc[j] += q[j];                                 \
+        }                                                                               \
+        if (k < K)                                                                      \
+            for (int j = 0; j < n; j++) dweight[(d0 + j) * K + k] += acc[j];            \
+        else                                                                            \
+            for (int j = 0; j < n; j++) dbias[d0 + j] += acc[j];                        \
+    }                                                                                   \
 }
 
 MX_KERNELS_BEGIN
