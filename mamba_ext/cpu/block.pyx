@@ -366,8 +366,9 @@ cdef int backward_window(floating* dx, floating** grads,
     # residual and out_proj: s1 = gated (M, D), s2 = dgated
     flat_op(FLAT_ADD, dx, dout, M * Dm, nt)
     rows_elementwise(2, s1, xz + D, 2 * D, yb, M, D, nt)
-    linear_backward(s2, grads[P_wOutProj], grads[P_bOutProj], dout, s1,
-                    params[P_wOutProj], M, D, Dm, nt)
+    if linear_backward(s2, grads[P_wOutProj], grads[P_bOutProj], dout, s1,
+                       params[P_wOutProj], M, D, Dm, nt) != 0:
+        return -1
     # gate: s1 = dy = dgated * silu(z); dz = dgated * y * silu'(z) into dxz[:, D:2D]
     gate_backward(s1, dxz + D, 2 * D, s2, yb, xz + D, M, D, nt)
     # recompute conv (s2) and u (s3)
@@ -385,15 +386,17 @@ cdef int backward_window(floating* dx, floating** grads,
     rows_elementwise(4, ddelta, delta, D, <floating*>NULL, M, D, nt)
     # dt_proj on the dt_low columns of xproj
     copy_cols(dt_low, xproj, M, R, P, nt)
-    linear_backward(ddt_low, grads[P_wDtProj], grads[P_bDtProj], ddelta, dt_low,
-                    params[P_wDtProj], M, R, D, nt)
+    if linear_backward(ddt_low, grads[P_wDtProj], grads[P_bDtProj], ddelta, dt_low,
+                       params[P_wDtProj], M, R, D, nt) != 0:
+        return -1
     nt_rows = mx_team(nt, M * (R + Dm), MIN_ELEMENTS_PER_THREAD, M)
     for r in prange(M, schedule='static', num_threads=nt_rows):
         for j in range(R):
             dxproj[r * P + j] += ddt_low[r * R + j]
     # x_proj, then silu: dconv = du * silu'(conv), in place
-    linear_backward(du, grads[P_wXProj], grads[P_bXProj], dxproj, s3, params[P_wXProj], M, D, P,
-                    nt)
+    if linear_backward(du, grads[P_wXProj], grads[P_bXProj], dxproj, s3, params[P_wXProj], M, D, P,
+                       nt) != 0:
+        return -1
     rows_elementwise(3, du, s2, D, <floating*>NULL, M, D, nt)
     if conv1d_backward(dxz, 2 * D, grads[P_wConv], grads[P_bConv], du, xz, 2 * D,
                        params[P_wConv], B, L, D, K, nt) != 0:
@@ -406,8 +409,9 @@ cdef int backward_window(floating* dx, floating** grads,
     for r in prange(M, schedule='static', num_threads=nt_rows):
         for j in range(Dm):
             xn[r * Dm + j] = x[r * Dm + j] * rstd[r] * normW[j]
-    linear_backward(dxn, grads[P_wInProj], grads[P_bInProj], dxz, xn, params[P_wInProj],
-                    M, Dm, 2 * D, nt)
+    if linear_backward(dxn, grads[P_wInProj], grads[P_bInProj], dxz, xn, params[P_wInProj],
+                       M, Dm, 2 * D, nt) != 0:
+        return -1
     rmsnorm_backward(dx, grads[P_normWeight], dxn, x, normW, rstd, M, Dm, nt)
     return 0
 

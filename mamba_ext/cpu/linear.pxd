@@ -13,6 +13,7 @@ cdef void linear_forward(floating* out, const floating* x, const floating* weigh
 # dweight (OC, IC) += dout^T @ x (M, IC)
 # dbias (OC,) += column sums of dout
 # Any of dx / dweight / dbias may be NULL to skip that product.
-cdef void linear_backward(floating* dx, floating* dweight, floating* dbias,
-                          const floating* dout, const floating* x, const floating* weight,
-                          idx_t M, idx_t IC, idx_t OC, int n_threads) noexcept nogil
+# Returns 0, or -1 when its scratch (dweight with OC < IC) cannot be allocated.
+cdef int linear_backward(floating* dx, floating* dweight, floating* dbias,
+                         const floating* dout, const floating* x, const floating* weight,
+                         idx_t M, idx_t IC, idx_t OC, int n_threads) noexcept nogil

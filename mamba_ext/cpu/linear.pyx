@@ -31,6 +31,7 @@ fit; see ``_validate.check_count``).
 """
 from cython.parallel cimport prange
 from scipy.linalg.cython_blas cimport sgemm, dgemm, sgemv, dgemv
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 from mamba_ext.cpu.types cimport floating, idx_t
 from mamba_ext.cpu.activations cimport mx_add_f, mx_add_d
@@ -98,11 +99,11 @@ cdef inline int team_size(idx_t work, idx_t parts, int n_threads) noexcept nogil
 
 
 cdef inline void part(idx_t n, int nt, int t, idx_t align, idx_t* lo, idx_t* hi) noexcept nogil:
-    # slice t of nt of range(n): [lo, hi), boundaries at multiples of align
-    cdef idx_t q = (n + nt - 1) // nt
-    q = (q + align - 1) // align * align
-    lo[0] = min(n, t * q)
-    hi[0] = min(n, lo[0] + q)
+    # slice t of nt of range(n): [lo, hi), boundaries at multiples of align; the
+    # ceil(n / align) units are dealt out as evenly as they go
+    cdef idx_t units = (n + align - 1) // align
+    lo[0] = min(n, (t * units // nt) * align)
+    hi[0] = min(n, ((t + 1) * units // nt) * align)
 
 
 cdef void forward_rows(floating* out, const floating* x, const floating* weight,
@@ -189,13 +190,13 @@ cdef void linear_forward(floating* out, const floating* x, const floating* weigh
     mx_blas_single_end()
 
 
-cdef void backward_slice(floating* dx, floating* dweight, floating* dbias,
+cdef void backward_slice(floating* dx, floating* dweight, floating* dwt, floating* dbias,
                          const floating* dout, const floating* x, const floating* weight,
                          idx_t M, idx_t IC, idx_t OC, int nt, int t) noexcept nogil:
-    # thread t of nt: dx rows, dweight rows of OC, dbias columns (BLAS's n only: the
-    # module docstring); see linear_backward
-    cdef idx_t r, o, r0, mb, lo, hi, step = row_block(max(IC, OC))
-    cdef floating one = 1
+    # thread t of nt: dx rows, dweight rows of OC (dwt NULL) or columns of IC (through
+    # dwt), dbias columns (BLAS's n only: the module docstring); see linear_backward
+    cdef idx_t r, o, i, r0, mb, lo, hi, step = row_block(max(IC, OC))
+    cdef floating one = 1, beta
     if IC > 0 and dx != NULL:
         part(M, nt, t, SPLIT_N, &lo, &hi)
         r0 = lo
@@ -205,7 +206,22 @@ cdef void backward_slice(floating* dx, floating* dweight, floating* dbias,
             gemm(c'N', c'N', IC, mb, OC, one, weight, IC, dout + r0 * OC, OC,
                  one, dx + r0 * IC, IC)
             r0 += mb
-    if IC > 0 and dweight != NULL:
+    if IC > 0 and dweight != NULL and dwt != NULL:
+        part(IC, nt, t, SPLIT_N, &lo, &hi)
+        r0 = 0
+        beta = 0
+        while r0 < M and hi > lo:
+            mb = min(step, M - r0)
+            # dwt[lo:hi] (cols, OC) = sum over the row blocks of x[:, lo:hi]^T . dout:
+            # column-major dW (OC, cols) = dout^T (OC, mb) . x[:, lo:hi] (mb, cols)
+            gemm(c'N', c'T', OC, hi - lo, mb, one, dout + r0 * OC, OC, x + r0 * IC + lo, IC,
+                 beta, dwt + lo * OC, OC)
+            beta = 1
+            r0 += mb
+        for o in range(OC):
+            for i in range(lo, hi):
+                dweight[o * IC + i] += dwt[i * OC + o]
+    elif IC > 0 and dweight != NULL:
         part(OC, nt, t, SPLIT_N, &lo, &hi)
         r0 = 0
         while r0 < M and hi > lo:
@@ -215,7 +231,7 @@ cdef void backward_slice(floating* dx, floating* dweight, floating* dbias,
                  OC, one, dweight + lo * IC, IC)
             r0 += mb
     if dbias != NULL:
-        part(OC, nt, t, SPLIT_N, &lo, &hi)
+        part(OC, nt, t, 16, &lo, &hi)       # our own loop: any split is bitwise
         if hi > lo:
             for r in range(M):      # each column summed over the rows in order
                 if floating is float:
@@ -224,14 +240,26 @@ cdef void backward_slice(floating* dx, floating* dweight, floating* dbias,
                     mx_add_d(dbias + lo, dout + r * OC + lo, hi - lo)
 
 
-cdef void linear_backward(floating* dx, floating* dweight, floating* dbias,
-                          const floating* dout, const floating* x, const floating* weight,
-                          idx_t M, idx_t IC, idx_t OC, int n_threads) noexcept nogil:
+cdef int linear_backward(floating* dx, floating* dweight, floating* dbias,
+                         const floating* dout, const floating* x, const floating* weight,
+                         idx_t M, idx_t IC, idx_t OC, int n_threads) noexcept nogil:
     # dx (M, IC) += dout (M, OC) @ weight (OC, IC); dweight (OC, IC) += dout^T @ x;
-    # dbias (OC,) += column sums of dout; one region, each thread on its slices
+    # dbias (OC,) += column sums of dout; one region, each thread on its slices.
+    # dweight with fewer rows than columns (OC < IC, e.g. x_proj, out_proj) is split by
+    # its IC columns, which only the transposed product has on BLAS's n: it is formed in
+    # scratch dwt (IC, OC) and added transposed (a split of OC would leave threads idle).
+    # Returns 0, or -1 when that scratch cannot be allocated (nothing written then).
     cdef int nt, t
-    nt = team_size(M * max(IC, <idx_t>1) * OC, (max(M, OC) + SPLIT_N - 1) // SPLIT_N, n_threads)
+    cdef floating* dwt = NULL
+    if dweight != NULL and IC > 0 and OC < IC:
+        dwt = <floating*>malloc(IC * OC * sizeof(floating))
+        if dwt == NULL:
+            return -1
+    nt = team_size(M * max(IC, <idx_t>1) * OC,
+                   (max(M, max(OC, IC)) + SPLIT_N - 1) // SPLIT_N, n_threads)
     mx_blas_single_begin()
     for t in prange(nt, schedule='static', num_threads=nt):
-        backward_slice(dx, dweight, dbias, dout, x, weight, M, IC, OC, nt, t)
+        backward_slice(dx, dweight, dwt, dbias, dout, x, weight, M, IC, OC, nt, t)
     mx_blas_single_end()
+    free(dwt)
+    return 0

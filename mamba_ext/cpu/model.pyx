@@ -270,8 +270,10 @@ cdef int model_loss_and_grads_state(double* loss,
 
         # head: dxn (scratch) = dlogits @ embedding; g_embedding += dlogits^T @ xn
         flat_op(FLAT_ZERO, scratch, <floating*>NULL, M * Dm, n_threads)
-        linear_backward(scratch, g_embedding, g_lm_head_bias, logits, xn, embedding, M, Dm, V,
-                        n_threads)
+        if linear_backward(scratch, g_embedding, g_lm_head_bias, logits, xn, embedding, M, Dm,
+                           V, n_threads) != 0:
+            free(row_loss)
+            return MODEL_ERR_NOMEM
         flat_op(FLAT_ZERO, da, <floating*>NULL, M * Dm, n_threads)
         rmsnorm_backward(da, g_final_norm, scratch, hs + nl * M * Dm, final_norm, rstd, M, Dm,
                          n_threads)

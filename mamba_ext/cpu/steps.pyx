@@ -134,8 +134,11 @@ cdef int _linear_backward(floating[:, ::1] dx, floating[:, ::1] dweight, floatin
     cdef floating* pdb = &dbias[0] if dbias is not None else NULL
     cdef const floating* px = &x[0, 0] if IC > 0 else NULL
     cdef const floating* pw = &weight[0, 0] if IC > 0 else NULL
+    cdef int rc
     with nogil:
-        k_linear_backward(pdx, pdw, pdb, &dout[0, 0], px, pw, M, IC, OC, 0)
+        rc = k_linear_backward(pdx, pdw, pdb, &dout[0, 0], px, pw, M, IC, OC, 0)
+    if rc != 0:
+        raise MemoryError("linear_backward: out of memory for the weight-gradient scratch")
     return 0
 
 
