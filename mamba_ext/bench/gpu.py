@@ -330,3 +330,82 @@ def run(size: str = "all", *, repeat: int = 10, use_torch: bool = True, loops: b
             best = min(r["torch"], key=lambda t: t[1])
             print(f"  fastest PyTorch ({best[0]}) / WGSL = {best[1] / ours:.2f}x")
     return 0
+
+
+# The products of block d's in_proj and out_proj (M = B*L = 16384, Dm 768, D 1536) that
+# ``--f16-gemm`` times: (name, kind, M, I, O) of Y (M, O) = X (M, I) W (O, I)^T.
+F16_GEMM_SHAPES = (("in_proj", 16384, 768, 3072), ("out_proj", 16384, 1536, 768))
+
+
+def _f16_check(g, lf, rng):
+    """Max relative error of forward / dinput / dweight (written, then accumulated)
+    against float64 products of the same f16-rounded inputs."""
+    M, I, O = 256, 384, 128
+    x, w, dy = (rng.standard_normal(s).astype(np.float16) for s in ((M, I), (O, I), (M, O)))
+    bx, bw, bdy = (lf.f16_buffer(g, a, n) for a, n in ((x, "f16_x"), (w, "f16_w"), (dy, "f16_dy")))
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+    errs = {}
+    for name, fn, args, shape, want in (
+            ("forward", lf.forward, (bx, bw), (M, O), x64 @ w64.T),
+            ("dinput", lf.dinput, (bdy, bw), (M, I), dy64 @ w64),
+            ("dweight", lf.dweight, (bdy, bx), (O, I), dy64.T @ x64)):
+        c0 = rng.standard_normal(shape).astype(np.float32)
+        for acc in (False, True):
+            c = g.buffer(c0.size, "f16_c", c0)
+            g.submit([fn(g, c, *args, M, I, O, accumulate=acc)])
+            got = g.read(c, c0.size).reshape(shape).astype(np.float64)
+            ref = want + (c0 if acc else 0)
+            errs[f"{name}{'+=' if acc else ''}"] = float(np.abs(got - ref).max() / np.abs(ref).max())
+    return errs
+
+
+def run_f16_gemm(repeat: int = 10) -> int:
+    """``bench --device gpu --f16-gemm``: the tensor-core products of kernels/linear_f16.wgsl
+    (f16 operands, f32 accumulation) on block d's in_proj and out_proj shapes, forward,
+    dX and dW, in TFLOP/s from timestamp queries (median of ``repeat`` passes of 5
+    products each), after a check of every layout against float64; then the fp32
+    kernel of linear.wgsl on the same forward products. Needs a device with f16
+    subgroup matrices (MAMBA_EXT_GPU_BACKEND=dawn); returns 1 without one."""
+    from ..gpu import linear as lin
+    from ..gpu import linear_f16 as lf
+    g = gpu()
+    print(f"adapter: {g.info.get('device')} ({g.backend.NAME}, checks {g.checks}); subgroup size "
+          f"{g.subgroup_size}; f16 subgroup matrices {g.f16_matrices}", flush=True)
+    if not lf.available(g):
+        print("no f16 subgroup matrices on this device: run with MAMBA_EXT_GPU_BACKEND=dawn on a "
+              "GPU that has them")
+        return 1
+    cfg, wm, wn = lf._plan(g)
+    print(f"kernel: 128 x 128 tile, BK {lf.BK}, subgroup matrices {cfg['m']}x{cfg['n']}x{cfg['k']}, "
+          f"{wm} x {wn} subgroups", flush=True)
+    rng = np.random.default_rng(0)
+    errs = _f16_check(g, lf, rng)
+    print("check, max |got - float64| / max |float64|: "
+          + ", ".join(f"{k} {v:.1e}" for k, v in errs.items()), flush=True)
+    reps = 5
+    for name, M, I, O in F16_GEMM_SHAPES:
+        x, w, dy = (lf.f16_buffer(g, rng.standard_normal(s).astype(np.float16), n)
+                    for s, n in (((M, I), "x"), ((O, I), "w"), ((M, O), "dy")))
+        y, dx, dw = g.buffer(M * O, "y"), g.buffer(M * I, "dx"), g.buffer(O * I, "dw")
+        flop = 2.0 * M * I * O
+        line = []
+        for kind, op in (("forward", lf.forward(g, y, x, w, M, I, O)),
+                         ("dX", lf.dinput(g, dx, dy, w, M, I, O)),
+                         ("dW", lf.dweight(g, dw, dy, x, M, I, O))):
+            gpu_ms, wall_ms = _time_ops(g, [op] * reps, (), repeat)
+            ms = (gpu_ms if gpu_ms is not None else wall_ms) / reps
+            line.append(f"{kind} {ms:.3f} ms = {flop / ms / 1e9:.1f} TFLOP/s")
+        print(f"f16 {name} (M {M}, I {I}, O {O}): " + "; ".join(line), flush=True)
+        for b in (x, w, dy, y, dx, dw):
+            b.destroy()
+        # the fp32 kernel of linear.wgsl, same forward product
+        x32, w32 = g.buffer(M * I, "x32"), g.buffer(O * I, "w32")
+        y32 = g.buffer(M * O, "y32")
+        ops = lin.gemm(g, "linear_forward", M, O, I, x32, 0, I, 1, w32, 0, 1, I, y32, 0, O)
+        gpu_ms, wall_ms = _time_ops(g, ops * reps, (), repeat)
+        ms = (gpu_ms if gpu_ms is not None else wall_ms) / reps
+        print(f"fp32 {name} forward (linear.wgsl, same device): {ms:.3f} ms = "
+              f"{flop / ms / 1e9:.1f} TFLOP/s", flush=True)
+        for b in (x32, w32, y32):
+            b.destroy()
+    return 0

@@ -37,6 +37,9 @@ def build_parser():
     p.add_argument("--discretization", choices=["zoh", "euler"], default="zoh",
                    help="GPU: the block's discretization (euler: b_bar = Delta*B, as mamba_ssm's "
                         "kernel; with --no-torch for the block)")
+    p.add_argument("--f16-gemm", action="store_true",
+                   help="GPU: time the tensor-core products (f16 subgroup matrices, "
+                        "kernels/linear_f16.wgsl; MAMBA_EXT_GPU_BACKEND=dawn) on block d's shapes")
     p.add_argument("--checkpointing", action="store_true",
                    help="GPU --train-step: with activation checkpointing")
     p.add_argument("--model-step", default=None, metavar="MODELS",
@@ -84,6 +87,8 @@ def main(argv=None) -> int:
                      f"{args.model_step!r}")
         return cpu.run_model_steps(names, repeat=args.repeat or 5, n_threads=args.threads,
                                    compare=not args.no_compare)
+    if args.f16_gemm and args.device != "gpu":
+        ap.error("--f16-gemm needs --device gpu")
     if args.train_step is not None and args.device != "gpu":
         ap.error("--train-step needs --device gpu")
     if args.checkpointing and args.train_step is None:
@@ -97,6 +102,8 @@ def main(argv=None) -> int:
         if args.dtype != "float32":
             ap.error("--device gpu runs float32 only")
         from ..bench import gpu
+        if args.f16_gemm:
+            return gpu.run_f16_gemm(repeat=args.repeat or 10)
         if args.train_step is not None:
             from ..bench.sizes import TRAIN_STEPS
             names = [m for m in args.train_step.split(",") if m]

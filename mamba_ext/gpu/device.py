@@ -193,7 +193,8 @@ class Gpu:
         self.adapter = adapter
         self.info = dict(adapter.info)
         alim = adapter.limits
-        features = [f for f in ("timestamp-query",) if f in adapter.features]
+        features = [f for f in ("timestamp-query",) + self.backend.FEATURES
+                    if f in adapter.features]
         req = {k: alim[k] for k in _WANTED_LIMITS if k in alim}
         if req.get("max-storage-buffers-per-shader-stage", 0) < _MIN_STORAGE_BUFFERS:
             raise RuntimeError(
@@ -209,6 +210,16 @@ class Gpu:
         # bytes of workgroup memory a kernel may use (the scan sizes its blocks by it)
         self.wg_memory = int(lim.get("max-compute-workgroup-storage-size", 16384))
         self.timestamps = "timestamp-query" in features
+        # f16 x f16 -> f32 subgroup-matrix shapes {"m", "n", "k"} this device runs
+        # (kernels/linear_f16.wgsl; empty where the backend or the adapter has none)
+        self.f16_matrices = (self.backend.subgroup_matrix_configs(adapter)
+                             if {"shader-f16", "chromium-experimental-subgroup-matrix"}
+                             <= set(features) else [])
+        # the subgroup size where the adapter has one fixed size (min = max), else 0:
+        # kernels/linear_f16.wgsl lays its subgroups out by it
+        sg_min, sg_max = (int(self.info.get(k) or 0) for k in ("subgroup_min_size",
+                                                                 "subgroup_max_size"))
+        self.subgroup_size = sg_max if sg_min == sg_max else 0
         self._record = self.backend.native_dispatch()         # None: through wgpu-py's methods
         self._native = self.backend.native_queue(self.device)  # None: submits and maps too
         self._pipelines = {}
@@ -216,17 +227,20 @@ class Gpu:
         self.bytes_allocated = 0
 
     # ------------------------------------------------------------ pipelines
-    def pipeline(self, file: str, entry: str, constants=None):
+    def pipeline(self, file: str, entry: str, constants=None, prelude: str = ""):
         """Compute pipeline of ``entry`` in ``kernels/<file>.wgsl``, compiled once
-        per (file, entry, override constants)."""
-        key = (file, entry, tuple(sorted((constants or {}).items())))
+        per (file, entry, override constants, prelude). ``prelude``: WGSL put before
+        the file (``enable`` directives, which must come first, and constants that
+        must be const-expressions, e.g. type parameters)."""
+        key = (file, entry, tuple(sorted((constants or {}).items())), prelude)
         pl = self._pipelines.get(key)
         if pl is None:
-            mod = self._modules.get(file)
+            mkey = (file, prelude) if prelude else file
+            mod = self._modules.get(mkey)
             if mod is None:
-                mod = self.backend.shader_module(self.device, file, kernel_source(file),
-                                                 self.checks)
-                self._modules[file] = mod
+                mod = self.backend.shader_module(self.device, file,
+                                                 prelude + kernel_source(file), self.checks)
+                self._modules[mkey] = mod
             compute = {"module": mod, "entry_point": entry}
             if constants:
                 # override constants travel as numbers (bool -> 1.0 / 0.0)
@@ -378,10 +392,10 @@ class Gpu:
                                  f"{self.max_groups}; use a smaller batch or model")
         return tuple(int(g) for g in grid)
 
-    def op(self, file, entry, grid, params, buffers, constants=None) -> Op:
+    def op(self, file, entry, grid, params, buffers, constants=None, prelude: str = "") -> Op:
         """Record a dispatch: binding 0 = uniform ``params``, 1.. = ``buffers`` (a buffer,
         a :class:`Slice` of one, or None = a binding this entry point does not use)."""
-        pl = self.pipeline(file, entry, constants)
+        pl = self.pipeline(file, entry, constants, prelude)
         ubuf = self.uniform(params)
         entries = [{"binding": 0, "resource": {"buffer": ubuf}}]
         for i, b in enumerate(buffers, start=1):

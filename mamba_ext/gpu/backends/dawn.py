@@ -5,10 +5,18 @@ methods). MAMBA_EXT_GPU_CHECKS maps to Dawn's own robustness: "none" turns on th
 toggle ``disable_robustness`` (Tint's index clamps off), "bounds" and "full" keep Dawn's
 default (robust access on). Dawn does not start on Debian 12's lavapipe (Mesa 22.3 lacks
 shaderUniform*ArrayDynamicIndexing), so it runs on real GPUs only.
+
+Tensor cores: Dawn offers WGSL subgroup matrices (``chromium-experimental-subgroup-matrix``,
+an experimental feature behind the toggle ``allow_unsafe_apis``) with f16 operands
+(``shader-f16``, which Dawn hides on NVIDIA's Vulkan driver unless the toggle
+``vulkan_enable_f16_on_nvidia`` is on); both toggles are set here, and the f16 kernels
+(kernels/linear_f16.wgsl) run where the adapter lists an f16 x f16 -> f32 configuration.
 """
 from __future__ import annotations
 
 NAME = "dawn"
+# device features asked for beyond timestamp-query, where the adapter has them
+FEATURES = ("shader-f16", "subgroups", "chromium-experimental-subgroup-matrix")
 
 _prepared = []
 
@@ -25,13 +33,24 @@ def module():
 
 def prepare(checks: str) -> None:
     """Dawn's instance toggles, set once before its instance is created (by the first
-    adapter request): ``disable_robustness`` for MAMBA_EXT_GPU_CHECKS=none."""
+    adapter request): the two that expose f16 subgroup matrices (module docstring), and
+    ``disable_robustness`` for MAMBA_EXT_GPU_CHECKS=none."""
     if _prepared:
         return
     _prepared.append(checks)
-    if checks == "none":
-        from wgpudawn.backends.dawn.extras import set_instance_extras
-        set_instance_extras(enable_toggles=["disable_robustness"])
+    from wgpudawn.backends.dawn.extras import set_instance_extras
+    toggles = ["allow_unsafe_apis", "vulkan_enable_f16_on_nvidia"]
+    set_instance_extras(enable_toggles=toggles + (["disable_robustness"] if checks == "none" else []))
+
+
+def subgroup_matrix_configs(adapter):
+    """The adapter's f16 x f16 -> f32 subgroup-matrix shapes, [{"m", "n", "k"}, ...] (the
+    tensor-core tile sizes differ by vendor: 16x16x16, 16x8x16 and 16x8x8 on NVIDIA)."""
+    from wgpudawn.backends.dawn import extras
+    props = extras.get_adapter_properties(adapter)
+    return [{"m": int(c["m"]), "n": int(c["n"]), "k": int(c["k"])}
+            for c in props.get("subgroup_matrix_configs", [])
+            if c.get("component_type") == "f16" and c.get("result_component_type") == "f32"]
 
 
 def shader_module(device, label: str, code: str, checks: str):

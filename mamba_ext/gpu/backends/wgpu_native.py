@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 NAME = "wgpu"
+# device features asked for beyond timestamp-query, where the adapter has them: none
+FEATURES = ()
 
 # Runtime checks naga adds to the shaders, as wgpu-native's WGPUShaderRuntimeChecks bits
 # (None: wgpu's default, create_shader_module); see SHADER_CHECKS in device.py.
@@ -21,6 +23,11 @@ def module():
 
 def prepare(checks: str) -> None:
     """Set-up before the first adapter is requested: nothing for wgpu-native."""
+
+
+def subgroup_matrix_configs(adapter):
+    """wgpu-native offers no subgroup matrices (kernels/linear_f16.wgsl): []."""
+    return []
 
 
 def native_queue(device):

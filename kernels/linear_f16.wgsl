@@ -1,0 +1,178 @@
+// linear_f16.wgsl — the linear layers' matrix product on tensor cores: f16 operands,
+// f32 accumulation and output, through WGSL subgroup matrices
+// (chromium_experimental_subgroup_matrix: Vulkan cooperative matrices, Metal simdgroup
+// matrices). The f16 counterpart of linear.wgsl's product, for mixed precision; the
+// host side is mamba_ext/gpu/linear_f16.py, which runs it only on a device that offers
+// an f16 x f16 -> f32 subgroup-matrix configuration (Dawn) and falls back otherwise.
+//
+//   C[i, j] = (ACCUMULATE ? C[i, j] : 0) + sum_k A(i, k) * B(k, j)
+//
+// Size letters: M rows, N columns, K contraction (of the product). Operand layouts,
+// chosen by the host per product of a layer Y = X W^T (X (rows, I), W (O, I)):
+//   A_KMAJOR: A(i, k) = a[a_off + i*lda + k] (X, dY), else a[a_off + k*lda + i] (dY^T)
+//   B_KMAJOR: B(k, j) = b[b_off + j*ldb + k] (W^T), else b[b_off + k*ldb + j] (W, X)
+//   forward Y = X W^T: A_KMAJOR, B_KMAJOR; dX = dY W: A_KMAJOR, not B_KMAJOR;
+//   dW = dY^T X: neither.
+// C (M, N) f32 rows ldc apart from c_off. Requirements (checked on the host): M, N
+// multiples of 128, K of 32; lda, ldb, a_off, b_off multiples of 8 (16-byte loads);
+// ldc, c_off multiples of 4.
+//
+// Constants prepended by the host: TM, TN, TK (the subgroup-matrix shape of the
+// adapter's configuration), SG (the subgroup size), WM x WN = 256 / SG subgroups per
+// workgroup (their grid over the tile), A_KMAJOR, B_KMAJOR, ACCUMULATE.
+//
+// Bindings:
+// | binding | name | shape                                 | access     |
+// |---------|------|---------------------------------------|------------|
+// | 0       | p    | Params                                | uniform    |
+// | 1       | a    | A operand, f16 packed 8 per vec4<u32> | read       |
+// | 2       | b    | B operand, f16 packed 8 per vec4<u32> | read       |
+// | 3       | c    | C (M, N) f32                          | read_write |
+//
+// Tile: BM x BN = 128 x 128 outputs per workgroup of 256 invocations; subgroup s owns
+// the (128/WM) x (128/WN) block at (s / WN, s % WN) as FM x FN result matrices. k
+// advances in steps of BK = 32 through workgroup memory, double-buffered: the next
+// step's 16-byte global loads are issued before this step's multiplies and stored into
+// the other buffer after them, so one barrier per step separates the two. Each operand
+// is staged in its global layout (rows of BK + 8 k-values, or rows of 128 + 8 m/n
+// values; the 8 extra keep rows 16 bytes apart off one bank) and read back with the
+// matching col_major flag, so no operand is transposed on the way.
+
+struct Params {
+    M : u32, N : u32, K : u32,
+    lda : u32, ldb : u32, ldc : u32,
+    a_off : u32, b_off : u32, c_off : u32,
+}
+
+@group(0) @binding(0) var<uniform> p : Params;
+@group(0) @binding(1) var<storage, read> a : array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> b : array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> c : array<f32>;
+
+const BM : u32 = 128u;
+const BN : u32 = 128u;
+const BK : u32 = 32u;
+const PK : u32 = BK + 8u;            // row of a k-major tile (f16)
+const PMN : u32 = BM + 8u;           // row of an m/n-major tile (f16)
+const STAGE : u32 = BM * PK;         // one buffer of one operand (>= BK * PMN)
+const FM : u32 = BM / WM / TM;       // result matrices per subgroup, along M
+const FN : u32 = BN / WN / TN;       // and along N
+
+var<workgroup> sa : array<f16, 2u * STAGE>;
+var<workgroup> sb : array<f16, 2u * STAGE>;
+
+// the 16-byte word e (0 .. 511) of the first 128 x 32 tile (rows r0.., k 0..31): its
+// place in the staging buffer (x) and its global word index (y)
+fn tile_word(kmajor : bool, e : u32, r0 : u32, ld : u32, off : u32) -> vec2<u32> {
+    if (kmajor) {                    // 128 rows (m or n) x 4 words of 8 k
+        let row = e / 4u;
+        let col = (e % 4u) * 8u;
+        return vec2<u32>(row * PK + col, (off + (r0 + row) * ld + col) / 8u);
+    }
+    let row = e / 16u;               // 32 rows (k) x 16 words of 8 m or n
+    let col = (e % 16u) * 8u;
+    return vec2<u32>(row * PMN + col, (off + row * ld + r0 + col) / 8u);
+}
+
+fn put_a(at : u32, w : vec4<u32>) {
+    for (var q = 0u; q < 4u; q++) {
+        let h = bitcast<vec2<f16>>(w[q]);
+        sa[at + 2u * q] = h.x;
+        sa[at + 2u * q + 1u] = h.y;
+    }
+}
+
+fn put_b(at : u32, w : vec4<u32>) {
+    for (var q = 0u; q < 4u; q++) {
+        let h = bitcast<vec2<f16>>(w[q]);
+        sb[at + 2u * q] = h.x;
+        sb[at + 2u * q + 1u] = h.y;
+    }
+}
+
+@compute @workgroup_size(256)
+fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
+                      @builtin(local_invocation_index) t : u32,
+                      @builtin(subgroup_id) sid : u32) {
+    let bm = wg.y * BM;
+    let bn = wg.x * BN;
+    let sm = (sid / WN) * (BM / WM);
+    let sn = (sid % WN) * (BN / WN);
+    let nk = p.K / BK;
+
+    var acc : array<array<subgroup_matrix_result<f32, TN, TM>, FN>, FM>;
+    if (ACCUMULATE) {
+        for (var i = 0u; i < FM; i++) {
+            for (var j = 0u; j < FN; j++) {
+                acc[i][j] = subgroupMatrixLoad<subgroup_matrix_result<f32, TN, TM>>(
+                    &c, p.c_off + (bm + sm + i * TM) * p.ldc + bn + sn + j * TN, false, p.ldc);
+            }
+        }
+    }
+
+    // this invocation's two words of each operand per step
+    let wa0 = tile_word(A_KMAJOR, t, bm, p.lda, p.a_off);
+    let wa1 = tile_word(A_KMAJOR, t + 256u, bm, p.lda, p.a_off);
+    let wb0 = tile_word(B_KMAJOR, t, bn, p.ldb, p.b_off);
+    let wb1 = tile_word(B_KMAJOR, t + 256u, bn, p.ldb, p.b_off);
+    // global words advance by a fixed step per k step: BK columns, or BK rows
+    let da = select(BK * p.lda, BK, A_KMAJOR) / 8u;
+    let db = select(BK * p.ldb, BK, B_KMAJOR) / 8u;
+    var ra0 = a[wa0.y];
+    var ra1 = a[wa1.y];
+    var rb0 = b[wb0.y];
+    var rb1 = b[wb1.y];
+    put_a(wa0.x, ra0);
+    put_a(wa1.x, ra1);
+    put_b(wb0.x, rb0);
+    put_b(wb1.x, rb1);
+    workgroupBarrier();
+
+    let sta = select(PMN, PK, A_KMAJOR);
+    let stb = select(PMN, PK, B_KMAJOR);
+    for (var kt = 0u; kt < nk; kt++) {
+        let cur = (kt & 1u) * STAGE;
+        let more = kt + 1u < nk;
+        if (more) {                  // the next step's words, in flight during the multiplies
+            let s = kt + 1u;
+            ra0 = a[wa0.y + s * da];
+            ra1 = a[wa1.y + s * da];
+            rb0 = b[wb0.y + s * db];
+            rb1 = b[wb1.y + s * db];
+        }
+        for (var kk = 0u; kk < BK; kk += TK) {
+            var l : array<subgroup_matrix_left<f16, TK, TM>, FM>;
+            var r : array<subgroup_matrix_right<f16, TN, TK>, FN>;
+            for (var i = 0u; i < FM; i++) {
+                let mi = sm + i * TM;
+                let at = cur + select(kk * PMN + mi, mi * PK + kk, A_KMAJOR);
+                l[i] = subgroupMatrixLoad<subgroup_matrix_left<f16, TK, TM>>(&sa, at, !A_KMAJOR, sta);
+            }
+            for (var j = 0u; j < FN; j++) {
+                let nj = sn + j * TN;
+                let at = cur + select(kk * PMN + nj, nj * PK + kk, B_KMAJOR);
+                r[j] = subgroupMatrixLoad<subgroup_matrix_right<f16, TN, TK>>(&sb, at, B_KMAJOR, stb);
+            }
+            for (var i = 0u; i < FM; i++) {
+                for (var j = 0u; j < FN; j++) {
+                    acc[i][j] = subgroupMatrixMultiplyAccumulate(l[i], r[j], acc[i][j]);
+                }
+            }
+        }
+        if (more) {
+            let nxt = ((kt + 1u) & 1u) * STAGE;
+            put_a(nxt + wa0.x, ra0);
+            put_a(nxt + wa1.x, ra1);
+            put_b(nxt + wb0.x, rb0);
+            put_b(nxt + wb1.x, rb1);
+        }
+        workgroupBarrier();
+    }
+
+    for (var i = 0u; i < FM; i++) {
+        for (var j = 0u; j < FN; j++) {
+            subgroupMatrixStore(&c, p.c_off + (bm + sm + i * TM) * p.ldc + bn + sn + j * TN,
+                                acc[i][j], false, p.ldc);
+        }
+    }
+}

@@ -1,0 +1,115 @@
+"""The linear layers' products on tensor cores (kernels/linear_f16.wgsl): f16 operands,
+f32 accumulation and output, through WGSL subgroup matrices, for mixed precision.
+
+``Y = X @ W^T`` with X (M, I), W (O, I), Y (M, O) as in :mod:`mamba_ext.gpu.linear`:
+:func:`forward` (Y), :func:`dinput` (dX = dY @ W) and :func:`dweight` (dW = dY^T @ X),
+each with f16 operand buffers and an f32 result that is written or, with
+``accumulate``, added to. They run where the device offers an f16 x f16 -> f32
+subgroup-matrix configuration (``Gpu.f16_matrices``: the Dawn backend on NVIDIA, AMD
+RDNA3, Intel Xe and Apple GPUs); :func:`available` says whether it does, and
+:func:`unsupported` why a product's sizes do not fit the kernel (then the fp32 kernels
+of linear.py are the fallback).
+
+Size letters: M rows, N columns, K contraction of the product.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+TILE = (128, 128)        # rows x columns of C per workgroup
+BK = 32                  # contraction step of the tile loop
+WORKGROUP = 256          # invocations per workgroup
+
+
+def available(g) -> bool:
+    """Whether ``g`` runs kernels/linear_f16.wgsl (an f16 -> f32 subgroup-matrix shape
+    that tiles the kernel's subgroup blocks, and a subgroup size that divides 256)."""
+    return _plan(g) is not None
+
+
+def _plan(g):
+    """(shape {"m","n","k"}, WM, WN) for ``g``, or None: the subgroups of a workgroup
+    in a WM x WN grid (as square as it goes, WM >= WN), the largest shape whose
+    tiles divide a subgroup's block."""
+    sg = getattr(g, "subgroup_size", 0)
+    if not sg or WORKGROUP % sg or not getattr(g, "f16_matrices", None):
+        return None
+    n_sub = WORKGROUP // sg
+    wn = 1
+    while 4 * wn * wn <= n_sub:
+        wn *= 2
+    wm = n_sub // wn
+    fits = [c for c in g.f16_matrices
+            if (TILE[0] // wm) % c["m"] == 0 and (TILE[1] // wn) % c["n"] == 0 and BK % c["k"] == 0]
+    if not fits:
+        return None
+    return max(fits, key=lambda c: (c["m"] * c["n"] * c["k"], c["k"])), wm, wn
+
+
+def prelude(g, a_kmajor: bool, b_kmajor: bool, accumulate: bool) -> str:
+    """The WGSL put before kernels/linear_f16.wgsl: its ``enable`` directives and the
+    constants its types and loads need as const-expressions."""
+    cfg, wm, wn = _plan(g)
+    b = lambda v: "true" if v else "false"
+    return ("enable f16;\nenable chromium_experimental_subgroup_matrix;\n"
+            f"const TM : u32 = {cfg['m']}u;\nconst TN : u32 = {cfg['n']}u;\n"
+            f"const TK : u32 = {cfg['k']}u;\nconst SG : u32 = {g.subgroup_size}u;\n"
+            f"const WM : u32 = {wm}u;\nconst WN : u32 = {wn}u;\n"
+            f"const A_KMAJOR : bool = {b(a_kmajor)};\nconst B_KMAJOR : bool = {b(b_kmajor)};\n"
+            f"const ACCUMULATE : bool = {b(accumulate)};\n")
+
+
+def unsupported(M: int, N: int, K: int, lda: int, ldb: int, ldc: int,
+                a_off: int = 0, b_off: int = 0, c_off: int = 0) -> str | None:
+    """Why the kernel cannot take this product (a sentence), or None when it can."""
+    if M <= 0 or N <= 0 or K <= 0:
+        return f"empty product (M {M}, N {N}, K {K})"
+    if M % TILE[0] or N % TILE[1] or K % BK:
+        return (f"M {M} and N {N} must be multiples of {TILE[0]} and {TILE[1]}, K {K} of {BK} "
+                f"(whole tiles only)")
+    if lda % 8 or ldb % 8 or a_off % 8 or b_off % 8:
+        return "operand strides and offsets must be multiples of 8 f16 (16-byte loads)"
+    if ldc % 4 or c_off % 4:
+        return "the result's row stride and offset must be multiples of 4"
+    return None
+
+
+def f16_buffer(g, data, name: str):
+    """A storage buffer holding ``data`` rounded to float16 (two per 4-byte word)."""
+    h = np.ascontiguousarray(data, dtype=np.float16).ravel()
+    return g.buffer((h.size + 1) // 2, name, h)
+
+
+def product(g, c, a, b, M: int, N: int, K: int, *, a_kmajor: bool, b_kmajor: bool,
+            lda: int, ldb: int, ldc: int, a_off: int = 0, b_off: int = 0, c_off: int = 0,
+            accumulate: bool = False):
+    """The op C (M, N) [+]= A (M, K) B (K, N) (layouts in kernels/linear_f16.wgsl's
+    legend; offsets and strides in elements: f16 for a and b, f32 for c)."""
+    if not available(g):
+        raise RuntimeError("mamba_ext.gpu.linear_f16: this device offers no f16 subgroup "
+                           "matrices (they need MAMBA_EXT_GPU_BACKEND=dawn on a GPU that has "
+                           "them); use the fp32 products of mamba_ext.gpu.linear")
+    why = unsupported(M, N, K, lda, ldb, ldc, a_off, b_off, c_off)
+    if why:
+        raise ValueError(f"mamba_ext.gpu.linear_f16: {why}")
+    return g.op("linear_f16", "linear_f16_product", (N // TILE[1], M // TILE[0], 1),
+                [M, N, K, lda, ldb, ldc, a_off, b_off, c_off], [a, b, c],
+                prelude=prelude(g, a_kmajor, b_kmajor, accumulate))
+
+
+def forward(g, y, x, w, M: int, I: int, O: int, accumulate: bool = False):
+    """Y (M, O) f32 [+]= X (M, I) @ W (O, I)^T, X and W f16."""
+    return product(g, y, x, w, M, O, I, a_kmajor=True, b_kmajor=True, lda=I, ldb=I, ldc=O,
+                   accumulate=accumulate)
+
+
+def dinput(g, dx, dy, w, M: int, I: int, O: int, accumulate: bool = True):
+    """dX (M, I) f32 [+]= dY (M, O) @ W (O, I), dY and W f16."""
+    return product(g, dx, dy, w, M, I, O, a_kmajor=True, b_kmajor=False, lda=O, ldb=I, ldc=I,
+                   accumulate=accumulate)
+
+
+def dweight(g, dw, dy, x, M: int, I: int, O: int, accumulate: bool = True):
+    """dW (O, I) f32 [+]= dY (M, O)^T @ X (M, I), dY and X f16."""
+    return product(g, dw, dy, x, O, I, M, a_kmajor=False, b_kmajor=False, lda=O, ldb=I, ldc=I,
+                   accumulate=accumulate)

@@ -1,0 +1,98 @@
+"""kernels/linear_f16.wgsl (mamba_ext.gpu.linear_f16): the tensor-core products, f16
+operands and f32 accumulation through WGSL subgroup matrices.
+
+They run only on a device with f16 subgroup matrices, i.e. Dawn on a real GPU: Dawn does
+not start on Debian 12's lavapipe (Mesa 22.3), so the run against float64 below skips
+there, CI included (the one exception of the optional-dependency rule: code that needs
+GPU hardware CI cannot have). What CI runs: the planning of the kernel from an adapter's
+subgroup-matrix shapes, the size checks, and the clear refusal on a device without them."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import pytest
+
+from gpu_support import require_gpu
+from mamba_ext.gpu import linear_f16 as lf
+
+NVIDIA = [{"m": 16, "n": 16, "k": 16}, {"m": 16, "n": 8, "k": 16}, {"m": 16, "n": 8, "k": 8}]
+
+
+def test_plan_follows_the_adapter():
+    """The subgroup-matrix shape is the adapter's largest that tiles a subgroup's block;
+    the subgroups of a workgroup form a grid as square as it goes."""
+    plan = lf._plan(SimpleNamespace(subgroup_size=32, f16_matrices=NVIDIA))
+    assert plan == ({"m": 16, "n": 16, "k": 16}, 4, 2)
+    plan = lf._plan(SimpleNamespace(subgroup_size=64, f16_matrices=NVIDIA))  # AMD wave64
+    assert plan[1:] == (2, 2)
+    plan = lf._plan(SimpleNamespace(subgroup_size=32, f16_matrices=[{"m": 8, "n": 8, "k": 8}]))
+    assert plan == ({"m": 8, "n": 8, "k": 8}, 4, 2)                          # Apple
+    assert lf._plan(SimpleNamespace(subgroup_size=32, f16_matrices=[])) is None
+    assert lf._plan(SimpleNamespace(subgroup_size=0, f16_matrices=NVIDIA)) is None
+    assert lf._plan(SimpleNamespace(subgroup_size=32, f16_matrices=[{"m": 48, "n": 16, "k": 16}])) is None
+    text = lf.prelude(SimpleNamespace(subgroup_size=32, f16_matrices=NVIDIA), True, False, True)
+    assert text.startswith("enable f16;\nenable chromium_experimental_subgroup_matrix;\n")
+    for line in ("const TM : u32 = 16u;", "const WM : u32 = 4u;", "const A_KMAJOR : bool = true;",
+                 "const B_KMAJOR : bool = false;", "const ACCUMULATE : bool = true;"):
+        assert line in text
+
+
+def test_sizes_the_kernel_refuses():
+    assert lf.unsupported(256, 128, 64, 64, 64, 128) is None
+    assert "multiples of 128" in lf.unsupported(200, 128, 64, 64, 64, 128)
+    assert "multiples of 128" in lf.unsupported(256, 128, 48, 48, 64, 128)
+    assert "multiples of 8" in lf.unsupported(256, 128, 64, 68, 64, 128)
+    assert "multiples of 8" in lf.unsupported(256, 128, 64, 64, 64, 128, a_off=4)
+    assert "multiples of 4" in lf.unsupported(256, 128, 64, 64, 64, 130)
+    assert "empty" in lf.unsupported(0, 128, 64, 64, 64, 128)
+
+
+def test_refused_clearly_without_subgroup_matrices():
+    """wgpu-native (CI's lavapipe) has no subgroup matrices: available() says so and a
+    product is refused with the way to get them, before anything is recorded."""
+    g = require_gpu()
+    if g.f16_matrices:
+        pytest.skip("this device has f16 subgroup matrices")
+    assert not lf.available(g)
+    with pytest.raises(RuntimeError, match="MAMBA_EXT_GPU_BACKEND=dawn"):
+        lf.forward(g, None, None, None, 128, 128, 128)
+
+
+_DAWN_CHECK = """
+import json, numpy as np
+from mamba_ext.gpu import device, linear_f16 as lf
+from mamba_ext.bench.gpu import _f16_check
+try:
+    g = device.gpu()
+except RuntimeError as e:
+    print(json.dumps({"skip": f"Dawn found no adapter: {e}"})); raise SystemExit(0)
+if not lf.available(g):
+    print(json.dumps({"skip": f"no f16 subgroup matrices on {g.info.get('device')!r}"}))
+    raise SystemExit(0)
+print(json.dumps(_f16_check(g, lf, np.random.default_rng(0))))
+"""
+
+
+def test_dawn_products_match_float64():
+    """forward, dX and dW, written and accumulated, against float64 products of the same
+    f16 inputs: f32 accumulation of exact f16 x f16 products."""
+    from conftest import optional
+    optional("wgpudawn", 'pip install "mamba_ext[dawn]"')
+    env = dict(os.environ, MAMBA_EXT_GPU_BACKEND="dawn")
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(_DAWN_CHECK)], capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    if "skip" in res:
+        pytest.skip(f"real GPU hardware only: {res['skip']}")
+    assert set(res) == {"forward", "forward+=", "dinput", "dinput+=", "dweight", "dweight+="}
+    assert max(res.values()) < 1e-5, res
