@@ -86,3 +86,23 @@ def run(g, ops, clears=()):
 
 def read(g, buf, shape, dtype=np.float32):
     return g.read(buf, int(np.prod(shape)), dtype).reshape(shape)
+
+
+def run_on_dawn(code: str) -> dict:
+    """Run the Python ``code`` in a fresh interpreter with MAMBA_EXT_GPU_BACKEND=dawn and
+    return the JSON object of its last output line; skip the calling test when that object
+    has a "skip" reason (Dawn found no adapter, or the adapter lacks what the test needs:
+    real GPU hardware only, the one exception of the optional-dependency rule)."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+    optional("wgpudawn", 'pip install "mamba_ext[dawn]"')
+    env = dict(os.environ, MAMBA_EXT_GPU_BACKEND="dawn")
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    if "skip" in res:
+        pytest.skip(f"real GPU hardware only: {res['skip']}")
+    return res

@@ -5,14 +5,15 @@ Debian 12's lavapipe (Mesa 22.3), so its run below skips there, CI included (the
 exception of the optional-dependency rule: code that needs a GPU CI cannot have)."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import textwrap
+from pathlib import Path
+
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest
 
+from gpu_support import run_on_dawn
 from mamba_ext.gpu import backends
 
 
@@ -40,7 +41,7 @@ from mamba_ext.gpu import device
 try:
     g = device.gpu()
 except RuntimeError as e:
-    print(json.dumps({"no_adapter": str(e)})); raise SystemExit(0)
+    print(json.dumps({"skip": f"Dawn found no adapter: {e}"})); raise SystemExit(0)
 p = mamba_ext.init_mamba1_params(32, d_state=8, seed=0)
 x = np.random.default_rng(0).standard_normal((2, 70, 32)).astype(np.float32)
 out, cache = G.mamba1_forward(x, p)
@@ -54,14 +55,6 @@ print(json.dumps({"backend": g.backend.NAME, "device": g.info.get("device"),
 
 
 def test_dawn_runs_the_block_as_the_cpu():
-    from conftest import optional
-    optional("wgpudawn", 'pip install "mamba_ext[dawn]"')
-    env = dict(os.environ, MAMBA_EXT_GPU_BACKEND="dawn")
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(_DAWN_BLOCK)], capture_output=True,
-                       text=True, timeout=300, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(r.stdout.strip().splitlines()[-1])
-    if "no_adapter" in res:
-        pytest.skip(f"Dawn found no adapter here (real GPU hardware only): {res['no_adapter']}")
+    res = run_on_dawn(_DAWN_BLOCK)
     assert res["backend"] == "dawn"
     assert res["err"] < 1e-4, res

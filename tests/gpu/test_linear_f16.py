@@ -8,11 +8,7 @@ GPU hardware CI cannot have). What CI runs: the planning of the kernel from an a
 subgroup-matrix shapes, the size checks, and the clear refusal on a device without them."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,7 +17,7 @@ if str(Path(__file__).resolve().parent) not in sys.path:
 
 import pytest
 
-from gpu_support import require_gpu
+from gpu_support import require_gpu, run_on_dawn
 from mamba_ext.gpu import linear_f16 as lf
 
 NVIDIA = [{"m": 16, "n": 16, "k": 16}, {"m": 16, "n": 8, "k": 16}, {"m": 16, "n": 8, "k": 8}]
@@ -85,14 +81,6 @@ print(json.dumps(_f16_check(g, lf, np.random.default_rng(0))))
 def test_dawn_products_match_float64():
     """forward, dX and dW, written and accumulated, against float64 products of the same
     f16 inputs: f32 accumulation of exact f16 x f16 products."""
-    from conftest import optional
-    optional("wgpudawn", 'pip install "mamba_ext[dawn]"')
-    env = dict(os.environ, MAMBA_EXT_GPU_BACKEND="dawn")
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(_DAWN_CHECK)], capture_output=True,
-                       text=True, timeout=300, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(r.stdout.strip().splitlines()[-1])
-    if "skip" in res:
-        pytest.skip(f"real GPU hardware only: {res['skip']}")
+    res = run_on_dawn(_DAWN_CHECK)
     assert set(res) == {"forward", "forward+=", "dinput", "dinput+=", "dweight", "dweight+="}
     assert max(res.values()) < 1e-5, res
