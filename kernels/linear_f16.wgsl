@@ -19,7 +19,8 @@
 //
 // Constants prepended by the host: TM, TN, TK (the subgroup-matrix shape of the
 // adapter's configuration), SG (the subgroup size), WM x WN = 256 / SG subgroups per
-// workgroup (their grid over the tile), A_KMAJOR, B_KMAJOR, ACCUMULATE.
+// workgroup (their grid over the tile), A_KMAJOR, B_KMAJOR, ACCUMULATE. A dispatch whose
+// subgroups are not SG wide writes NaN over its tile instead of a wrong product.
 //
 // Bindings:
 // | binding | name | shape                                 | access     |
@@ -93,9 +94,17 @@ fn put_b(at : u32, w : vec4<u32>) {
 @compute @workgroup_size(256)
 fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
                       @builtin(local_invocation_index) t : u32,
-                      @builtin(subgroup_id) sid : u32) {
+                      @builtin(subgroup_id) sid : u32,
+                      @builtin(subgroup_size) sg_size : u32) {
     let bm = wg.y * BM;
     let bn = wg.x * BN;
+    if (sg_size != SG) {             // the host's subgroup layout does not hold: NaN, loudly
+        let nan = bitcast<f32>(0x7fc00000u | (p.M & 0u));   // (a constant NaN is not WGSL)
+        for (var e = t; e < BM * BN; e += 256u) {
+            c[p.c_off + (bm + e / BN) * p.ldc + bn + e % BN] = nan;
+        }
+        return;
+    }
     let sm = (sid / WN) * (BM / WM);
     let sn = (sid % WN) * (BN / WN);
     let nk = p.K / BK;

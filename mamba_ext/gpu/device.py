@@ -127,6 +127,19 @@ def check_aliasing(file: str, entry: str, entries) -> None:
                     f"forbids that")
 
 
+def _subgroup_size(info) -> int:
+    """The adapter's subgroup size when it has one fixed size (min = max; wgpudawn spells
+    the keys ``stackgroup_*``), 32 on NVIDIA (warps are 32 wide; Dawn reports only the
+    bounds 4 .. 128 there), else 0 (unknown)."""
+    lo, hi = (int(info.get(f"subgroup_{k}_size") or info.get(f"stackgroup_{k}_size") or 0)
+              for k in ("min", "max"))
+    if lo and lo == hi:
+        return hi
+    if str(info.get("vendor", "")).upper().startswith("NVIDIA") or info.get("vendor_id") == 0x10DE:
+        return 32
+    return 0
+
+
 def _shader_checks() -> str:
     from .backends import env_choice
     return env_choice("MAMBA_EXT_GPU_CHECKS", SHADER_CHECKS, "bounds")
@@ -215,11 +228,9 @@ class Gpu:
         self.f16_matrices = (self.backend.subgroup_matrix_configs(adapter)
                              if {"shader-f16", "chromium-experimental-subgroup-matrix"}
                              <= set(features) else [])
-        # the subgroup size where the adapter has one fixed size (min = max), else 0:
-        # kernels/linear_f16.wgsl lays its subgroups out by it
-        sg_min, sg_max = (int(self.info.get(k) or 0) for k in ("subgroup_min_size",
-                                                                 "subgroup_max_size"))
-        self.subgroup_size = sg_max if sg_min == sg_max else 0
+        # the subgroup size compute pipelines run with, where it is known (else 0):
+        # kernels/linear_f16.wgsl lays its subgroups out by it (and checks it)
+        self.subgroup_size = _subgroup_size(self.info)
         self._record = self.backend.native_dispatch()         # None: through wgpu-py's methods
         self._native = self.backend.native_queue(self.device)  # None: submits and maps too
         self._pipelines = {}
