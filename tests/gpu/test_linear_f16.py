@@ -42,6 +42,18 @@ def test_plan_follows_the_adapter():
         assert line in text
 
 
+def test_subgroup_size_from_the_adapter():
+    """A fixed size where the adapter reports one (min = max); 32 on NVIDIA, for which Dawn
+    (wgpudawn: keys spelled stackgroup_*) reports only its bounds 4 .. 128; else unknown."""
+    from mamba_ext.gpu.device import _subgroup_size
+    assert _subgroup_size({"subgroup_min_size": 32, "subgroup_max_size": 32}) == 32
+    assert _subgroup_size({"stackgroup_min_size": 4, "stackgroup_max_size": 128,
+                           "vendor": "NVIDIA", "vendor_id": 4318}) == 32
+    assert _subgroup_size({"stackgroup_min_size": 4, "stackgroup_max_size": 128,
+                           "vendor": "AMD", "vendor_id": 4098}) == 0
+    assert _subgroup_size({}) == 0
+
+
 def test_sizes_the_kernel_refuses():
     assert lf.unsupported(256, 128, 64, 64, 64, 128) is None
     assert "multiples of 128" in lf.unsupported(200, 128, 64, 64, 64, 128)
