@@ -19,13 +19,16 @@
 //
 // Constants prepended by the host: TM, TN, TK (the subgroup-matrix shape of the
 // adapter's configuration), SG (the subgroup size), WM x WN = 256 / SG subgroups per
-// workgroup (their grid over the tile), A_KMAJOR, B_KMAJOR, ACCUMULATE. A dispatch whose
-// subgroups are not SG wide writes NaN over its tile instead of a wrong product.
+// workgroup (their grid over the tile), A_KMAJOR, B_KMAJOR, ACCUMULATE, and the product's
+// contraction length KLEN and strides LDA, LDB, LDC: with these four as uniforms instead,
+// the same kernel ran 4x slower on an H200 (38 against 148 TFLOP/s, docs/gpu_h200.txt),
+// so a pipeline is built per product shape. A dispatch whose subgroups are not SG wide
+// writes NaN over its tile instead of a wrong product.
 //
 // Bindings:
 // | binding | name | shape                                 | access     |
 // |---------|------|---------------------------------------|------------|
-// | 0       | p    | Params                                | uniform    |
+// | 0       | p    | Params: a_off, b_off, c_off           | uniform    |
 // | 1       | a    | A operand, f16 packed 8 per vec4<u32> | read       |
 // | 2       | b    | B operand, f16 packed 8 per vec4<u32> | read       |
 // | 3       | c    | C (M, N) f32                          | read_write |
@@ -40,8 +43,6 @@
 // matching col_major flag, so no operand is transposed on the way.
 
 struct Params {
-    M : u32, N : u32, K : u32,
-    lda : u32, ldb : u32, ldc : u32,
     a_off : u32, b_off : u32, c_off : u32,
 }
 
@@ -99,34 +100,34 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
     let bm = wg.y * BM;
     let bn = wg.x * BN;
     if (sg_size != SG) {             // the host's subgroup layout does not hold: NaN, loudly
-        let nan = bitcast<f32>(0x7fc00000u | (p.M & 0u));   // (a constant NaN is not WGSL)
+        let nan = bitcast<f32>(0x7fc00000u | (p.c_off & 0u));   // (a constant NaN is not WGSL)
         for (var e = t; e < BM * BN; e += 256u) {
-            c[p.c_off + (bm + e / BN) * p.ldc + bn + e % BN] = nan;
+            c[p.c_off + (bm + e / BN) * LDC + bn + e % BN] = nan;
         }
         return;
     }
     let sm = (sid / WN) * (BM / WM);
     let sn = (sid % WN) * (BN / WN);
-    let nk = p.K / BK;
+    let nk = KLEN / BK;
 
     var acc : array<array<subgroup_matrix_result<f32, TN, TM>, FN>, FM>;
     if (ACCUMULATE) {
         for (var i = 0u; i < FM; i++) {
             for (var j = 0u; j < FN; j++) {
                 acc[i][j] = subgroupMatrixLoad<subgroup_matrix_result<f32, TN, TM>>(
-                    &c, p.c_off + (bm + sm + i * TM) * p.ldc + bn + sn + j * TN, false, p.ldc);
+                    &c, p.c_off + (bm + sm + i * TM) * LDC + bn + sn + j * TN, false, LDC);
             }
         }
     }
 
     // this invocation's two words of each operand per step
-    let wa0 = tile_word(A_KMAJOR, t, bm, p.lda, p.a_off);
-    let wa1 = tile_word(A_KMAJOR, t + 256u, bm, p.lda, p.a_off);
-    let wb0 = tile_word(B_KMAJOR, t, bn, p.ldb, p.b_off);
-    let wb1 = tile_word(B_KMAJOR, t + 256u, bn, p.ldb, p.b_off);
+    let wa0 = tile_word(A_KMAJOR, t, bm, LDA, p.a_off);
+    let wa1 = tile_word(A_KMAJOR, t + 256u, bm, LDA, p.a_off);
+    let wb0 = tile_word(B_KMAJOR, t, bn, LDB, p.b_off);
+    let wb1 = tile_word(B_KMAJOR, t + 256u, bn, LDB, p.b_off);
     // global words advance by a fixed step per k step: BK columns, or BK rows
-    let da = select(BK * p.lda, BK, A_KMAJOR) / 8u;
-    let db = select(BK * p.ldb, BK, B_KMAJOR) / 8u;
+    let da = select(BK * LDA, BK, A_KMAJOR) / 8u;
+    let db = select(BK * LDB, BK, B_KMAJOR) / 8u;
     var ra0 = a[wa0.y];
     var ra1 = a[wa1.y];
     var rb0 = b[wb0.y];
@@ -180,8 +181,8 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
 
     for (var i = 0u; i < FM; i++) {
         for (var j = 0u; j < FN; j++) {
-            subgroupMatrixStore(&c, p.c_off + (bm + sm + i * TM) * p.ldc + bn + sn + j * TN,
-                                acc[i][j], false, p.ldc);
+            subgroupMatrixStore(&c, p.c_off + (bm + sm + i * TM) * LDC + bn + sn + j * TN,
+                                acc[i][j], false, LDC);
         }
     }
 }

@@ -229,8 +229,10 @@ class Gpu:
                              if {"shader-f16", "chromium-experimental-subgroup-matrix"}
                              <= set(features) else [])
         # the subgroup size compute pipelines run with, where it is known (else 0):
-        # kernels/linear_f16.wgsl lays its subgroups out by it (and checks it)
-        self.subgroup_size = _subgroup_size(self.info)
+        # kernels/linear_f16.wgsl lays its subgroups out by it (and checks it); the one
+        # the subgroup-matrix shapes state first
+        fixed = {c.get("subgroup", 0) for c in self.f16_matrices} - {0}
+        self.subgroup_size = fixed.pop() if len(fixed) == 1 else _subgroup_size(self.info)
         self._record = self.backend.native_dispatch()         # None: through wgpu-py's methods
         self._native = self.backend.native_queue(self.device)  # None: submits and maps too
         self._pipelines = {}

@@ -46,9 +46,11 @@ def _plan(g):
     return max(fits, key=lambda c: (c["m"] * c["n"] * c["k"], c["k"])), wm, wn
 
 
-def prelude(g, a_kmajor: bool, b_kmajor: bool, accumulate: bool) -> str:
-    """The WGSL put before kernels/linear_f16.wgsl: its ``enable`` directives and the
-    constants its types and loads need as const-expressions."""
+def prelude(g, a_kmajor: bool, b_kmajor: bool, accumulate: bool, K: int, lda: int, ldb: int,
+            ldc: int) -> str:
+    """The WGSL put before kernels/linear_f16.wgsl: its ``enable`` directives and its
+    constants (the subgroup layout, the operand layouts, and the product's contraction
+    length and strides, which as uniforms made the kernel 4x slower)."""
     cfg, wm, wn = _plan(g)
     b = lambda v: "true" if v else "false"
     return ("enable f16;\nenable chromium_experimental_subgroup_matrix;\n"
@@ -56,7 +58,9 @@ def prelude(g, a_kmajor: bool, b_kmajor: bool, accumulate: bool) -> str:
             f"const TK : u32 = {cfg['k']}u;\nconst SG : u32 = {g.subgroup_size}u;\n"
             f"const WM : u32 = {wm}u;\nconst WN : u32 = {wn}u;\n"
             f"const A_KMAJOR : bool = {b(a_kmajor)};\nconst B_KMAJOR : bool = {b(b_kmajor)};\n"
-            f"const ACCUMULATE : bool = {b(accumulate)};\n")
+            f"const ACCUMULATE : bool = {b(accumulate)};\n"
+            f"const KLEN : u32 = {int(K)}u;\nconst LDA : u32 = {int(lda)}u;\n"
+            f"const LDB : u32 = {int(ldb)}u;\nconst LDC : u32 = {int(ldc)}u;\n")
 
 
 def unsupported(M: int, N: int, K: int, lda: int, ldb: int, ldc: int,
@@ -93,8 +97,8 @@ def product(g, c, a, b, M: int, N: int, K: int, *, a_kmajor: bool, b_kmajor: boo
     if why:
         raise ValueError(f"mamba_ext.gpu.linear_f16: {why}")
     return g.op("linear_f16", "linear_f16_product", (N // TILE[1], M // TILE[0], 1),
-                [M, N, K, lda, ldb, ldc, a_off, b_off, c_off], [a, b, c],
-                prelude=prelude(g, a_kmajor, b_kmajor, accumulate))
+                [a_off, b_off, c_off], [a, b, c],
+                prelude=prelude(g, a_kmajor, b_kmajor, accumulate, K, lda, ldb, ldc))
 
 
 def forward(g, y, x, w, M: int, I: int, O: int, accumulate: bool = False):

@@ -35,10 +35,12 @@ def test_plan_follows_the_adapter():
     assert lf._plan(SimpleNamespace(subgroup_size=32, f16_matrices=[])) is None
     assert lf._plan(SimpleNamespace(subgroup_size=0, f16_matrices=NVIDIA)) is None
     assert lf._plan(SimpleNamespace(subgroup_size=32, f16_matrices=[{"m": 48, "n": 16, "k": 16}])) is None
-    text = lf.prelude(SimpleNamespace(subgroup_size=32, f16_matrices=NVIDIA), True, False, True)
+    text = lf.prelude(SimpleNamespace(subgroup_size=32, f16_matrices=NVIDIA), True, False, True,
+                      768, 768, 3072, 3072)
     assert text.startswith("enable f16;\nenable chromium_experimental_subgroup_matrix;\n")
     for line in ("const TM : u32 = 16u;", "const WM : u32 = 4u;", "const A_KMAJOR : bool = true;",
-                 "const B_KMAJOR : bool = false;", "const ACCUMULATE : bool = true;"):
+                 "const B_KMAJOR : bool = false;", "const ACCUMULATE : bool = true;",
+                 "const KLEN : u32 = 768u;", "const LDC : u32 = 3072u;"):
         assert line in text
 
 

@@ -44,13 +44,18 @@ def prepare(checks: str) -> None:
 
 
 def subgroup_matrix_configs(adapter):
-    """The adapter's f16 x f16 -> f32 subgroup-matrix shapes, [{"m", "n", "k"}, ...] (the
-    tensor-core tile sizes differ by vendor: 16x16x16, 16x8x16 and 16x8x8 on NVIDIA)."""
+    """The adapter's f16 x f16 -> f32 subgroup-matrix shapes, [{"m", "n", "k", "subgroup"},
+    ...] (the tensor-core tile sizes differ by vendor: 16x16x16, 16x8x16 and 16x8x8 on
+    NVIDIA; "subgroup": the subgroup size they run with where Dawn fixes one, else 0)."""
     from wgpudawn.backends.dawn import extras
     props = extras.get_adapter_properties(adapter)
-    return [{"m": int(c["m"]), "n": int(c["n"]), "k": int(c["k"])}
-            for c in props.get("subgroup_matrix_configs", [])
-            if c.get("component_type") == "f16" and c.get("result_component_type") == "f32"]
+    out = []
+    for c in props.get("subgroup_matrix_configs", []):
+        if c.get("component_type") == "f16" and c.get("result_component_type") == "f32":
+            lo, hi = int(c.get("min_subgroup_size") or 0), int(c.get("max_subgroup_size") or 0)
+            out.append({"m": int(c["m"]), "n": int(c["n"]), "k": int(c["k"]),
+                        "subgroup": hi if lo == hi else 0})
+    return out
 
 
 def shader_module(device, label: str, code: str, checks: str):
