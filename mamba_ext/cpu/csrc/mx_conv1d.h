@@ -67,10 +67,15 @@ MX_KERNEL void mx_conv1d_forward_##SFX(T* MX_RESTRICT conv, const T* MX_RESTRICT
             MX_OMP_SIMD                                                                 \
             for (int j = 0; j < MX_CONV_V; j++) oj[j] = acc[j];                         \
         }                                                                               \
-        for (int j = j0; j < n; j++) {          /* the last channels, one at a time */  \
-            T a = k0 == 0 ? bias[d0 + j] : o[j];                                        \
-            for (int kk = 0; kk < nk; kk++) a += wt[kk][j] * src[j - kk * ld_xc];       \
-            o[j] = a;                                                                   \
+        if (j0 < n) {                            /* the last n - j0 < V channels */     \
+            const T* MX_RESTRICT init = k0 == 0 ? bias + d0 : o;                        \
+            if (k0 == 0)                                                                \
+                for (int j = j0; j < n; j++) o[j] = init[j];                            \
+            for (int kk = 0; kk < nk; kk++) {                                           \
+                const T* MX_RESTRICT s_ = src - kk * ld_xc;                             \
+                const T* MX_RESTRICT w = wt[kk];                                        \
+                for (int j = j0; j < n; j++) o[j] += w[j] * s_[j];                      \
+            }                                                                           \
         }                                                                               \
     }                                                                                   \
 }                                                                                       \
@@ -80,10 +85,15 @@ MX_KERNEL void mx_conv1d_backward_##SFX(T* MX_RESTRICT dxc, ptrdiff_t ld_dxc,   
         ptrdiff_t L, ptrdiff_t D, ptrdiff_t K, ptrdiff_t r0, ptrdiff_t r1,              \
         ptrdiff_t d0, int n, ptrdiff_t k0, int kn)                                      \
 {                                                                                       \
-    T wt[MX_CONV_KB][MX_CONV_CB], dwt[MX_CONV_KB][MX_CONV_CB], dbt[MX_CONV_CB];         \
+    T wt[MX_CONV_KB][MX_CONV_CB];                                                       \
+    T* MX_RESTRICT dwp = dw_part + k0 * D + d0;   /* this job's rows: tap kk at kk*D */ \
+    T* MX_RESTRICT dbp = db_part + d0;                                                  \
     ptrdiff_t r, t, t0 = r0 % L;                                                        \
     for (int kk = 0; kk < kn; kk++)                                                     \
-        for (int j = 0; j < n; j++) wt[kk][j] = weight[(d0 + j) * K + k0 + kk];         \
+        for (int j = 0; j < n; j++) {                                                   \
+            wt[kk][j] = weight[(d0 + j) * K + k0 + kk];                                 \
+            dwp[kk * D + j] = 0;                                                        \
+        }                                                                               \
     /* dxc[t] += sum_k dconv[t+k] w[k]: one vector of channels summed over the taps */  \
     for (r = r0, t = t0; r < r1; r++, t = t + 1 == L ? 0 : t + 1) {                     \
         T* MX_RESTRICT di = dxc + r * ld_dxc + d0;                                      \
@@ -104,35 +114,31 @@ MX_KERNEL void mx_conv1d_backward_##SFX(T* MX_RESTRICT dxc, ptrdiff_t ld_dxc,   
             MX_OMP_SIMD                                                                 \
             for (int j = 0; j < MX_CONV_V; j++) dij[j] = acc[j];                        \
         }                                                                               \
-        for (int j = j0; j < n; j++) {                                                  \
-            T a = di[j];                                                                \
-            for (int kk = 0; kk < nk; kk++) a += g[kk * D + j] * wt[kk][j];             \
-            di[j] = a;                                                                  \
+        for (int kk = 0; kk < nk && j0 < n; kk++) {    /* the last n - j0 < V channels */\
+            const T* MX_RESTRICT gk = g + kk * D;                                       \
+            const T* MX_RESTRICT w = wt[kk];                                            \
+            for (int j = j0; j < n; j++) di[j] += gk[j] * w[j];                         \
         }                                                                               \
     }                                                                                   \
     /* dw_part[k] = sum_t dconv[t] xc[t-k] and db_part = sum_t dconv[t], over the        \
-       block's rows in row order, into (KB, CB) and (CB,) stack tiles: an element's      \
-       next update comes n/V vectors later, so the sums do not wait on each other */    \
-    for (int kk = 0; kk < kn; kk++)                                                     \
-        for (int j = 0; j < n; j++) dwt[kk][j] = 0;                                     \
-    for (int j = 0; j < n; j++) dbt[j] = 0;                                             \
+       block's rows in row order, summed in place (the job owns these entries): an       \
+       element's next update comes n/V vectors later, so the sums do not wait on each    \
+       other */                                                                         \
+    if (k0 == 0)                                                                        \
+        for (int j = 0; j < n; j++) dbp[j] = 0;                                         \
     for (r = r0, t = t0; r < r1; r++, t = t + 1 == L ? 0 : t + 1) {                     \
         const T* MX_RESTRICT g = dconv + r * D + d0;                                    \
         if (k0 == 0) {                                                                  \
             MX_OMP_SIMD                                                                 \
-            for (int j = 0; j < n; j++) dbt[j] += g[j];                                 \
+            for (int j = 0; j < n; j++) dbp[j] += g[j];                                 \
         }                                                                               \
         for (int kk = 0; kk < kn && k0 + kk <= t; kk++) {                               \
             const T* MX_RESTRICT s_ = xc + (r - k0 - kk) * ld_xc + d0;                  \
-            T* MX_RESTRICT dw = dwt[kk];                                                \
+            T* MX_RESTRICT dw = dwp + kk * D;                                           \
             MX_OMP_SIMD                                                                 \
             for (int j = 0; j < n; j++) dw[j] += g[j] * s_[j];                          \
         }                                                                               \
     }                                                                                   \
-    for (int kk = 0; kk < kn; kk++)                                                     \
-        for (int j = 0; j < n; j++) dw_part[(k0 + kk) * D + d0 + j] = dwt[kk][j];       \
-    if (k0 == 0)                                                                        \
-        for (int j = 0; j < n; j++) db_part[d0 + j] = dbt[j];                           \
 }                                                                                       \
 /* mx_conv1d_reduce: channels [d0, d0+n) (n <= CB): dweight (D, K) += the sum over the  \
    nblk row blocks, in block order, of dw_part (nblk, K, D); dbias (D,) += likewise of   \
