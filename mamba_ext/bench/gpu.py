@@ -333,11 +333,11 @@ def run(size: str = "all", *, repeat: int = 10, use_torch: bool = True, loops: b
 
 
 # The products of block d's in_proj and out_proj (M = B*L = 16384, Dm 768, D 1536) that
-# ``--f16-gemm`` times: (name, kind, M, I, O) of Y (M, O) = X (M, I) W (O, I)^T.
+# ``--f16-gemm`` times: (name, M, I, O) of Y (M, O) = X (M, I) W (O, I)^T.
 F16_GEMM_SHAPES = (("in_proj", 16384, 768, 3072), ("out_proj", 16384, 1536, 768))
 
 
-def _f16_check(g, lf, rng):
+def check_f16_products(g, lf, rng):
     """Max relative error of forward / dinput / dweight (written, then accumulated)
     against float64 products of the same f16-rounded inputs."""
     M, I, O = 256, 384, 128
@@ -375,11 +375,11 @@ def run_f16_gemm(repeat: int = 10) -> int:
         print("no f16 subgroup matrices on this device: run with MAMBA_EXT_GPU_BACKEND=dawn on a "
               "GPU that has them")
         return 1
-    cfg, wm, wn = lf._plan(g)
+    cfg, wm, wn = lf.plan(g)
     print(f"kernel: 128 x 128 tile, BK {lf.BK}, subgroup matrices {cfg['m']}x{cfg['n']}x{cfg['k']}, "
           f"{wm} x {wn} subgroups", flush=True)
     rng = np.random.default_rng(0)
-    errs = _f16_check(g, lf, rng)
+    errs = check_f16_products(g, lf, rng)
     print("check, max |got - float64| / max |float64|: "
           + ", ".join(f"{k} {v:.1e}" for k, v in errs.items()), flush=True)
     reps = 5

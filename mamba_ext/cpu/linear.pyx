@@ -251,7 +251,7 @@ cdef int linear_backward(floating* dx, floating* dweight, floating* dbias,
     # Returns 0, or -1 when that scratch cannot be allocated (nothing written then).
     cdef int nt, t
     cdef floating* dwt = NULL
-    if dweight != NULL and IC > 0 and OC < IC:
+    if dweight != NULL and IC > 0 and OC < IC and M > 0:   # (M 0: nothing to add)
         dwt = <floating*>malloc(IC * OC * sizeof(floating))
         if dwt == NULL:
             return -1

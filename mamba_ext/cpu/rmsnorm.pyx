@@ -43,6 +43,10 @@ cdef void rmsnorm_forward(floating* out, floating* rstd, const floating* x,
     # out (M, Dm), rstd (M,) written; x (M, Dm), weight (Dm,) read
     cdef idx_t r
     cdef int nt = mx_team(n_threads, M * Dm, MIN_WORK_PER_THREAD, M)
+    if nt == 1:         # no parallel region (the recurrent step's few rows, every token)
+        for r in range(M):
+            forward_row(out, rstd, x, weight, r, Dm, eps)
+        return
     for r in prange(M, schedule='static', num_threads=nt):
         forward_row(out, rstd, x, weight, r, Dm, eps)
 

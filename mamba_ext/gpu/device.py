@@ -223,14 +223,14 @@ class Gpu:
         # bytes of workgroup memory a kernel may use (the scan sizes its blocks by it)
         self.wg_memory = int(lim.get("max-compute-workgroup-storage-size", 16384))
         self.timestamps = "timestamp-query" in features
-        # f16 x f16 -> f32 subgroup-matrix shapes {"m", "n", "k"} this device runs
-        # (kernels/linear_f16.wgsl; empty where the backend or the adapter has none)
+        # f16 x f16 -> f32 subgroup-matrix shapes {"m", "n", "k", "subgroup"} this device
+        # runs (kernels/linear_f16.wgsl; empty where the backend or the adapter has none)
         self.f16_matrices = (self.backend.subgroup_matrix_configs(adapter)
                              if {"shader-f16", "chromium-experimental-subgroup-matrix"}
                              <= set(features) else [])
         # the subgroup size compute pipelines run with, where it is known (else 0):
         # kernels/linear_f16.wgsl lays its subgroups out by it (and checks it); the one
-        # the subgroup-matrix shapes state first
+        # the subgroup-matrix shapes state, else what the adapter info allows
         fixed = {c.get("subgroup", 0) for c in self.f16_matrices} - {0}
         self.subgroup_size = fixed.pop() if len(fixed) == 1 else _subgroup_size(self.info)
         self._record = self.backend.native_dispatch()         # None: through wgpu-py's methods

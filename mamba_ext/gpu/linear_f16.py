@@ -24,10 +24,10 @@ WORKGROUP = 256          # invocations per workgroup
 def available(g) -> bool:
     """Whether ``g`` runs kernels/linear_f16.wgsl (an f16 -> f32 subgroup-matrix shape
     that tiles the kernel's subgroup blocks, and a subgroup size that divides 256)."""
-    return _plan(g) is not None
+    return plan(g) is not None
 
 
-def _plan(g):
+def plan(g):
     """(shape {"m","n","k"}, WM, WN) for ``g``, or None: the subgroups of a workgroup
     in a WM x WN grid (as square as it goes, WM >= WN), the largest shape whose
     tiles divide a subgroup's block."""
@@ -51,7 +51,7 @@ def prelude(g, a_kmajor: bool, b_kmajor: bool, accumulate: bool, K: int, lda: in
     """The WGSL put before kernels/linear_f16.wgsl: its ``enable`` directives and its
     constants (the subgroup layout, the operand layouts, and the product's contraction
     length and strides, which as uniforms made the kernel 4x slower)."""
-    cfg, wm, wn = _plan(g)
+    cfg, wm, wn = plan(g)
     b = lambda v: "true" if v else "false"
     return ("enable f16;\nenable chromium_experimental_subgroup_matrix;\n"
             f"const TM : u32 = {cfg['m']}u;\nconst TN : u32 = {cfg['n']}u;\n"

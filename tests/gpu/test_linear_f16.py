@@ -26,15 +26,15 @@ NVIDIA = [{"m": 16, "n": 16, "k": 16}, {"m": 16, "n": 8, "k": 16}, {"m": 16, "n"
 def test_plan_follows_the_adapter():
     """The subgroup-matrix shape is the adapter's largest that tiles a subgroup's block;
     the subgroups of a workgroup form a grid as square as it goes."""
-    plan = lf._plan(SimpleNamespace(subgroup_size=32, f16_matrices=NVIDIA))
+    plan = lf.plan(SimpleNamespace(subgroup_size=32, f16_matrices=NVIDIA))
     assert plan == ({"m": 16, "n": 16, "k": 16}, 4, 2)
-    plan = lf._plan(SimpleNamespace(subgroup_size=64, f16_matrices=NVIDIA))  # AMD wave64
+    plan = lf.plan(SimpleNamespace(subgroup_size=64, f16_matrices=NVIDIA))  # AMD wave64
     assert plan[1:] == (2, 2)
-    plan = lf._plan(SimpleNamespace(subgroup_size=32, f16_matrices=[{"m": 8, "n": 8, "k": 8}]))
+    plan = lf.plan(SimpleNamespace(subgroup_size=32, f16_matrices=[{"m": 8, "n": 8, "k": 8}]))
     assert plan == ({"m": 8, "n": 8, "k": 8}, 4, 2)                          # Apple
-    assert lf._plan(SimpleNamespace(subgroup_size=32, f16_matrices=[])) is None
-    assert lf._plan(SimpleNamespace(subgroup_size=0, f16_matrices=NVIDIA)) is None
-    assert lf._plan(SimpleNamespace(subgroup_size=32, f16_matrices=[{"m": 48, "n": 16, "k": 16}])) is None
+    assert lf.plan(SimpleNamespace(subgroup_size=32, f16_matrices=[])) is None
+    assert lf.plan(SimpleNamespace(subgroup_size=0, f16_matrices=NVIDIA)) is None
+    assert lf.plan(SimpleNamespace(subgroup_size=32, f16_matrices=[{"m": 48, "n": 16, "k": 16}])) is None
     text = lf.prelude(SimpleNamespace(subgroup_size=32, f16_matrices=NVIDIA), True, False, True,
                       768, 768, 3072, 3072)
     assert text.startswith("enable f16;\nenable chromium_experimental_subgroup_matrix;\n")
@@ -80,7 +80,7 @@ def test_refused_clearly_without_subgroup_matrices():
 _DAWN_CHECK = """
 import json, numpy as np
 from mamba_ext.gpu import device, linear_f16 as lf
-from mamba_ext.bench.gpu import _f16_check
+from mamba_ext.bench.gpu import check_f16_products
 try:
     g = device.gpu()
 except RuntimeError as e:
@@ -88,7 +88,7 @@ except RuntimeError as e:
 if not lf.available(g):
     print(json.dumps({"skip": f"no f16 subgroup matrices on {g.info.get('device')!r}"}))
     raise SystemExit(0)
-print(json.dumps(_f16_check(g, lf, np.random.default_rng(0))))
+print(json.dumps(check_f16_products(g, lf, np.random.default_rng(0))))
 """
 
 

@@ -49,13 +49,14 @@ MX_KERNEL void mx_conv1d_forward_##SFX(T* MX_RESTRICT conv, const T* MX_RESTRICT
         for (int j = 0; j < n; j++) wt[kk][j] = weight[(d0 + j) * K + k0 + kk];         \
     for (r = r0; r < r1; r++, t = t + 1 == L ? 0 : t + 1) {                             \
         T* MX_RESTRICT o = conv + r * D + d0;                                           \
-        const T* MX_RESTRICT src = xc + (r - k0) * ld_xc + d0;                          \
         int nk = t - k0 + 1 < kn ? (int)(t - k0 + 1) : kn;  /* taps inside the sequence */\
+        /* row r - k0 of xc: formed only when a tap reaches it */                       \
+        const T* MX_RESTRICT src = nk > 0 ? xc + (r - k0) * ld_xc + d0 : xc;            \
         int j0 = 0;                                                                     \
         for (; j0 + MX_CONV_V <= n; j0 += MX_CONV_V) {                                  \
             T acc[MX_CONV_V];                                                           \
-            T* MX_RESTRICT oj = o + j0;                                                 \
-            const T* MX_RESTRICT init = k0 == 0 ? bias + d0 + j0 : oj;                  \
+            T* oj = o + j0;                 /* oj and init: both based on o */          \
+            const T* init = k0 == 0 ? bias + d0 + j0 : oj;                              \
             MX_OMP_SIMD                                                                 \
             for (int j = 0; j < MX_CONV_V; j++) acc[j] = init[j];                       \
             for (int kk = 0; kk < nk; kk++) {                                           \
@@ -68,9 +69,8 @@ MX_KERNEL void mx_conv1d_forward_##SFX(T* MX_RESTRICT conv, const T* MX_RESTRICT
             for (int j = 0; j < MX_CONV_V; j++) oj[j] = acc[j];                         \
         }                                                                               \
         if (j0 < n) {                            /* the last n - j0 < V channels */     \
-            const T* MX_RESTRICT init = k0 == 0 ? bias + d0 : o;                        \
             if (k0 == 0)                                                                \
-                for (int j = j0; j < n; j++) o[j] = init[j];                            \
+                for (int j = j0; j < n; j++) o[j] = bias[d0 + j];                       \
             for (int kk = 0; kk < nk; kk++) {                                           \
                 const T* MX_RESTRICT s_ = src - kk * ld_xc;                             \
                 const T* MX_RESTRICT w = wt[kk];                                        \
@@ -97,8 +97,9 @@ MX_KERNEL void mx_conv1d_backward_##SFX(T* MX_RESTRICT dxc, ptrdiff_t ld_dxc,   
     /* dxc[t] += sum_k dconv[t+k] w[k]: one vector of channels summed over the taps */  \
     for (r = r0, t = t0; r < r1; r++, t = t + 1 == L ? 0 : t + 1) {                     \
         T* MX_RESTRICT di = dxc + r * ld_dxc + d0;                                      \
-        const T* MX_RESTRICT g = dconv + (r + k0) * D + d0;                             \
-        int nk = L - t - k0 < kn ? (int)(L - t - k0) : kn;                              \
+        int nk = L - t - k0 < kn ? (int)(L - t - k0) : kn;  /* taps inside the sequence */\
+        /* row r + k0 of dconv: formed only when a tap reaches it */                    \
+        const T* MX_RESTRICT g = nk > 0 ? dconv + (r + k0) * D + d0 : dconv;            \
         int j0 = 0;                                                                     \
         for (; j0 + MX_CONV_V <= n; j0 += MX_CONV_V) {                                  \
             T acc[MX_CONV_V];                                                           \
