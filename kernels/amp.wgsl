@@ -11,19 +11,29 @@
 //   amp_round_grads:   g = round_f16(g) * inv_scale         (round_fp16, then
 //                      DynamicLossScaler.unscale: an overflow stays +-inf, so the
 //                      gradient norm's non-finite count sees it)
+//   amp_pack_f16:      packed (rows, cols) f16 = round_f16(x (rows, cols), row stride
+//                      src_rs from src_off), two per u32 word (the lower half first),
+//                      from word dst_off: the operands of the tensor-core products
+//                      (kernels/linear_f16.wgsl). The f16 bits are formed here, not by
+//                      pack2x16float, whose rounding and overflow WGSL leaves to the
+//                      implementation: +-inf past 65504, as NumPy's astype(float16).
 //
-// Bindings (one invocation per element):
+// Size letters: n elements (words of amp_pack_f16), cols (even) per row.
+//
+// Bindings (one invocation per element, per word for amp_pack_f16):
 // | entry             | binding: name shape access                                |
 // |-------------------|-----------------------------------------------------------|
 // | amp_round_weights | 0 p Params uniform; 1 w (n) r; 2 w16 (n) rw               |
 // | amp_round_grads   | 0 p Params uniform; 2 g (n) rw                            |
+// | amp_pack_f16      | 0 p Params uniform; 1 x r; 3 packed (n words) rw          |
 
-struct Params { n: u32, inv_scale: f32 }
+struct Params { n: u32, inv_scale: f32, cols: u32, src_off: u32, src_rs: u32, dst_off: u32 }
 
 override WG: u32 = 256u;
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
+@group(0) @binding(3) var<storage, read_write> packed: array<u32>;
 
 fn round_f16(x: f32) -> f32 {
     let b = bitcast<u32>(x);
@@ -40,6 +50,31 @@ fn round_f16(x: f32) -> f32 {
     // by powers of two are exact)
     let q = round(bitcast<f32>(a) * 16777216.0) / 16777216.0;
     return bitcast<f32>(sign | bitcast<u32>(q));
+}
+
+// the float16 bits of round_f16(x)
+fn f16_bits(x: f32) -> u32 {
+    let r = round_f16(x);
+    let b = bitcast<u32>(r);
+    let sign = (b >> 16u) & 0x8000u;
+    let a = b & 0x7fffffffu;
+    if (a > 0x7f800000u) { return sign | 0x7e00u; }                   // NaN
+    if (a == 0x7f800000u) { return sign | 0x7c00u; }                  // inf
+    if (a >= 0x38800000u) {                                           // normal: rebias
+        return sign | ((((a >> 23u) - 112u) << 10u) | ((a >> 13u) & 0x3ffu));
+    }
+    return sign | u32(bitcast<f32>(a) * 16777216.0);                  // subnormal, exact
+}
+
+@compute @workgroup_size(WG)
+fn amp_pack_f16(@builtin(local_invocation_index) li: u32,
+                @builtin(workgroup_id) wid: vec3<u32>,
+                @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(wid, nwg, li, WG);
+    if (i >= p.n) { return; }
+    let half_cols = p.cols / 2u;
+    let src = p.src_off + (i / half_cols) * p.src_rs + 2u * (i % half_cols);
+    packed[p.dst_off + i] = f16_bits(w[src]) | (f16_bits(w[src + 1u]) << 16u);
 }
 
 @compute @workgroup_size(WG)

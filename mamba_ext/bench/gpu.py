@@ -171,7 +171,7 @@ def torch_bench(x, params, dout, ref_out, ref_dx, repeat, loops):
     return rows, ""
 
 
-def bench_size(size, repeat, use_torch, loops, profile=False, discretization="zoh"):
+def bench_size(size, repeat, use_torch, loops, profile=False, discretization="zoh", amp=False):
     from ..gpu import linear, scan
     from ..gpu.block import _Plan
     Dm, D, N, K, R, B, L = SIZES[size]
@@ -182,7 +182,7 @@ def bench_size(size, repeat, use_torch, loops, profile=False, discretization="zo
     x = rng.standard_normal((B, L, Dm)).astype(np.float32)
     dout = rng.standard_normal((B, L, Dm)).astype(np.float32)
     before = g.bytes_allocated
-    plan = _Plan(dims, B, L, DEFAULT_EPS, discretization, scan.layout_key())
+    plan = _Plan(dims, B, L, DEFAULT_EPS, discretization, scan.layout_key(), f16=amp)
     mem = g.bytes_allocated - before
     from .._validate import BLOCK_PARAM_NAMES
     plan.upload_params({k: params[k] for k in BLOCK_PARAM_NAMES})
@@ -214,7 +214,7 @@ def bench_size(size, repeat, use_torch, loops, profile=False, discretization="zo
     return res
 
 
-def train_step(name, steps=5, warmup=2, checkpointing=False, discretization="zoh"):
+def train_step(name, steps=5, warmup=2, checkpointing=False, discretization="zoh", amp=False):
     """Whole-model training step of ``TRAIN_STEPS[name]`` (byte-level LM: embedding,
     blocks, final norm, tied head, cross-entropy, grad norm, AdamW in one submit,
     mamba_ext.gpu.ResidentTrainer, with activation checkpointing when asked): median
@@ -222,7 +222,10 @@ def train_step(name, steps=5, warmup=2, checkpointing=False, discretization="zoh
     submitted before the one before it is read back, ResidentTrainer.step_async, as
     ``train --device gpu`` runs: wall over ``steps`` steps / steps), and the GPU memory of our
     buffers (allocated for this model; a device-wide scratch buffer that an earlier
-    model of the same process already allocated large enough is not counted again)."""
+    model of the same process already allocated large enough is not counted again).
+    ``amp``: mixed precision (a DynamicLossScaler; the tensor-core products where the
+    device has them, ResidentTrainer.products says)."""
+    from ..amp import DynamicLossScaler
     from ..gpu.trainer import ResidentTrainer
     from ..model import init_model_params
     V, Dm, nl, B, L = TRAIN_STEPS[name]
@@ -230,7 +233,9 @@ def train_step(name, steps=5, warmup=2, checkpointing=False, discretization="zoh
     params = init_model_params(V, Dm, nl, seed=0)
     before = g.bytes_allocated
     tr = ResidentTrainer(params, lr=1e-4, checkpointing=checkpointing,
-                         discretization=discretization)
+                         discretization=discretization,
+                         scaler=DynamicLossScaler() if amp else None)
+    products = tr.products(B, L) if amp else "fp32 WGSL"
     tok = np.random.default_rng(0).integers(0, V, (B, L + 1))
     x, y = tok[:, :-1], tok[:, 1:]
     for _ in range(warmup):
@@ -254,19 +259,24 @@ def train_step(name, steps=5, warmup=2, checkpointing=False, discretization="zoh
     pending.result()
     ms_pipe = (time.perf_counter() - t0) * 1e3 / steps
     mem = g.bytes_allocated - before
+    skipped = tr.skipped
     del tr
     return dict(name=name, cfg=(V, Dm, nl, B, L), ms=ms, tokens_s=B * L / ms * 1e3, mem=mem,
+                products=products, skipped=skipped,
                 loss=loss, ms_pipelined=ms_pipe, tokens_s_pipelined=B * L / ms_pipe * 1e3)
 
 
-def run_train_steps(names, steps=5, checkpointing=False, discretization="zoh") -> int:
+def run_train_steps(names, steps=5, checkpointing=False, discretization="zoh", amp=False) -> int:
     """Print one line per model of ``names`` (keys of TRAIN_STEPS); returns 0."""
     g = gpu()
     print(f"adapter: {g.info.get('device')} ({g.info.get('backend_type')})")
     for n in names:
-        r = train_step(n, steps, checkpointing=checkpointing, discretization=discretization)
+        r = train_step(n, steps, checkpointing=checkpointing, discretization=discretization,
+                       amp=amp)
         V, Dm, nl, B, L = r["cfg"]
-        print(f"model V {V}, {nl} layers x d_model {Dm}, B {B} x L {L}, fp32 WGSL"
+        what = (f"AMP ({r['products']}; {r['skipped']} steps skipped by the loss scaler)"
+                if amp else "fp32 WGSL")
+        print(f"model V {V}, {nl} layers x d_model {Dm}, B {B} x L {L}, {what}"
               f"{', checkpointing' if checkpointing else ''}"
               f"{', Euler' if discretization == 'euler' else ''}: step "
               f"{r['ms']:.2f} ms = {r['tokens_s']:,.0f} tokens/s (wall, median of {steps}, loss "
@@ -278,31 +288,39 @@ def run_train_steps(names, steps=5, checkpointing=False, discretization="zoh") -
 
 
 def run(size: str = "all", *, repeat: int = 10, use_torch: bool = True, loops: bool = True,
-        profile: bool = False, discretization: str = "zoh") -> int:
+        profile: bool = False, discretization: str = "zoh", amp: bool = False) -> int:
     """Run the GPU benchmark for ``size`` ("a" .. "d", or "all" = a, b, c) and print its tables;
     returns 0. ``use_torch``: also time the PyTorch CUDA baselines; ``loops``: include
     the slow Python-time-loop one; ``profile``: also time every dispatch alone;
     ``discretization``: "zoh" (the package default) or "euler" (b_bar = Delta*B, as
-    mamba_ssm's kernel computes; its PyTorch baselines here are ZOH, so not with them)."""
+    mamba_ssm's kernel computes; its PyTorch baselines here are ZOH, so not with them);
+    ``amp``: in_proj and out_proj on tensor cores (f16 operands; the device must have
+    f16 subgroup matrices, mamba_ext.gpu.linear_f16), the rest in f32."""
     if repeat < 1:
         raise ValueError(f"repeat: expected an integer >= 1, got {repeat!r}")
     if discretization != "zoh" and use_torch:
         raise ValueError("discretization: the PyTorch baselines of this bench compute ZOH; "
                          "bench Euler without them (use_torch=False)")
     g = gpu()
+    if amp:
+        from ..gpu import linear_f16
+        if not linear_f16.available(g):
+            raise RuntimeError("amp: this device offers no f16 subgroup matrices (they need "
+                               "MAMBA_EXT_GPU_BACKEND=dawn on a GPU that has them)")
     info = g.info
     print(f"adapter: {info.get('device')} ({info.get('backend_type')}, {info.get('adapter_type')}); "
           f"timestamp-query: {g.timestamps}; max storage binding {g.max_binding} B")
     bw = copy_bandwidth(g)
     print(f"copy kernel bandwidth (read+write): {bw / 1e12:.2f} TB/s")
     sizes = ["a", "b", "c"] if size == "all" else [size]
-    print(f"discretization: {discretization}")
+    print(f"discretization: {discretization}; products: "
+          f"{'in_proj/out_proj f16 on tensor cores (AMP)' if amp else 'fp32'}")
     print("\n| size | Dm,D,N,K,R,B,L | WGSL fwd+bwd GPU ms | wall ms | wall ms back to back | "
           "GPU mem MiB | scan ms | scan GB/s | scan / copy bw | scan / 4 TB/s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     results = []
     for s in sizes:
-        r = bench_size(s, repeat, use_torch, loops, profile, discretization)
+        r = bench_size(s, repeat, use_torch, loops, profile, discretization, amp)
         results.append(r)
         sbw = r["scan_bytes"] / (r["scan_ms"] * 1e-3)
         gms = f"{r['gpu_ms']:.3f}" if r["gpu_ms"] is not None else "n/a"
@@ -357,6 +375,36 @@ def check_f16_products(g, lf, rng):
             ref = want + (c0 if acc else 0)
             errs[f"{name}{'+=' if acc else ''}"] = float(np.abs(got - ref).max() / np.abs(ref).max())
     return errs
+
+
+def check_f16_model(g, rng, Dm=256, n_layers=2, B=2, L=128) -> dict:
+    """Loss and gradients of a small model (weights f16 values, V 256, d_inner 2 Dm) with
+    in_proj/out_proj on the f16 products (mamba_ext.gpu.linear_f16) against the f32
+    products on the same weights: {"loss": relative difference, "grads": the largest
+    max|diff| / max|f32| over the parameters}. They differ by the f16 rounding of the
+    products' activations, ~1e-3."""
+    from ..gpu import linear_f16 as lf
+    from ..gpu.model import ModelPlan, check_model
+    from ..model import init_model_params
+    p = init_model_params(256, Dm, n_layers, seed=int(rng.integers(1 << 30)))
+    arrays, dims = check_model({k: v.astype(np.float16).astype(np.float32) for k, v in p.items()})
+    order = list(arrays)
+    tok, tgt = rng.integers(0, 256, (B, L)), rng.integers(0, 256, (B, L))
+    out = []
+    for f16 in (False, True):
+        plan = ModelPlan(arrays, dims, B, L, order)
+        if f16:
+            half = lf.HalfWeights(g, plan.w, [(k, plan.offs[k], *arrays[k].shape) for k in order
+                                              if k.endswith((".wInProj", ".wOutProj"))])
+            plan = ModelPlan(arrays, dims, B, L, order, w=plan.w, f16=half)
+        g.write(plan.w, np.concatenate([arrays[k].ravel() for k in order]))
+        ops = plan.train_ops()
+        plan.upload_batch(tok, tgt)
+        g.submit(ops, plan.clears)
+        out.append((plan.loss(), plan.read_tensors(plan.gr, arrays)))
+    (l32, g32), (l16, g16) = out
+    err = lambda a, b: float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+    return {"loss": abs(l16 - l32) / abs(l32), "grads": max(err(g16[k], g32[k]) for k in order)}
 
 
 def run_f16_gemm(repeat: int = 10) -> int:

@@ -40,6 +40,10 @@ def build_parser():
     p.add_argument("--f16-gemm", action="store_true",
                    help="GPU: time the tensor-core products (f16 subgroup matrices, "
                         "kernels/linear_f16.wgsl; MAMBA_EXT_GPU_BACKEND=dawn) on block d's shapes")
+    p.add_argument("--amp", action="store_true",
+                   help="GPU: mixed precision; the block (sizes) and --train-step with in_proj "
+                        "and out_proj on tensor cores where the device has f16 subgroup "
+                        "matrices (MAMBA_EXT_GPU_BACKEND=dawn)")
     p.add_argument("--checkpointing", action="store_true",
                    help="GPU --train-step: with activation checkpointing")
     p.add_argument("--model-step", default=None, metavar="MODELS",
@@ -91,6 +95,8 @@ def main(argv=None) -> int:
         ap.error("--f16-gemm needs --device gpu")
     if args.train_step is not None and args.device != "gpu":
         ap.error("--train-step needs --device gpu")
+    if args.amp and args.device != "gpu":
+        ap.error("--amp applies to --device gpu")
     if args.checkpointing and args.train_step is None:
         ap.error("--checkpointing applies to --device gpu --train-step")
     if args.discretization != "zoh" and args.device != "gpu":
@@ -112,10 +118,10 @@ def main(argv=None) -> int:
                          f"{args.train_step!r}")
             return gpu.run_train_steps(names, steps=args.repeat or 5,
                                        checkpointing=args.checkpointing,
-                                       discretization=args.discretization)
+                                       discretization=args.discretization, amp=args.amp)
         return gpu.run(args.size, repeat=args.repeat or 10, use_torch=not args.no_torch,
                        loops=not args.no_loop, profile=args.profile,
-                       discretization=args.discretization)
+                       discretization=args.discretization, amp=args.amp)
     from ..bench import cpu
     return cpu.run(args.size, repeat=args.repeat or 5, dtype=args.dtype, n_threads=args.threads,
                    use_torch=not args.no_torch, markdown=args.markdown,

@@ -27,8 +27,9 @@ from ..constants import DEFAULT_EPS
 from . import scan as _scan
 from .activations import gate_backward, gate_forward
 from .conv1d import conv1d_backward, conv1d_forward
-from .device import arena_layout, gpu
-from .linear import linear_backward, linear_forward
+from . import linear_f16 as lf
+from .device import arena_layout, column_sum, gpu
+from .linear import bias_fill, linear_backward, linear_forward
 from .rmsnorm import rmsnorm_backward, rmsnorm_forward
 
 _POOL = {}          # plan key -> list of free plans
@@ -53,6 +54,13 @@ def validate_block(x, params):
     return xa, arrays, dims
 
 
+def f16_unsupported(d: BlockDims, M, offs, half_offs) -> str | None:
+    """Why in_proj's and out_proj's products of a block with M rows cannot run in f16
+    (gradients at ``offs`` of the f32 arena, f16 weights at ``half_offs``), or None."""
+    return (lf.layer_unsupported(M, d.Dm, 2 * d.D, half_offs["wInProj"], offs["wInProj"])
+            or lf.layer_unsupported(M, d.D, d.Dm, half_offs["wOutProj"], offs["wOutProj"]))
+
+
 def block_arena(d: BlockDims, prefix=""):
     """Arena layout of one block's 13 parameters: ({name: offset}, total)."""
     return arena_layout([(prefix + n, s) for n, s in block_param_shapes(d).items()])
@@ -61,9 +69,12 @@ def block_arena(d: BlockDims, prefix=""):
 class BlockScratch:
     """Backward temporaries of one block shape, shared by all layers of a model."""
 
-    def __init__(self, g, d: BlockDims, s: _scan.ScanShape):
+    def __init__(self, g, d: BlockDims, s: _scan.ScanShape, f16=False):
         M, D, P, Dm = s.M, d.D, d.P, d.Dm
         mk = g.buffer
+        if f16:     # the f16 operands of the products (BlockLayer's f16 mode), 2 per word
+            self.dout16 = mk(M * Dm // 2, "dout_f16")    # (M, Dm) f16: out_proj's dY
+            self.dY16 = mk(M * D, "dY_f16")              # (M, 2D) f16: in_proj's dY
         # Buffers whose lifetimes within backward_ops do not overlap share one (the
         # steps: 1 out_proj, 2 gate, 3 scan, 4 dt_proj, 5 x_proj, 6 conv1d, 7 in_proj,
         # 8 RMSNorm): dgated [1, 2] / ddelta_pre [3, 4] / dxn [7, 8], and
@@ -89,6 +100,12 @@ class BlockLayer:
     ``w``/``gr``: parameter / gradient arenas, ``o``: block name -> offset in
     them. ``x``/``out``: (M, Dm) input and output buffers. ``cache_of``: another
     layer whose forward cache buffers this one shares (activation checkpointing).
+    ``f16``: (buffer, {"wInProj": offset, "wOutProj": offset}) of f16 copies of the two
+    large weights (linear_f16.HalfWeights): in_proj's and out_proj's six products then
+    run on tensor cores (mamba_ext.gpu.linear_f16) with f16 operands, and the cache keeps
+    their f16 inputs (xn16, gated16) instead of the f32 ones; the biases are filled in
+    first (linear.bias_fill) and the products accumulated on top, the bias gradients are
+    column sums of the f32 gradients. Mixed precision: the rest runs in f32 as before.
     """
 
     # the forward cache: what the backward reads (buffers() lists them)
@@ -96,8 +113,15 @@ class BlockLayer:
              "gated")
 
     def __init__(self, g, d: BlockDims, B, L, w, gr, offs, x, out, eps=DEFAULT_EPS,
-                 discretization="zoh", chunk=None, cache_of=None):
+                 discretization="zoh", chunk=None, cache_of=None, f16=None):
         self.g, self.d, self.B, self.L = g, d, B, L
+        self.f16 = f16
+        if f16 is not None:
+            why = f16_unsupported(d, B * L, offs, f16[1])
+            if why:
+                raise ValueError(f"mamba_ext.gpu: f16 products: {why}")
+            # the f16 inputs of the products replace the f32 ones in the cache
+            self.CACHE = tuple({"xn": "xn16", "gated": "gated16"}.get(n, n) for n in self.CACHE)
         self.w, self.gr, self.o, self.x, self.out = w, gr, offs, x, out
         self.eps = check_eps(eps)
         zoh = check_discretization(discretization) == 0
@@ -109,11 +133,20 @@ class BlockLayer:
         if cache_of is not None:
             # activation checkpointing: the forward cache buffers of another layer of the
             # same shape (the model recomputes this layer's forward before its backward)
-            for name in self.CACHE:
+            for name in self.CACHE + (("xn", "gated") if f16 is not None else ()):
                 setattr(self, name, getattr(cache_of, name))
             return
         mk = g.buffer
-        self.xn = mk(M * Dm, "xn")                   # (M, Dm) RMSNorm output
+        if f16 is not None:
+            # f32 xn and gated live only until their f16 copies are made: one buffer each
+            # for every layer; the cache holds the copies
+            self.xn = g.scratch("amp_xn", M * Dm)        # (M, Dm) RMSNorm output
+            self.gated = g.scratch("amp_gated", M * D)   # (M, D)
+            self.xn16 = mk(M * Dm // 2, "xn_f16")        # (M, Dm) f16, 2 per word
+            self.gated16 = mk(M * D // 2, "gated_f16")   # (M, D) f16, 2 per word
+        else:
+            self.xn = mk(M * Dm, "xn")                   # (M, Dm) RMSNorm output
+            self.gated = mk(M * D, "gated")              # (M, D)
         self.rstd = mk(M, "rstd")                    # (M,)
         self.Y = mk(M * 2 * D, "Y")                  # (M, 2D) in_proj output [xc | z]
         self.u = mk(M * D, "u")                      # (M, D) SiLU(conv), the scan input
@@ -126,7 +159,6 @@ class BlockLayer:
         self.achunk = mk(n, "scan_achunk")           # (B, C, D, N) chunk decay products
         self.hstate = mk(n, "scan_hstate")           # (B, C, D, N) state entering each chunk
         self.y = mk(M * D, "y")                      # (M, D) scan output before the gate
-        self.gated = mk(M * D, "gated")              # (M, D)
 
     def forward_ops(self):
         """Ops of the forward: the cache, then out = x + out_proj(gated)."""
@@ -138,11 +170,19 @@ class BlockLayer:
         if self._fwd is None:
             g, d, o, M, L, w = self.g, self.d, self.o, self.M, self.L, self.w
             D, P, R, Dm = d.D, d.P, d.R, d.Dm
+            if self.f16 is None:
+                # in_proj: Y (M, 2D) = xn @ wInProj^T + bInProj
+                in_proj = linear_forward(g, M, Dm, 2 * D, self.xn, 0, Dm, w, o["wInProj"],
+                                         o["bInProj"], self.Y, 0, 2 * D)
+            else:
+                wh, ho = self.f16
+                in_proj = [lf.pack(g, self.xn16, self.xn, M, Dm),
+                           *bias_fill(g, M, 2 * D, w, o["bInProj"], self.Y, 0, 2 * D),
+                           lf.forward(g, self.Y, self.xn16, wh, M, Dm, 2 * D, accumulate=True,
+                                      w_off=ho["wInProj"])]
             self._fwd = [
                 rmsnorm_forward(g, M, Dm, self.x, w, o["normWeight"], self.xn, self.rstd, self.eps),
-                # in_proj: Y (M, 2D) = xn @ wInProj^T + bInProj
-                *linear_forward(g, M, Dm, 2 * D, self.xn, 0, Dm, w, o["wInProj"], o["bInProj"],
-                               self.Y, 0, 2 * D),
+                *in_proj,
                 conv1d_forward(g, M, L, D, d.K, self.Y, w, o, self.u),
                 # x_proj: xproj (M, P) = u @ wXProj^T + bXProj (split-K partials in y,
                 # which the scan writes later)
@@ -156,19 +196,47 @@ class BlockLayer:
                                     self.hchunk, self.achunk, self.hstate, self.y),
                 gate_forward(g, M, D, self.y, self.Y, self.gated),
             ]
-            # out = x + gated @ wOutProj^T + bOutProj (residual added in the store)
-            self._out_ops = linear_forward(g, M, D, Dm, self.gated, 0, D, w, o["wOutProj"],
-                                           o["bOutProj"], self.out, 0, Dm, res=self.x)
+            if self.f16 is None:
+                # out = x + gated @ wOutProj^T + bOutProj (residual added in the store)
+                self._out_ops = linear_forward(g, M, D, Dm, self.gated, 0, D, w, o["wOutProj"],
+                                               o["bOutProj"], self.out, 0, Dm, res=self.x)
+            else:
+                wh, ho = self.f16
+                self._fwd.append(lf.pack(g, self.gated16, self.gated, M, D))
+                self._out_ops = [*bias_fill(g, M, Dm, w, o["bOutProj"], self.out, 0, Dm, res=self.x),
+                                 lf.forward(g, self.out, self.gated16, wh, M, D, Dm,
+                                            accumulate=True, w_off=ho["wOutProj"])]
         return self._fwd
 
     def backward_ops(self, dout, dx, sc: BlockScratch):
         """Ops for dx = dLoss/dx and gradient arena += dLoss/dparams, from dout."""
         g, d, o, M, L, w, gr = self.g, self.d, self.o, self.M, self.L, self.w, self.gr
         D, P, R, Dm = d.D, d.P, d.R, d.Dm
-        return [
+        if self.f16 is None:
             # out_proj: dgated = dout @ wOutProj; dW += dout^T gated; db += colsum(dout)
-            *linear_backward(g, M, D, Dm, dout, 0, Dm, self.gated, 0, D, w, o["wOutProj"],
-                             o["bOutProj"], gr, dx=sc.dgated, dx_rs=D, part=sc.dy),
+            out_proj = linear_backward(g, M, D, Dm, dout, 0, Dm, self.gated, 0, D, w,
+                                       o["wOutProj"], o["bOutProj"], gr, dx=sc.dgated, dx_rs=D,
+                                       part=sc.dy)
+            # in_proj: dxn = dY @ wInProj; dW += dY^T xn; db += colsum(dY)
+            in_proj = linear_backward(g, M, Dm, 2 * D, sc.dY, 0, 2 * D, self.xn, 0, Dm, w,
+                                      o["wInProj"], o["bInProj"], gr, dx=sc.dxn, dx_rs=Dm,
+                                      part=sc.du)
+        else:       # the same with f16 operands, the bias gradients from the f32 dY
+            wh, ho = self.f16
+            out_proj = [lf.pack(g, sc.dout16, dout, M, Dm),
+                        lf.dinput(g, sc.dgated, sc.dout16, wh, M, D, Dm, accumulate=False,
+                                  w_off=ho["wOutProj"]),
+                        lf.dweight(g, gr, sc.dout16, self.gated16, M, D, Dm,
+                                   dw_off=o["wOutProj"]),
+                        *column_sum(g, M, Dm, dout, 0, Dm, gr, o["bOutProj"])]
+            in_proj = [lf.pack(g, sc.dY16, sc.dY, M, 2 * D),
+                       lf.dinput(g, sc.dxn, sc.dY16, wh, M, Dm, 2 * D, accumulate=False,
+                                 w_off=ho["wInProj"]),
+                       lf.dweight(g, gr, sc.dY16, self.xn16, M, Dm, 2 * D,
+                                  dw_off=o["wInProj"]),
+                       *column_sum(g, M, 2 * D, sc.dY, 0, 2 * D, gr, o["bInProj"])]
+        return [
+            *out_proj,
             gate_backward(g, M, D, sc.dgated, self.y, self.Y, sc.dy, sc.dY),
             *_scan.scan_backward(g, self.s, sc.scan, self.xproj, self.u, self.delta_pre, w, o,
                                  sc.dy, self.hstate, self.achunk, sc.du, sc.ddelta_pre,
@@ -181,9 +249,7 @@ class BlockLayer:
                              o["bXProj"], gr, dx=sc.du, dx_rs=D, dx_beta=1, part=sc.dconv),
             # conv + SiLU: dconv, dY[:, 0:D]; dwConv, dbConv
             *conv1d_backward(g, M, L, D, d.K, sc.du, w, o, sc.dconv, sc.dY, self.Y, gr),
-            # in_proj: dxn = dY @ wInProj; dW += dY^T xn; db += colsum(dY)
-            *linear_backward(g, M, Dm, 2 * D, sc.dY, 0, 2 * D, self.xn, 0, Dm, w, o["wInProj"],
-                             o["bInProj"], gr, dx=sc.dxn, dx_rs=Dm, part=sc.du),
+            *in_proj,
             # RMSNorm + residual: dx = dout + norm backward; dnormWeight = colsum(gw)
             *rmsnorm_backward(g, M, Dm, self.x, w, o["normWeight"], sc.dxn, self.rstd, dx, sc.gw,
                               gr, self.eps, dres=dout),
@@ -196,24 +262,32 @@ class BlockLayer:
 
 class _Plan:
     """Buffers and recorded ops of one block for one (dims, B, L, eps, disc, scan
-    layout_key())."""
+    layout_key()). ``f16``: in_proj and out_proj on tensor cores, from f16 copies of
+    their weights made at the start of the forward (BlockLayer's f16 mode; the bench's
+    mixed-precision block)."""
 
-    def __init__(self, dims, B, L, eps, discretization, layout):
+    def __init__(self, dims, B, L, eps, discretization, layout, f16=False):
         g = gpu()
         self.key = (dims, B, L, eps, discretization, layout)
         chunk = layout[0]
         self.offs, n = block_arena(dims)
         M = B * L
         self.w = g.buffer(n, "params")
+        half = None
+        if f16:
+            shapes = block_param_shapes(dims)
+            half = lf.HalfWeights(g, self.w, [(k, self.offs[k], *shapes[k])
+                                              for k in ("wInProj", "wOutProj")])
         self.gr = g.buffer(n, "grads")
         self.x = g.buffer(M * dims.Dm, "x")          # (M, Dm)
         self.out = g.buffer(M * dims.Dm, "out")      # (M, Dm)
         self.dout = g.buffer(M * dims.Dm, "dout")    # (M, Dm)
         self.dx = g.buffer(M * dims.Dm, "dx")        # (M, Dm)
         self.layer = BlockLayer(g, dims, B, L, self.w, self.gr, self.offs, self.x, self.out,
-                                eps, discretization, chunk)
-        self.scratch = BlockScratch(g, dims, self.layer.s)
-        self.fwd = self.layer.forward_ops()
+                                eps, discretization, chunk,
+                                f16=None if half is None else (half.buf, half.offs))
+        self.scratch = BlockScratch(g, dims, self.layer.s, f16=f16)
+        self.fwd = ([] if half is None else half.ops) + self.layer.forward_ops()
         self.bwd = self.layer.backward_ops(self.dout, self.dx, self.scratch)
         self.n = n
 

@@ -149,6 +149,14 @@ def linear_forward(g, M, I, O, x, x_off, x_rs, w, w_off, b_off, y, y_off, y_rs, 
                 bias=w, bias_off=b_off, res=res, part=part)
 
 
+def bias_fill(g, M, O, w, b_off, y, y_off, y_rs, res=None):
+    """Ops: y[:, y_off:y_off+O] (row stride y_rs) = b (+ res (M, O)): the epilogue of
+    :func:`linear_forward` alone (a product of contraction 0), for products accumulated on
+    top of it (mamba_ext.gpu.linear_f16)."""
+    return gemm(g, "linear_forward", M, O, 0, w, 0, 1, 1, w, 0, 1, 1, y, y_off, y_rs,
+                bias=w, bias_off=b_off, res=res)
+
+
 def linear_backward(g, M, I, O, dy, dy_off, dy_rs, x, x_off, x_rs, w, w_off, b_off, gr,
                     dx=None, dx_off=0, dx_rs=0, dx_beta=0, part=None):
     """Ops of the backward of :func:`linear_forward`: dx (M, I) = dy @ W (``+=`` when

@@ -8,7 +8,13 @@ each with f16 operand buffers and an f32 result that is written or, with
 subgroup-matrix configuration (``Gpu.f16_matrices``: the Dawn backend on NVIDIA, AMD
 RDNA3, Intel Xe and Apple GPUs); :func:`available` says whether it does, and
 :func:`unsupported` why a product's sizes do not fit the kernel (then the fp32 kernels
-of linear.py are the fallback).
+of linear.py are the fallback). :func:`pack` makes the f16 operands (kernels/amp.wgsl's
+rounding, as NumPy's ``astype(float16)``) and :class:`HalfWeights` the f16 copies of a
+parameter arena's weight matrices that mixed-precision training multiplies with.
+
+``REFERENCE``: run kernels/linear_f16_ref.wgsl instead, a plain kernel of the same
+product for devices without subgroup matrices (slow; the tests of the mixed-precision
+data path on CI's lavapipe set it).
 
 Size letters: M rows, N columns, K contraction of the product.
 """
@@ -19,12 +25,14 @@ import numpy as np
 TILE = (128, 128)        # rows x columns of C per workgroup
 BK = 32                  # contraction step of the tile loop
 WORKGROUP = 256          # invocations per workgroup
+REFERENCE = False        # True: the portable reference kernel instead of subgroup matrices
 
 
 def available(g) -> bool:
-    """Whether ``g`` runs kernels/linear_f16.wgsl (an f16 -> f32 subgroup-matrix shape
-    that tiles the kernel's subgroup blocks, and a subgroup size that divides 256)."""
-    return plan(g) is not None
+    """Whether the products run on ``g``: kernels/linear_f16.wgsl where the device has an
+    f16 -> f32 subgroup-matrix shape that tiles the kernel's subgroup blocks and a subgroup
+    size that divides 256; anywhere with ``REFERENCE``."""
+    return REFERENCE or plan(g) is not None
 
 
 def plan(g):
@@ -50,13 +58,17 @@ def prelude(g, a_kmajor: bool, b_kmajor: bool, accumulate: bool, K: int, lda: in
             ldc: int) -> str:
     """The WGSL put before kernels/linear_f16.wgsl: its ``enable`` directives and its
     constants (the subgroup layout, the operand layouts, and the product's contraction
-    length and strides, which as uniforms made the kernel 4x slower)."""
-    cfg, wm, wn = plan(g)
+    length and strides, which as uniforms made the kernel 4x slower). With ``REFERENCE``:
+    the constants kernels/linear_f16_ref.wgsl uses."""
     b = lambda v: "true" if v else "false"
-    return ("enable f16;\nenable chromium_experimental_subgroup_matrix;\n"
-            f"const TM : u32 = {cfg['m']}u;\nconst TN : u32 = {cfg['n']}u;\n"
-            f"const TK : u32 = {cfg['k']}u;\nconst SG : u32 = {g.subgroup_size}u;\n"
-            f"const WM : u32 = {wm}u;\nconst WN : u32 = {wn}u;\n"
+    head = ""
+    if not REFERENCE:
+        cfg, wm, wn = plan(g)
+        head = ("enable f16;\nenable chromium_experimental_subgroup_matrix;\n"
+                f"const TM : u32 = {cfg['m']}u;\nconst TN : u32 = {cfg['n']}u;\n"
+                f"const TK : u32 = {cfg['k']}u;\nconst SG : u32 = {g.subgroup_size}u;\n"
+                f"const WM : u32 = {wm}u;\nconst WN : u32 = {wn}u;\n")
+    return (head +
             f"const A_KMAJOR : bool = {b(a_kmajor)};\nconst B_KMAJOR : bool = {b(b_kmajor)};\n"
             f"const ACCUMULATE : bool = {b(accumulate)};\n"
             f"const KLEN : u32 = {int(K)}u;\nconst LDA : u32 = {int(lda)}u;\n"
@@ -96,24 +108,68 @@ def product(g, c, a, b, M: int, N: int, K: int, *, a_kmajor: bool, b_kmajor: boo
     why = unsupported(M, N, K, lda, ldb, ldc, a_off, b_off, c_off)
     if why:
         raise ValueError(f"mamba_ext.gpu.linear_f16: {why}")
-    return g.op("linear_f16", "linear_f16_product", (N // TILE[1], M // TILE[0], 1),
+    if REFERENCE:
+        file, grid = "linear_f16_ref", (N // 16, M // 16, 1)
+    else:
+        file, grid = "linear_f16", (N // TILE[1], M // TILE[0], 1)
+    return g.op(file, "linear_f16_product", g.check_grid(grid, "linear_f16_product"),
                 [a_off, b_off, c_off], [a, b, c],
                 prelude=prelude(g, a_kmajor, b_kmajor, accumulate, K, lda, ldb, ldc))
 
 
-def forward(g, y, x, w, M: int, I: int, O: int, accumulate: bool = False):
-    """Y (M, O) f32 [+]= X (M, I) @ W (O, I)^T, X and W f16."""
+def forward(g, y, x, w, M: int, I: int, O: int, accumulate: bool = False, w_off: int = 0):
+    """Y (M, O) f32 [+]= X (M, I) @ W (O, I)^T, X and W f16 (W from ``w_off``)."""
     return product(g, y, x, w, M, O, I, a_kmajor=True, b_kmajor=True, lda=I, ldb=I, ldc=O,
-                   accumulate=accumulate)
+                   b_off=w_off, accumulate=accumulate)
 
 
-def dinput(g, dx, dy, w, M: int, I: int, O: int, accumulate: bool = True):
-    """dX (M, I) f32 [+]= dY (M, O) @ W (O, I), dY and W f16."""
+def dinput(g, dx, dy, w, M: int, I: int, O: int, accumulate: bool = True, w_off: int = 0):
+    """dX (M, I) f32 [+]= dY (M, O) @ W (O, I), dY and W f16 (W from ``w_off``)."""
     return product(g, dx, dy, w, M, I, O, a_kmajor=True, b_kmajor=False, lda=O, ldb=I, ldc=I,
-                   accumulate=accumulate)
+                   b_off=w_off, accumulate=accumulate)
 
 
-def dweight(g, dw, dy, x, M: int, I: int, O: int, accumulate: bool = True):
-    """dW (O, I) f32 [+]= dY (M, O)^T @ X (M, I), dY and X f16."""
+def dweight(g, dw, dy, x, M: int, I: int, O: int, accumulate: bool = True, dw_off: int = 0):
+    """dW (O, I) f32 [+]= dY (M, O)^T @ X (M, I), dY and X f16 (dW from ``dw_off`` of
+    ``dw``, e.g. a gradient arena)."""
     return product(g, dw, dy, x, O, I, M, a_kmajor=False, b_kmajor=False, lda=O, ldb=I, ldc=I,
-                   accumulate=accumulate)
+                   c_off=dw_off, accumulate=accumulate)
+
+
+def layer_unsupported(M: int, I: int, O: int, w_off: int = 0, dw_off: int = 0) -> str | None:
+    """Why the three products of a linear layer X (M, I) -> Y (M, O) cannot all run in
+    f16 (f16 weights at ``w_off``, their f32 gradient at ``dw_off``), or None."""
+    return (unsupported(M, O, I, I, I, O, 0, w_off)                  # Y = X W^T
+            or unsupported(M, I, O, O, I, I, 0, w_off)               # dX = dY W
+            or unsupported(O, I, M, O, I, I, c_off=dw_off))          # dW = dY^T X
+
+
+def pack(g, dst, src, rows: int, cols: int, src_off: int = 0, src_rs: int | None = None,
+         dst_off: int = 0):
+    """Op: ``dst`` from f16 element ``dst_off`` (even) = the (rows, cols) f32 block of
+    ``src`` at ``src_off`` (row stride ``src_rs``, default cols) rounded to f16, dense;
+    ``cols`` even."""
+    from .device import elementwise
+    if cols % 2 or dst_off % 2:
+        raise ValueError(f"linear_f16.pack: cols {cols} and dst_off {dst_off} must be even")
+    n = rows * cols // 2
+    return elementwise(g, "amp", "amp_pack_f16", n,
+                       [n, 1.0, cols, src_off, cols if src_rs is None else src_rs, dst_off // 2],
+                       [src, None, dst])
+
+
+class HalfWeights:
+    """f16 copies of some matrices of a float32 parameter arena, for the products:
+    ``buf`` holds each at an f16 offset ``offs[name]`` that is a multiple of 8 (the
+    kernel's 16-byte loads); ``ops`` make them from the arena (run them whenever the
+    arena changed, e.g. once per training step). ``tensors``: [(name, arena offset,
+    rows, cols)]."""
+
+    def __init__(self, g, arena, tensors):
+        self.offs, at = {}, 0
+        for name, _, rows, cols in tensors:
+            self.offs[name] = at
+            at += -(-rows * cols // 8) * 8
+        self.buf = g.buffer(at // 2, "params_f16")
+        self.ops = [pack(g, self.buf, arena, rows, cols, src_off=off, dst_off=self.offs[name])
+                    for name, off, rows, cols in tensors]

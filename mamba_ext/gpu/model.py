@@ -62,11 +62,15 @@ class ModelPlan:
     backward, each layer's forward up to the gate runs again from its input (kept in
     ``h``), so activation memory no longer grows with the number of layers (as
     ``mamba_ext.model_loss_and_grads(checkpointing=True)`` on the CPU).
+    ``f16``: a ``linear_f16.HalfWeights`` with every layer's ``wInProj`` and ``wOutProj``
+    (keys as in the arena): the blocks' large products run on tensor cores (BlockLayer's
+    f16 mode); its ops, which make the f16 copies, run first.
     """
 
     def __init__(self, arrays, dims, B, L, order, w=None, gr=None, eps=DEFAULT_EPS,
-                 discretization="zoh", chunk=None, checkpointing=False):
+                 discretization="zoh", chunk=None, checkpointing=False, f16=None):
         g = gpu()
+        self.f16 = f16
         self.dims, self.order = dims, order
         self.checkpointing = bool(checkpointing)
         self.eps = check_eps(eps)
@@ -84,13 +88,17 @@ class ModelPlan:
         self.fxn, self.frstd = g.buffer(M * Dm, "final_xn"), g.buffer(M, "final_rstd")
         self.logits = g.buffer(M * V, "logits")            # (M, V)
         o, w, gr = self.offs, self.w, self.gr
-        ops = [embedding_forward(g, M, Dm, self.tok, w, o, self.h[0])]
+        ops = [*(f16.ops if f16 is not None else ()),
+               embedding_forward(g, M, Dm, self.tok, w, o, self.h[0])]
         self.layers = []
         for i in range(nl):
             lo = {n: o[f"layer{i}.{n}"] for n in BLOCK_PARAM_NAMES}
             shared = self.layers[0] if self.checkpointing and self.layers else None
+            half = None if f16 is None else (f16.buf, {n: f16.offs[f"layer{i}.{n}"]
+                                                       for n in ("wInProj", "wOutProj")})
             lay = BlockLayer(g, dims.block, B, L, w, gr, lo, self.h[i], self.h[i + 1],
-                             self.eps, discretization, chunk or _scan.SCAN_CHUNK, cache_of=shared)
+                             self.eps, discretization, chunk or _scan.SCAN_CHUNK, cache_of=shared,
+                             f16=half)
             self.layers.append(lay)
             ops += lay.forward_ops()
         ops += head_forward(g, M, V, Dm, self.h[nl], w, o, self.fxn, self.frstd, self.logits,
@@ -103,6 +111,7 @@ class ModelPlan:
         if self._train is not None:
             return self._train
         g, o, M, V, Dm, w, gr = gpu(), self.offs, self.M, self.V, self.Dm, self.w, self.gr
+        f16 = self.f16
         nl, E = self.dims.n_layers, self.offs["embedding"]
         self.dlogits = g.buffer(M * V, "dlogits")          # (M, V)
         self.losses = g.buffer(M, "losses")                # (M,)
@@ -127,7 +136,7 @@ class ModelPlan:
                                      and k != "embedding"])]
         cur = 0
         if self.layers:
-            scratch = BlockScratch(g, self.dims.block, self.layers[0].s)
+            scratch = BlockScratch(g, self.dims.block, self.layers[0].s, f16=f16 is not None)
             for i in reversed(range(nl)):
                 lay = self.layers[i]
                 if self.checkpointing and i < nl - 1:   # the last layer's cache is intact

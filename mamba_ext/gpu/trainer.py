@@ -42,11 +42,19 @@ class ResidentTrainer:
     fp16-rounded weights (a second arena) with the gradient seed times ``scaler.scale``;
     the gradients are rounded to fp16 and unscaled on the GPU; an overflow (any
     non-finite gradient) skips the step and the scaler backs off (``scaler.update``).
+    ``f16_products`` (with a scaler): the six products of every block's in_proj and
+    out_proj run on tensor cores, f16 operands and f32 accumulation
+    (``mamba_ext.gpu.linear_f16``: the Dawn backend on a GPU with f16 subgroup matrices),
+    from f16 copies of those weights made each step and with their f16 input activations
+    kept in the forward cache; where the device has none or the sizes do not fit the
+    kernel (Dm and dInner multiples of 128, batch x seqLen too), the products run in f32
+    on the f16-rounded values. ``f16_active`` says which the last step ran, and
+    ``f16_reason`` why not.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
                  max_delta=0.0, no_decay=None, clip=0.0, model_eps=DEFAULT_EPS,
-                 discretization="zoh", checkpointing=False, scaler=None):
+                 discretization="zoh", checkpointing=False, scaler=None, f16_products=True):
         self.arrays, self.dims = check_model(params)
         check_discretization(discretization)
         self.discretization = discretization
@@ -77,6 +85,10 @@ class ResidentTrainer:
         self.v = g.buffer(self.n, "adam_v")
         self._adamw = AdamWOps(g, self.n, self.w, self.m, self.v, self.gr, self._adam_params(0))
         self._amp = None
+        self.f16_products = bool(f16_products)
+        self._half = None           # linear_f16.HalfWeights, made with the first plan that fits
+        self.f16_active = False
+        self.f16_reason = "no scaler: the products run in f32"
         if scaler is not None:      # the fp16-rounded weights the model runs on (n,)
             from .amp import AmpOps
             self.w16 = g.buffer(self.n, "params_fp16")
@@ -211,7 +223,8 @@ class ResidentTrainer:
                 self.arrays, self.dims, *tok.shape, self.order,
                 w=self.w if self._amp is None else self.w16, gr=self.gr,
                 eps=self.model_eps, discretization=self.discretization,
-                checkpointing=self.checkpointing)
+                checkpointing=self.checkpointing, f16=self._half_weights(tok.size))
+        self.f16_active = plan.f16 is not None
         g = gpu()
         ops = plan.train_ops()
         plan.upload_batch(tok, tgt)
@@ -221,6 +234,43 @@ class ResidentTrainer:
             self._amp.set_scale(self.scaler.scale)
             ops = [self._amp.weights_op, *ops, self._amp.grads_op]
         return plan, ops
+
+    def products(self, B, L) -> str:
+        """What a step of batch B x seqLen L multiplies in_proj and out_proj with, in words
+        (the run's log says it)."""
+        if self._half_weights(B * L) is not None:
+            return "in_proj/out_proj on tensor cores (f16 operands, f32 accumulation)"
+        return self.f16_reason
+
+    def _half_weights(self, M):
+        """The f16 weight copies for a plan of M rows, or None (``f16_reason`` says why)."""
+        from . import linear_f16 as lf
+        from .block import f16_unsupported
+        if self._amp is None:
+            return None
+        g = gpu()
+        why = None
+        if not self.f16_products:
+            why = "f16_products=False"
+        elif not lf.available(g):
+            why = ("this device offers no f16 subgroup matrices (they need "
+                   "MAMBA_EXT_GPU_BACKEND=dawn on a GPU that has them)")
+        else:
+            for i in range(self.dims.n_layers):
+                lo = {k: self.offs[f"layer{i}.{k}"] for k in ("wInProj", "wOutProj")}
+                why = f16_unsupported(self.dims.block, M, lo, {"wInProj": 0, "wOutProj": 0})
+                if why:
+                    why = f"layer {i}: {why}"
+                    break
+        if why:
+            self.f16_reason = f"f32 products on f16-rounded values: {why}"
+            return None
+        if self._half is None:
+            self._half = lf.HalfWeights(g, self.w, [
+                (k, self.offs[k], *self.arrays[k].shape) for k in self.order
+                if k.startswith("layer") and k.split(".", 1)[1] in ("wInProj", "wOutProj")])
+        self.f16_reason = ""
+        return self._half
 
     def _resolve(self, pending):
         """Read back ``pending`` (the trainer's one pending step): its loss, and the step

@@ -645,6 +645,8 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
                                   clip=cfg.grad_clip, model_eps=cfg.eps,
                                   discretization=cfg.discretization,
                                   checkpointing=cfg.checkpointing, scaler=scaler)
+        if scaler is not None:
+            log(f"amp on the GPU: {trainer.products(cfg.batch, cfg.seq_len)}")
         if state is not None and state["optimizer_state"]:
             _restore(resume, "optimizer state", trainer.load_state_dict, state["optimizer_state"])
     else:

@@ -225,7 +225,8 @@ def test_kernel_vocabulary(name):
         assert old not in text, (name, old)
     assert not re.search(r"\binv\b", text), name
     entries = re.findall(r"@compute[^\n]*\n(?:@[^\n]*\n)*fn (\w+)", text)
-    step = name[:-len(".wgsl")]
+    # <step>_ref.wgsl: the portable reference of <step>.wgsl, with its entry points' names
+    step = name[:-len(".wgsl")].removesuffix("_ref")
     for e in entries:      # <step>_forward / <step>_backward (+ phase), or a probe
         ok = (e.startswith(step + "_") or step in ("activations", "reduce", "selftest")
               or e.startswith(("gate_", "softplus_")))

@@ -1,0 +1,60 @@
+// linear_f16_ref.wgsl — the product of linear_f16.wgsl (f16 operands, f32 accumulation)
+// without subgroup matrices and without the f16 extension: one invocation per element of
+// C, the operands' f16 bits decoded by hand. The portable reference of the tensor-core
+// kernel, with the same bindings, constants and layouts; mamba_ext.gpu.linear_f16 runs it
+// only when asked (linear_f16.REFERENCE), so that the mixed-precision data path (the f16
+// copies, the bias fills, the f16 caches) is tested on devices without subgroup matrices.
+//
+//   C[i, j] = (ACCUMULATE ? C[i, j] : 0) + sum_k A(i, k) * B(k, j), k = 0 .. KLEN-1 in order
+//
+// Size letters: M rows, N columns (grid x 16 by y 16), KLEN contraction. Layouts as in
+// linear_f16.wgsl: A_KMAJOR: A(i, k) = a[a_off + i*LDA + k], else a[a_off + k*LDA + i];
+// B_KMAJOR: B(k, j) = b[b_off + j*LDB + k], else b[b_off + k*LDB + j] (f16 elements);
+// C[i, j] = c[c_off + i*LDC + j] (f32).
+//
+// Bindings:
+// | binding | name | shape                               | access     |
+// |---------|------|-------------------------------------|------------|
+// | 0       | p    | Params: a_off, b_off, c_off         | uniform    |
+// | 1       | a    | A operand, f16 packed 2 per u32     | read       |
+// | 2       | b    | B operand, f16 packed 2 per u32     | read       |
+// | 3       | c    | C (M, N) f32                        | read_write |
+
+struct Params {
+    a_off : u32, b_off : u32, c_off : u32,
+}
+
+@group(0) @binding(0) var<uniform> p : Params;
+@group(0) @binding(1) var<storage, read> a : array<u32>;
+@group(0) @binding(2) var<storage, read> b : array<u32>;
+@group(0) @binding(3) var<storage, read_write> c : array<f32>;
+
+// the f32 value of the float16 bits h (exact)
+fn f16_value(h : u32) -> f32 {
+    let sign = (h & 0x8000u) << 16u;
+    let e = (h >> 10u) & 0x1fu;
+    let m = h & 0x3ffu;
+    if (e == 0u) {                                   // zero, subnormal: m * 2^-24
+        return bitcast<f32>(sign | bitcast<u32>(f32(m) / 16777216.0));
+    }
+    if (e == 31u) { return bitcast<f32>(sign | 0x7f800000u | (m << 13u)); }   // inf, NaN
+    return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
+}
+
+fn a_at(e : u32) -> f32 { return f16_value((a[e / 2u] >> (16u * (e % 2u))) & 0xffffu); }
+fn b_at(e : u32) -> f32 { return f16_value((b[e / 2u] >> (16u * (e % 2u))) & 0xffffu); }
+
+@compute @workgroup_size(16, 16)
+fn linear_f16_product(@builtin(global_invocation_id) gid : vec3<u32>) {
+    let i = gid.y;
+    let j = gid.x;
+    var s = 0.0;
+    for (var k = 0u; k < KLEN; k++) {
+        let ea = select(p.a_off + k * LDA + i, p.a_off + i * LDA + k, A_KMAJOR);
+        let eb = select(p.b_off + k * LDB + j, p.b_off + j * LDB + k, B_KMAJOR);
+        s += a_at(ea) * b_at(eb);
+    }
+    let at = p.c_off + i * LDC + j;
+    if (ACCUMULATE) { s += c[at]; }
+    c[at] = s;
+}

@@ -1,0 +1,207 @@
+"""Mixed precision with f16 products (mamba_ext.gpu.linear_f16, BlockLayer's f16 mode,
+ResidentTrainer(scaler=...) with f16_products): the f16 operands, the bias fills and the
+f16 caches around in_proj's and out_proj's products.
+
+The tensor-core kernel needs a device with f16 subgroup matrices, which CI's lavapipe does
+not have (the Dawn run of tests/gpu/test_linear_f16.py checks it on real hardware). The
+data path around it is the same with kernels/linear_f16_ref.wgsl, the portable kernel of the
+same product (``linear_f16.REFERENCE``), so these tests run it everywhere."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np
+import pytest
+
+from gpu_support import nerr, random_model, read, require_gpu, run, run_on_dawn, upload
+
+g = require_gpu()
+from mamba_ext import gpu as G  # noqa: E402
+from mamba_ext.amp import DynamicLossScaler  # noqa: E402
+from mamba_ext.bench.gpu import check_f16_model  # noqa: E402
+from mamba_ext.gpu import linear_f16 as lf  # noqa: E402
+from mamba_ext.gpu.model import ModelPlan, check_model  # noqa: E402
+from test_amp import _edge_values  # noqa: E402
+
+
+@pytest.fixture
+def reference(monkeypatch):
+    """The portable kernel of the f16 product, on any device."""
+    monkeypatch.setattr(lf, "REFERENCE", True)
+
+
+def _f16(a):
+    with np.errstate(over="ignore"):
+        return np.asarray(a, np.float32).astype(np.float16)
+
+
+def test_pack_is_numpys_float16():
+    """Every rounding case (ties, overflow to inf, subnormals, -0, NaN) from a strided
+    block of a larger buffer into a dense one at an offset."""
+    x = _edge_values()
+    cols = 40
+    rows = x.size // cols
+    x = x[:rows * cols].reshape(rows, cols)
+    big = np.zeros((rows, cols + 6), np.float32)
+    big[:, 3:3 + cols] = x
+    src, dst = upload(g, "src", big), g.buffer(rows * cols // 2 + 5, "dst")
+    run(g, lf.pack(g, dst, src, rows, cols, src_off=3, src_rs=cols + 6, dst_off=10))
+    got = read(g, dst, (rows * cols // 2 + 5,), np.uint32)[5:].view(np.float16).reshape(rows, cols)
+    want = _f16(x)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan])   # -0 too
+    with pytest.raises(ValueError, match="even"):
+        lf.pack(g, dst, src, 2, 3)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_reference_products_against_float64(reference, accumulate):
+    """forward, dinput and dweight of a linear layer (f16 operands at offsets, f32 result)
+    against float64 products of the same f16 values."""
+    rng = np.random.default_rng(3)
+    M, I, O = 256, 128, 384
+    x, w, dy = (_f16(rng.standard_normal(s)) for s in ((M, I), (O, I), (M, O)))
+    c0 = {"y": rng.standard_normal((M, O)), "dx": rng.standard_normal((M, I)),
+          "dw": rng.standard_normal((O, I))}
+    bufs = {}
+    for name, a in (("x", x), ("w", w), ("dy", dy)):
+        h = np.concatenate([np.zeros(8, np.float16), a.ravel()])       # at f16 offset 8
+        bufs[name] = g.buffer(h.size // 2, name, h.view(np.uint32))
+    out = {k: upload(g, k, np.concatenate([np.zeros(4), v.ravel()]).astype(np.float32))
+           for k, v in c0.items()}
+    ops = [lf.product(g, out["y"], bufs["x"], bufs["w"], M, O, I, a_kmajor=True, b_kmajor=True,
+                      lda=I, ldb=I, ldc=O, a_off=8, b_off=8, c_off=4, accumulate=accumulate),
+           lf.product(g, out["dx"], bufs["dy"], bufs["w"], M, I, O, a_kmajor=True,
+                      b_kmajor=False, lda=O, ldb=I, ldc=I, a_off=8, b_off=8, c_off=4,
+                      accumulate=accumulate),
+           lf.product(g, out["dw"], bufs["dy"], bufs["x"], O, I, M, a_kmajor=False,
+                      b_kmajor=False, lda=O, ldb=I, ldc=I, a_off=8, b_off=8, c_off=4,
+                      accumulate=accumulate)]
+    run(g, ops)
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+    want = {"y": x64 @ w64.T, "dx": dy64 @ w64, "dw": dy64.T @ x64}
+    for k, v in want.items():
+        if accumulate:
+            v = v + c0[k].astype(np.float32)
+        got = read(g, out[k], (v.size + 4,))[4:].reshape(v.shape)
+        assert nerr(got, v) <= 2e-6, k
+
+
+def _model(Dm=128, D=256, n_layers=2, V=64, seed=3):
+    p = random_model(V, Dm, n_layers, D, 16, 4, 8, seed)
+    return {k: _f16(v).astype(np.float32) for k, v in p.items()}   # f16 values
+
+
+def _loss_and_grads(arrays, dims, tok, tgt, f16, checkpointing=False):
+    order = list(arrays)
+    plan = ModelPlan(arrays, dims, *tok.shape, order, checkpointing=checkpointing)
+    if f16:
+        half = lf.HalfWeights(g, plan.w, [(k, plan.offs[k], *arrays[k].shape) for k in order
+                                          if k.endswith((".wInProj", ".wOutProj"))])
+        plan = ModelPlan(arrays, dims, *tok.shape, order, w=plan.w, f16=half,
+                         checkpointing=checkpointing)
+    g.write(plan.w, np.concatenate([arrays[k].ravel() for k in order]))
+    ops = plan.train_ops()
+    plan.upload_batch(tok, tgt)
+    g.submit(ops, plan.clears)
+    return plan.loss(), plan.read_tensors(plan.gr, arrays)
+
+
+def test_model_with_f16_products_matches_f32(reference):
+    """Loss and every gradient of a two-layer model with in_proj/out_proj in f16 against
+    the f32 products on the same (f16-valued) weights: the only difference is the f16
+    rounding of the products' activations (2^-11 relative), so agreement to ~1e-3; a lost
+    bias, bias gradient or offset would be off by O(1). Checkpointing changes nothing."""
+    arrays, dims = check_model(_model())
+    rng = np.random.default_rng(5)
+    tok, tgt = rng.integers(0, 64, (2, 64)), rng.integers(0, 64, (2, 64))
+    loss32, g32 = _loss_and_grads(arrays, dims, tok, tgt, f16=False)
+    loss16, g16 = _loss_and_grads(arrays, dims, tok, tgt, f16=True)
+    assert abs(loss16 - loss32) <= 1e-4 * abs(loss32)
+    for k in arrays:
+        assert nerr(g16[k], g32[k]) <= 5e-3, k
+    loss_ck, g_ck = _loss_and_grads(arrays, dims, tok, tgt, f16=True, checkpointing=True)
+    assert loss_ck == loss16
+    assert all(np.array_equal(g_ck[k], g16[k]) for k in arrays)
+
+
+def test_trainer_runs_the_f16_products_and_skips_on_overflow(reference):
+    """ResidentTrainer with a scaler runs the f16 products (f16_active, products()); a
+    scale whose gradient seed overflows f16 in the products' operands skips the step with
+    the weights bit for bit unchanged and halves the scale; then training proceeds close
+    to the f32 products' run."""
+    params = _model(n_layers=1)
+    rng = np.random.default_rng(7)
+    tok, tgt = rng.integers(0, 64, (1, 128)), rng.integers(0, 64, (1, 128))
+    tr = G.ResidentTrainer(params, lr=1e-3, scaler=DynamicLossScaler(init_scale=2.0 ** 24))
+    assert "tensor cores" in tr.products(1, 128)
+    tr.step(tok, tgt)
+    assert tr.f16_active and tr.skipped == 1 and tr.t == 0 and tr.scaler.scale == 2.0 ** 23
+    got = tr.params()
+    assert all(np.array_equal(got[k], params[k]) for k in params)
+    ref = G.ResidentTrainer(params, lr=1e-3, f16_products=False,
+                            scaler=DynamicLossScaler(init_scale=2.0 ** 8))
+    assert "f16_products=False" in ref.products(1, 128)
+    tr.scaler = DynamicLossScaler(init_scale=2.0 ** 8)
+    for _ in range(3):
+        a, b = tr.step(tok, tgt), ref.step(tok, tgt)
+        assert abs(a - b) <= 1e-3 * abs(b)
+    assert not ref.f16_active and tr.t == 3
+    got, want = tr.params(), ref.params()
+    for k in params:
+        # AdamW's first steps move every weight by about lr whatever its gradient's size,
+        # so weights with near-zero gradients may move either way: the changes agree on
+        # average, not element by element
+        d, e = got[k] - params[k], want[k] - params[k]
+        assert np.mean(np.abs(d - e)) <= 0.01 * np.mean(np.abs(e)), k
+
+
+def test_trainer_says_why_not(reference):
+    """Sizes the kernel does not tile (d_model 64) run the f32 products, and say so."""
+    params = random_model(64, 64, 1, 128, 16, 4, 8, 1)
+    tr = G.ResidentTrainer(params, scaler=DynamicLossScaler())
+    assert "multiples of 128" in tr.products(2, 64)
+    tok = np.random.default_rng(0).integers(0, 64, (2, 64))
+    tr.step(tok, tok)
+    assert not tr.f16_active
+
+
+def test_without_subgroup_matrices_amp_runs_f32_products():
+    """Where the device has no f16 subgroup matrices (CI's lavapipe) and the reference is
+    not asked for, AMP keeps the f32 products and says why."""
+    if lf.available(g):
+        pytest.skip("this device has f16 subgroup matrices")
+    tr = G.ResidentTrainer(_model(n_layers=1), scaler=DynamicLossScaler())
+    assert "MAMBA_EXT_GPU_BACKEND=dawn" in tr.products(1, 128)
+
+
+_DAWN_MODEL = """
+import json, numpy as np
+from mamba_ext.gpu import device, linear_f16 as lf
+from mamba_ext.bench.gpu import check_f16_model
+try:
+    g = device.gpu()
+except RuntimeError as e:
+    print(json.dumps({"skip": f"Dawn found no adapter: {e}"})); raise SystemExit(0)
+if not lf.available(g):
+    print(json.dumps({"skip": f"no f16 subgroup matrices on {g.info.get('device')!r}"}))
+    raise SystemExit(0)
+print(json.dumps(check_f16_model(g, np.random.default_rng(0))))
+"""
+
+
+def test_dawn_model_with_tensor_core_products():
+    """The same comparison as test_model_with_f16_products_matches_f32 with the
+    tensor-core kernel (real GPU hardware only)."""
+    res = run_on_dawn(_DAWN_MODEL)
+    assert res["loss"] <= 1e-4 and res["grads"] <= 5e-3, res
+
+
+def test_check_f16_model_on_the_reference(reference):
+    res = check_f16_model(g, np.random.default_rng(0), Dm=128, n_layers=1, B=1, L=128)
+    assert res["loss"] <= 1e-4 and res["grads"] <= 5e-3, res
