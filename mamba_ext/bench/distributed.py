@@ -73,8 +73,9 @@ def main(argv=None) -> int:
     else:
         b = args.batch or 16
     threads = args.threads or dist.default_threads()
-    if args.device == "gpu":
-        os.environ.setdefault("MAMBA_EXT_GPU_INDEX", str(dist.gpu_index()))
+    if args.device == "gpu" and not os.environ.get("MAMBA_EXT_GPU_INDEX"):
+        from ..gpu.device import use_adapter
+        use_adapter(dist.gpu_index())
     from ..model import init_model_params, model_loss_and_grads
     from ..optim import AdamW, clip_grad_norm
     from ..training.distributed import ShardedBatches

@@ -191,8 +191,12 @@ class Gpu:
         wgpu = self.wgpu = self.backend.module()
         self.checks = _shader_checks()
         self.backend.prepare(self.checks)
-        index = os.environ.get("MAMBA_EXT_GPU_INDEX", "").strip()
-        if index:   # one adapter per process, e.g. per MPI rank (mamba_ext.training.distributed)
+        # one adapter per process, e.g. per MPI rank: use_adapter() (the training
+        # command's --gpu-index and its ranks), else the user's MAMBA_EXT_GPU_INDEX
+        index = (str(_ADAPTER_INDEX) if _ADAPTER_INDEX is not None
+                 else os.environ.get("MAMBA_EXT_GPU_INDEX", "").strip())
+        self.adapter_index = int(index) if index.isdigit() else None
+        if index:
             adapter = _adapter_by_index(wgpu, index)
         else:
             adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
@@ -618,6 +622,21 @@ def _adapter_by_index(wgpu, index: str):
 
 _GPU = None
 _LOCK = threading.Lock()
+_ADAPTER_INDEX = None       # use_adapter()'s choice, before MAMBA_EXT_GPU_INDEX
+
+
+def use_adapter(index: int) -> None:
+    """Open adapter ``index`` (counted as for MAMBA_EXT_GPU_INDEX) when :func:`gpu` creates
+    the process's device: a launcher's per-rank choice, made without changing the
+    environment. Refused (RuntimeError) once the device is open on another adapter."""
+    global _ADAPTER_INDEX
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ValueError(f"index: expected an adapter index >= 0, got {index!r}")
+    with _LOCK:
+        if _GPU is not None and _GPU.adapter_index != index:
+            raise RuntimeError(f"mamba_ext.gpu: the device is already open on adapter "
+                               f"{_GPU.adapter_index}; use_adapter({index}) must come first")
+        _ADAPTER_INDEX = index
 
 
 def gpu() -> Gpu:

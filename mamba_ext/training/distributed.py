@@ -634,13 +634,15 @@ def add_arguments(parser) -> None:
 
 def from_args(args, log) -> Distributed | None:
     """The :class:`Distributed` of the parsed command line, or None for a
-    single-process run; also sets this rank's GPU adapter and CPU threads."""
+    single-process run; also chooses this rank's GPU adapter (``gpu.device.use_adapter``)
+    and CPU threads."""
     n = launcher_world_size()
     if args.gpu_index is not None and args.gpu_index < 0:
         raise ValueError(f"--gpu-index: expected an adapter index >= 0, got {args.gpu_index}")
     if not args.distributed and n <= 1:
         if args.gpu_index is not None:
-            os.environ["MAMBA_EXT_GPU_INDEX"] = str(args.gpu_index)
+            from ..gpu.device import use_adapter
+            use_adapter(args.gpu_index)
         return None
     if args.check_every < 0:
         raise ValueError(f"--check-every: expected an integer >= 0, got {args.check_every}")
@@ -652,5 +654,6 @@ def from_args(args, log) -> Distributed | None:
     if args.threads is None:
         args.threads = dist.default_threads()
     if args.device == "gpu":
-        os.environ["MAMBA_EXT_GPU_INDEX"] = str(dist.gpu_index(args.gpu_index))
+        from ..gpu.device import use_adapter
+        use_adapter(dist.gpu_index(args.gpu_index))
     return dist

@@ -254,3 +254,28 @@ def test_cli_rejects_bad_distributed_options(capsys, args, message):
     from mamba_ext.cli.train import main
     assert main(args + ["--steps", "1", "--quiet"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_gpu_index_chosen_without_touching_the_environment(monkeypatch):
+    """--gpu-index (and each rank's adapter) reaches the device through
+    gpu.device.use_adapter, not through os.environ; a later choice of another adapter
+    once the device is open is refused, as is a bad index."""
+    import os
+    from types import SimpleNamespace
+    from mamba_ext.cli.train import build_parser
+    from mamba_ext.gpu import device
+    from mamba_ext.training import distributed
+    monkeypatch.setattr(device, "_ADAPTER_INDEX", None)
+    monkeypatch.setattr(device, "_GPU", None)
+    before = dict(os.environ)
+    args = build_parser().parse_args(["--device", "gpu", "--gpu-index", "3"])
+    assert distributed.from_args(args, print) is None
+    assert dict(os.environ) == before
+    assert device._ADAPTER_INDEX == 3
+    monkeypatch.setattr(device, "_GPU", SimpleNamespace(adapter_index=3))
+    device.use_adapter(3)                               # the same adapter: fine
+    with pytest.raises(RuntimeError, match="already open on adapter 3"):
+        device.use_adapter(1)
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="index: expected an adapter index"):
+            device.use_adapter(bad)
