@@ -37,7 +37,7 @@ fn dsilu(x: f32) -> f32 {
 // |x| < 0.5: Taylor series to x^8/8! (truncation < 1.4e-8 relative, under
 // float32's half ulp); otherwise |exp(x) - 1| > 0.39 and the subtraction loses nothing.
 // (No longer: the scan kernels evaluate it up to three times per (b, t, d, n), and their
-// backward is bound by its instructions, docs/gpu_h200.txt runs 75 and 78.)
+// backward is bound by its instructions.)
 fn expm1_v4(x: vec4<f32>, ex: vec4<f32>) -> vec4<f32> {
     var s = vec4<f32>(1.0 / 40320.0);
     s = fma(s, x, vec4<f32>(1.0 / 5040.0));

@@ -60,7 +60,7 @@
 // workgroup memory (As[k][i], Bs[k][j]: slot s of a k row = rows 4s..4s+3), placed
 // so that every address of the compute loop is ty or tx plus a constant (an XOR
 // swizzle costs index arithmetic per read: block d's products 33.6 -> 34.6 TFLOP/s
-// without it, docs/gpu_h200.txt run 64; see tix). A k-contiguous operand (the
+// without it; see tix). A k-contiguous operand (the
 // forward's X and W^T, the backward's dY) is loaded as 4 rows x 4 k per invocation
 // and transposed in registers, so that every workgroup store is 16 bytes (scalar
 // transposing stores cost a third of the forward's speed). Stores and the compute
@@ -176,7 +176,7 @@ fn load_b(j: u32, k: u32, klim: u32) -> vec4<f32> {
 //   8 rows x 64 contiguous bytes (4 h). ROT: g = t / 4, h = t % 4 (a quarter-warp
 //   reads 2 rows x 64 bytes and stores 2 g x 4 h, in distinct banks by tix's shift);
 //   else t's bits are 2 g-high | 2 h | 3 g-low (a quarter-warp stores one h, 8
-//   consecutive g: 8 consecutive slots; its loads touch 8 rows, slower: run 63);
+//   consecutive g: 8 consecutive slots; its loads touch 8 rows, slower);
 // - otherwise: vec4 number v = t + 128 q of the tile: k = v / 32, rows 4 (v % 32)..+3.
 fn share_pos(t: u32, q: u32, kfast: bool) -> vec2<u32> {
     if (kfast && ROT) { return vec2<u32>(4u * (t >> 2u) + q, (t & 3u) << 2u); }

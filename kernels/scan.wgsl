@@ -361,8 +361,7 @@ fn scan_backward_carry(@builtin(local_invocation_index) li: u32,
 // the steps of a block as calls with a constant step index (pass2_load/pass2_recompute/
 // pass2_back(l, .., 0u), (.., 1u), ...), not as loops, as linear.wgsl's `mac`: the
 // arrays are then indexed by constants (registers) wherever the compiler does not unroll
-// loops. Same results bit for bit; lavapipe runs the kernel 2x faster, an H200 1.5-3.5%
-// (docs/gpu_h200.txt, run 34).
+// loops. Same results bit for bit; lavapipe runs the kernel 2x faster, an H200 1.5-3.5%.
 var<private> hist: array<vec4<f32>, 4u * TSMAX>;   // (TSMAX, 4): h_{t-1} of the block's steps
 var<private> gc: array<vec4<f32>, 4>;              // carry a_{t+1} g_{t+1}
 var<private> dA: array<vec4<f32>, 4>;              // dLoss/dA summed over the chunk

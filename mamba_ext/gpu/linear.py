@@ -19,27 +19,14 @@ GEMM_BK = 16             # contraction step of the tile loop
 # Split-K: a product of fewer tiles than SPLIT_BELOW_TILES (one wave of resident
 # workgroups on a large GPU: two per multiprocessor of an H200) gets S slices, enough
 # for about SPLIT_TARGET_GROUPS workgroups (three waves, so the last partial wave
-# costs little); each slice holds at least MIN_SPLIT_K of the contraction. Measured
-# on an H200 (docs/gpu_h200.txt, session 4): block d's in_proj dW (144 tiles) 27.2
-# TFLOP/s at S 2, 33.8 at S 6, 34.6 at S 8; its out_proj dW (72 tiles) 34.4 at S 11.
-# Products of more tiles (in_proj's dX, 768) stay whole: splitting them gained
-# nothing and cost a 100 MB partial buffer. Session 6 (run 45, two alternated rounds of
-# every combination of MIN_SPLIT_K 128 / 256 / 512, SPLIT_BELOW_TILES 264 / 528 and
-# SPLIT_TARGET_GROUPS 792 / 1584): MIN_SPLIT_K 256 and SPLIT_BELOW_TILES 528 (splitting
-# e.g. the 4 x 256 model's in_proj dX, K 1024, and the 24 x 768 model's out_proj forward,
-# 384 tiles) took the 4 x 256 step from 776-789k to 787-805k tokens/s, the 24 x 768 step
-# from 35,382 to 36,212, block c from 2.17-2.20 to 2.04-2.07 ms; MIN_SPLIT_K 128 was slower
-# (746-770k); TARGET 1584 changed no 4 x 256 product and would double block d's dW partials.
+# costs little); each slice holds at least MIN_SPLIT_K of the contraction. Products of
+# more tiles stay whole (splitting them gains nothing and costs a large partial buffer).
 # Thinner slices, down to MIN_SPLIT_K_SHORT, are taken for contractions up to
 # SPLIT_SHORT_K (the forward and dX products: K = Dm, D, 2D) where they fill the last wave
 # of SPLIT_WAVE resident workgroups better: cost(S) = ceil(tiles * S / SPLIT_WAVE) waves
 # times ceil(K / S) per workgroup, the smaller wins. E.g. block c's in_proj forward, 192
 # tiles, K 768: 3 slices = 576 workgroups in 3 waves of 256 k, 4 slices = 768 in 3 waves of
-# 192 k -> 4; the 4 x 256 model's in_proj dX, 128 tiles, K 1024: 4 slices = 2 waves of 256 k,
-# 5 = 3 waves of 205 k -> 4. Session 7 (runs 53-55, alternated rounds on an H200): block c
-# 2.02-2.06 -> 1.92-1.95 ms GPU; thin slices for every product (the 4 x 256 model's in_proj
-# dX too) cost its step 1.5%, and the wave rule alone, which also cut its long dW products
-# (K = B*L 8192, 1-4 tiles) into 42 slices instead of 32, 2.7% (779k against 801k).
+# 192 k -> 4. The values and their measurements: docs/performance.md (GPU tuning).
 SPLIT_BELOW_TILES = 528
 SPLIT_TARGET_GROUPS = 792
 SPLIT_WAVE = 264
@@ -47,22 +34,18 @@ MIN_SPLIT_K = 256
 MIN_SPLIT_K_SHORT = 192
 SPLIT_SHORT_K = 4096
 # Which products may be split: True = every product of few tiles (batch 1, x_proj's
-# and dt_proj's narrow outputs); False = only the dW products. Measured on an H200
-# (docs/gpu_h200.txt, run 5): block c (batch 1) fwd+bwd 3.33 ms against 4.48 ms.
+# and dt_proj's narrow outputs); False = only the dW products (batch 1 is then slow).
 SPLIT_ALL = True
 # Register prefetch of the next step's operands in the tile loop (override constant
 # PREFETCH of kernels/linear.wgsl): None = only for products with no k-contiguous
-# operand (the dW products), True / False = for every product or none. Measured on an
-# H200 (docs/gpu_h200.txt, run 26): without it in_proj's forward 34.2 against 32.1
-# TFLOP/s and out_proj's 33.9 against 32.0; with it the dW products 32.3 against 29.8.
+# operand (the dW products, which it speeds up; it slows the others), True / False =
+# for every product or none.
 PREFETCH = None
 # Layout of the tiles in workgroup memory (override ROT of kernels/linear.wgsl): rows of
 # 40 vec4 with a k-contiguous operand's slots shifted by a constant per k, where the
-# device has the 20 KiB it takes; else rows of 32, unshifted, with the k-contiguous loads
-# assigned so that no stores conflict. Measured on an H200 (docs/gpu_h200.txt, run 64,
-# alternated, block d's six in_proj/out_proj products): the XOR swizzle this replaces
-# 33.6 TFLOP/s mean, ROT 34.6 (forward and dX +4-8%, dW -2%), rows of 32 32.2; block c
-# 1.93 -> 1.85 ms, block d 17.09 -> 16.85 ms, the 24 x 768 step 36,659 -> 37,744 tok/s.
+# device has the 20 KiB it takes (faster than an XOR swizzle: no index arithmetic per
+# read); else rows of 32, unshifted, with the k-contiguous loads assigned so that no
+# stores conflict.
 ROT_MEMORY = 2 * GEMM_BK * 40 * 16
 ROT = None          # None = where the device has ROT_MEMORY; True / False = always / never
 
@@ -112,7 +95,7 @@ def gemm(g, entry, M, N, K, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, c, c_off
         part = g.dummy(0)
     elif part is None or part.size < 4 * split_scratch_len(M, N, S):
         # (a given buffer too small for every slice is not used: fewer slices cost more
-        # than the scratch, e.g. block c's in_proj dW unsplit, session 4 runs 22 and 27)
+        # than the scratch)
         part = g.scratch("linear_split_k", split_scratch_len(M, N, S))
     # dW and db in one buffer (a gradient arena): db written through c's binding
     db_in_c = dbias is not None and dbias is c

@@ -15,11 +15,8 @@ from .device import column_sum, elementwise
 # shape may run with a shorter chunk, see ScanShape).
 SCAN_CHUNK = 64
 SCAN_CHUNK_MAX = 64
-# Layout of the chunk kernels (kernels/scan.wgsl), as tuned on an H200 at block d
-# (docs/gpu_h200.txt, runs 5, 8 and 9): WG 64 against 32, 4 steps per backward
-# block against 2 and 8, one step per reduction round (scan_backward_grads 6.18 ms;
-# 2 / 4 steps per round: 9.16 / 16.4 ms: more workgroup memory, fewer resident
-# invocations), forward blocks of 8 steps (16: within the noise, 8.71 / 8.57 ms):
+# Layout of the chunk kernels (kernels/scan.wgsl), tuned on an H200 at block d (the
+# measurements: docs/performance.md, GPU tuning):
 # invocations per workgroup (one per channel x state group of 16 states),
 SCAN_WG = 64
 # steps per staged block of Bs | Cs of the forward passes and scan_backward_chunk,
@@ -27,14 +24,12 @@ SCAN_WG = 64
 # array (4 x 16 floats per step; at most TSMAX = 8),
 SCAN_TS_FORWARD = 8
 SCAN_TS_BACKWARD = 4
-# steps per dBs/dCs reduction round of scan_backward_grads (divides SCAN_TS_BACKWARD).
+# steps per dBs/dCs reduction round of scan_backward_grads (divides SCAN_TS_BACKWARD;
+# more steps per round take more workgroup memory, so fewer invocations are resident).
 SCAN_RB = 1
 # partial sums of dBs/dCs per workgroup of scan_backward_grads (override HS): 2 = every
 # invocation of a 64-wide workgroup sums half of the channels of one column, where 1
 # leaves half of them idle at each step's sums; dbc_part holds HS times more partials.
-# Measured on an H200 at block d (docs/gpu_h200.txt, run 33, alternated): 6.15 against
-# 6.35 ms (ZOH), 5.61 against 5.8-7.8 (Euler); block d's GPU memory 1568 against 1520
-# MiB (run 35; the anchor's is 1583).
 SCAN_SUM_PARTS = 2
 _TSMAX, _CKMAX, _RS = 8, 16, 35           # consts of kernels/scan.wgsl
 # Workgroup memory the chunk kernels may use when the caller does not pass the

@@ -96,7 +96,7 @@ class ResidentTrainer:
         self._plans = {}            # (B, L) -> ModelPlan
         # (B, L) -> the command buffer of the next step of that shape (Gpu.encode), into the
         # staging buffer of the next slot: the host's encoding hidden behind the GPU's work
-        # (4 x 256 step on an H200: 727,263 -> 771,316 tokens/s, docs/gpu_h200.txt run 41);
+        # (the 4 x 256 step on an H200: +6% tokens/s);
         # only the last step's shape is kept
         self._next = {}
         self.pre_encode = True
@@ -166,7 +166,7 @@ class ResidentTrainer:
         The step before, if still pending, is read back after this one is submitted, so
         the GPU goes from one step to the next without waiting for the host's read-back,
         validation and uploads in between (the 4 x 256 model on an H200: 9.8 ms per step
-        read back one by one, 9.2 ms pipelined, docs/gpu_h200.txt run 59). A loop that
+        read back one by one, 9.2 ms pipelined). A loop that
         calls ``step_async`` for each batch and reads each step's ``result()`` after
         submitting the next runs the same steps, bit for bit, as :meth:`step`: the step
         count that the bias corrections need is kept on the GPU (a step may be skipped),

@@ -73,7 +73,7 @@ def native_dispatch():
     """A function recording ops into a compute pass by wgpu-native's C entry points
     directly, or None where the backend is not wgpu-native. Why: wgpu-py wraps every
     call in a Python error-capture proxy, about half of the host's cost of a
-    dispatch (block c's 43: 12-14 -> 5-10 us each on the H200 host, run 51; 5.2 -> 3.5 us
+    dispatch (block c's 43: 12-14 -> 5-10 us each on the H200 host; 5.2 -> 3.5 us
     here with lavapipe);
     the checks are not lost: wgpu-core validates a pass when its encoder finishes
     (``finish`` stays wgpu-py's, which raises GPUValidationError, e.g. for a grid
@@ -103,7 +103,7 @@ class NativeQueue:
     Why: wgpu-py's ``map_sync`` waits on the device for the *last* submission. A trainer
     that submits step s+1 before reading back step s (ResidentTrainer.step_async) would
     then wait for s+1 too, and the GPU idle while the host prepares s+2 (H200, 4 x 256
-    model: 9.8-9.9 ms per step against 9.2 with this, docs/gpu_h200.txt runs 58-59). Here the
+    model: 9.8-9.9 ms per step against 9.2 with this). Here the
     map is started with wgpuBufferMapAsync and the device polled until that submission is
     done (wgpuDevicePoll with its index), which fires the map's callback; the bytes are
     copied out and the buffer unmapped. wgpu-py's own object never sees the map (its
