@@ -53,20 +53,12 @@ from mamba_ext.cpu.linear cimport linear_forward, linear_backward
 from mamba_ext.cpu.rmsnorm cimport rmsnorm_forward, rmsnorm_backward
 from mamba_ext.cpu.conv1d cimport conv1d_forward, conv1d_backward
 from mamba_ext.cpu.scan cimport scan_forward_state, scan_backward_state, scan_nchunks
+from mamba_ext.cpu.threads cimport mx_aligned_alloc, mx_aligned_free, mx_threads, mx_team, mx_workspace
 
 cnp.import_array()
 
-cdef extern from "csrc/mx_threads.h" nogil:
-    void* mx_aligned_alloc(size_t nbytes) noexcept    # 64-byte aligned, or NULL
-    void mx_aligned_free(void* p) noexcept
-
 cdef extern from "csrc/mx_hash.h" nogil:
     uint64_t mx_hash64(const void* p, size_t n, uint64_t seed) noexcept
-
-cdef extern from "csrc/mx_threads.h" nogil:
-    int mx_threads(int n) noexcept               # n > 0: n; else OpenMP's default
-    int mx_team(int n, long long work, long long min_work, long long parts) noexcept
-    void* mx_workspace(size_t nbytes) noexcept   # this thread's reused scratch, or NULL
 
 # The constants of the maths (single definition: csrc/mx_constants.h).
 A_LOG_MIN = constants.A_LOG_MIN

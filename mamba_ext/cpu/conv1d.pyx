@@ -14,9 +14,7 @@ RB depends on M alone, so the results do not depend on the thread count.
 from libc.stdlib cimport free, malloc
 from cython.parallel cimport prange
 from mamba_ext.cpu.types cimport floating, idx_t
-
-cdef extern from "csrc/mx_threads.h" nogil:
-    int mx_team(int n, long long work, long long min_work, long long parts) noexcept
+from mamba_ext.cpu.threads cimport mx_team
 
 cdef extern from "csrc/mx_conv1d.h" nogil:
     enum: MX_CONV_CB, MX_CONV_KB

@@ -39,8 +39,7 @@ from mamba_ext.cpu.activations cimport mx_add_f, mx_add_d
 cdef extern from "limits.h":
     const int INT_MAX
 
-cdef extern from "csrc/mx_threads.h" nogil:
-    int mx_team(int n, long long work, long long min_work, long long parts) noexcept
+from mamba_ext.cpu.threads cimport mx_team
 
 cdef extern from "csrc/mx_blas.h" nogil:
     const char* mx_blas_bind(const char* path) noexcept

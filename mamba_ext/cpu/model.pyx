@@ -45,11 +45,9 @@ from mamba_ext.cpu.rmsnorm cimport rmsnorm_forward, rmsnorm_backward
 
 cnp.import_array()
 
-cdef extern from "csrc/mx_threads.h" nogil:
-    # this thread's reused scratch of this module (static in the header: the blocks'
-    # own mx_workspace is a different one), or NULL; never freed by the caller
-    void* mx_workspace(size_t nbytes) noexcept
-    int mx_team(int n, long long work, long long min_work, long long parts) noexcept
+# mx_workspace: this thread's reused scratch of this module (static in the header: the
+# blocks' own mx_workspace is a different one), or NULL; never freed by the caller
+from mamba_ext.cpu.threads cimport mx_team, mx_workspace
 
 
 cdef inline idx_t _n_caches(const model_dims* d, int checkpointing) noexcept nogil:

@@ -40,8 +40,7 @@ from mamba_ext.cpu.rmsnorm cimport rmsnorm_forward
 
 cnp.import_array()
 
-cdef extern from "csrc/mx_threads.h" nogil:
-    int mx_threads(int n) noexcept               # n > 0: n; else OpenMP's default
+from mamba_ext.cpu.threads cimport mx_threads
 
 cdef extern from "csrc/mx_recurrent.h" nogil:
     void mx_conv_step_f(float* conv, float* tail, const float* xc, const float* weight,

@@ -13,9 +13,7 @@ result is the same for any thread count.
 from libc.math cimport sqrt
 from cython.parallel cimport prange
 from mamba_ext.cpu.types cimport floating, idx_t
-
-cdef extern from "csrc/mx_threads.h" nogil:
-    int mx_team(int n, long long work, long long min_work, long long parts) noexcept
+from mamba_ext.cpu.threads cimport mx_team
 
 cdef enum:
     # values per thread below which another thread costs more than it saves

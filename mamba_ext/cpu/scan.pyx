@@ -54,12 +54,7 @@ from libc.math cimport exp
 from cython.parallel cimport prange, parallel
 from mamba_ext.cpu.types cimport floating, idx_t
 from mamba_ext.cpu.constants cimport A_LOG_MIN, A_LOG_MAX, SCAN_CHUNK
-
-cdef extern from "csrc/mx_threads.h" nogil:
-    int mx_threads(int n) noexcept       # n > 0: n; else OpenMP's default (1 without OpenMP)
-    int mx_team(int n, long long work, long long min_work, long long parts) noexcept
-    void* mx_aligned_alloc(size_t nbytes) noexcept    # 64-byte aligned, or NULL
-    void mx_aligned_free(void* p) noexcept
+from mamba_ext.cpu.threads cimport mx_threads, mx_team, mx_aligned_alloc, mx_aligned_free
 
 # The hot loops (argument meanings and shapes: csrc/mx_scan.h).
 cdef extern from "csrc/mx_scan.h" nogil:

@@ -37,8 +37,7 @@ from mamba_ext.cpu.model cimport (cross_entropy_forward_backward,
                                   embedding_forward as k_embedding_forward,
                                   embedding_backward as k_embedding_backward)
 
-cdef extern from "csrc/mx_threads.h" nogil:
-    int mx_threads(int n) noexcept
+from mamba_ext.cpu.threads cimport mx_threads
 
 
 cdef int _disc(str discretization) except -1:
