@@ -91,6 +91,7 @@ _EXPORTS = {
     "mamba1_backward": "block",
     "init_mamba1_params": "block",
     "BlockCache": "block",
+    "model_param_names": "model",
     "MODEL_PARAM_NAMES": "model",
     "model_forward": "model",
     "model_loss_and_grads": "model",

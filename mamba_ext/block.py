@@ -16,8 +16,8 @@ State passing (a long sequence in chunks; same outputs and gradients as one piec
                               dconv_tail=g1["conv_state"])
 
 The maths is that of ``docs/semantics.md``; the kernels are the Cython
-modules ``_block`` (composition), ``_linear``, ``_rmsnorm``, ``_conv1d`` and
-``_scan``. The forward cache holds O(B*L*(Dm + D)) values plus the scan state
+modules ``mamba_ext.cpu.block`` (composition), ``cpu.linear``, ``cpu.rmsnorm``,
+``cpu.conv1d``, ``cpu.activations`` and ``cpu.scan``. The forward cache holds O(B*L*(Dm + D)) values plus the scan state
 at chunk boundaries (see :class:`BlockCache`), never a (B, L, D, N) tensor.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ the embedding (+ ``lm_head_bias``) -> mean cross-entropy over all B*L positions.
 The maths is that of ``docs/semantics.md``; the compiled core is
 ``mamba_ext/cpu/model.pyx`` (C contract in ``_model.pxd``).
 
-Parameters are a flat dict (see :func:`MODEL_PARAM_NAMES`)::
+Parameters are a flat dict (see :func:`model_param_names`)::
 
     embedding      (V, Dm)   token table, also the output head (tied)
     final_norm     (Dm,)     final RMSNorm gain
@@ -45,7 +45,7 @@ _TOP_NAMES = ("embedding", "final_norm", "lm_head_bias")
 MAX_LAYERS = 10 ** 9 - 1     # the largest index _LAYER_KEY reads has 9 digits
 
 
-def MODEL_PARAM_NAMES(n_layers: int) -> tuple[str, ...]:
+def model_param_names(n_layers: int) -> tuple[str, ...]:
     """Names of the model parameters, in a fixed order:
     ``embedding``, ``final_norm``, ``lm_head_bias``, then ``layer{i}.{name}`` for
     ``i`` in ``range(n_layers)`` and ``name`` in ``BLOCK_PARAM_NAMES``."""
@@ -53,6 +53,11 @@ def MODEL_PARAM_NAMES(n_layers: int) -> tuple[str, ...]:
     if n < 0:
         raise ValueError(f"n_layers: expected >= 0, got {n_layers}")
     return _TOP_NAMES + tuple(f"layer{i}.{name}" for i in range(n) for name in BLOCK_PARAM_NAMES)
+
+
+# the earlier spelling of model_param_names (a function named like a constant), kept so
+# that code written against it runs on
+MODEL_PARAM_NAMES = model_param_names
 
 
 class ModelDims(NamedTuple):
@@ -70,7 +75,7 @@ def check_model_params(params: Mapping[str, ArrayLike],
                        dtype: DTypeLike | None = None) -> tuple[dict[str, np.ndarray], ModelDims]:
     """Validate a model parameter dict.
 
-    Returns ``(arrays, dims)``: ``arrays`` a dict in :func:`MODEL_PARAM_NAMES`
+    Returns ``(arrays, dims)``: ``arrays`` a dict in :func:`model_param_names`
     order of C-contiguous arrays of one float dtype (``dtype``, or that of
     ``embedding``), ``dims`` a :class:`ModelDims`.
     """
@@ -210,7 +215,7 @@ def model_loss_and_grads(tokens: ArrayLike, targets: ArrayLike, params: Mapping[
 
     Returns ``(loss, grads)``: ``loss`` a Python float (accumulated in double,
     never multiplied by ``loss_scale``), ``grads`` a dict keyed like ``params``
-    (in :func:`MODEL_PARAM_NAMES` order) of arrays of the parameters' dtype.
+    (in :func:`model_param_names` order) of arrays of the parameters' dtype.
     ``targets`` (B, L) are the ids to predict at every position (no shift
     happens inside). ``checkpointing=True`` keeps only each layer's input and
     recomputes the block caches in the backward pass: bit-identical gradients,
@@ -296,7 +301,7 @@ def model_workspace_bytes(params: Mapping[str, ArrayLike], batch: int, seq_len: 
 def init_model_params(vocab_size: int, d_model: int, n_layers: int, d_state: int = 16,
                       d_conv: int = 4, expand: int = 2, dt_rank: int | None = None, seed: int = 0,
                       dtype: DTypeLike = np.float32, *, init: str = "mamba") -> dict[str, np.ndarray]:
-    """Fresh model parameters (dict in :func:`MODEL_PARAM_NAMES` order).
+    """Fresh model parameters (dict in :func:`model_param_names` order).
 
     Each layer comes from :func:`mamba_ext.init_mamba1_params` with the scheme ``init``
     (``"mamba"``, the default: the reference implementations' rules, the output projection

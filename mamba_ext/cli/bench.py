@@ -40,10 +40,8 @@ def build_parser():
     p.add_argument("--f16-gemm", action="store_true",
                    help="GPU: time the tensor-core products (f16 subgroup matrices, "
                         "kernels/linear_f16.wgsl; MAMBA_EXT_GPU_BACKEND=dawn) on block d's shapes")
-    p.add_argument("--amp", action="store_true",
-                   help="GPU: mixed precision; the block (sizes) and --train-step with in_proj "
-                        "and out_proj on tensor cores where the device has f16 subgroup "
-                        "matrices (MAMBA_EXT_GPU_BACKEND=dawn)")
+    p.add_argument("--amp", action="store_true", help="GPU: mixed precision (the block, "
+                   "--train-step): in_proj/out_proj on tensor cores where the device has them")
     p.add_argument("--checkpointing", action="store_true",
                    help="GPU --train-step: with activation checkpointing")
     p.add_argument("--model-step", default=None, metavar="MODELS",
@@ -91,12 +89,10 @@ def main(argv=None) -> int:
                      f"{args.model_step!r}")
         return cpu.run_model_steps(names, repeat=args.repeat or 5, n_threads=args.threads,
                                    compare=not args.no_compare)
-    if args.f16_gemm and args.device != "gpu":
-        ap.error("--f16-gemm needs --device gpu")
-    if args.train_step is not None and args.device != "gpu":
-        ap.error("--train-step needs --device gpu")
-    if args.amp and args.device != "gpu":
-        ap.error("--amp applies to --device gpu")
+    for given, flag in ((args.f16_gemm, "--f16-gemm"), (args.train_step is not None,
+                        "--train-step"), (args.amp, "--amp")):
+        if given and args.device != "gpu":
+            ap.error(f"{flag} needs --device gpu")
     if args.checkpointing and args.train_step is None:
         ap.error("--checkpointing applies to --device gpu --train-step")
     if args.discretization != "zoh" and args.device != "gpu":

@@ -194,7 +194,7 @@ def test_bad_params_are_named():
 
 
 def test_param_names_and_init():
-    names = mamba_ext.MODEL_PARAM_NAMES(2)
+    names = mamba_ext.model_param_names(2)
     assert names[:3] == ("embedding", "final_norm", "lm_head_bias")
     assert names[3] == "layer0.wInProj" and names[-1] == "layer1.normWeight" and len(names) == 29
     p = mamba_ext.init_model_params(256, 32, 2, seed=0)
@@ -211,3 +211,11 @@ def test_param_names_and_init():
     tok, tgt = np.random.default_rng(0).integers(0, 256, (2, 2, 16))
     loss, _ = mamba_ext.model_loss_and_grads(tok, tgt, p)
     assert abs(loss - np.log(256)) < 0.05                                  # ~uniform at init
+
+
+def test_model_param_names_keeps_its_earlier_spelling():
+    assert mamba_ext.MODEL_PARAM_NAMES is mamba_ext.model_param_names
+    assert mamba_ext.model_param_names(1)[:4] == ("embedding", "final_norm", "lm_head_bias",
+                                                  "layer0.wInProj")
+    with pytest.raises(ValueError, match="n_layers"):
+        mamba_ext.model_param_names(-1)
