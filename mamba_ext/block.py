@@ -17,8 +17,9 @@ State passing (a long sequence in chunks; same outputs and gradients as one piec
 
 The maths is that of ``docs/semantics.md``; the kernels are the Cython
 modules ``mamba_ext.cpu.block`` (composition), ``cpu.linear``, ``cpu.rmsnorm``,
-``cpu.conv1d``, ``cpu.activations`` and ``cpu.scan``. The forward cache holds O(B*L*(Dm + D)) values plus the scan state
-at chunk boundaries (see :class:`BlockCache`), never a (B, L, D, N) tensor.
+``cpu.conv1d``, ``cpu.activations`` and ``cpu.scan``. The forward cache holds
+O(B*L*(Dm + D)) values plus the scan state at chunk boundaries (see
+:class:`BlockCache`), never a (B, L, D, N) tensor.
 """
 from __future__ import annotations
 
