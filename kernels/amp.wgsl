@@ -17,6 +17,12 @@
 //                      (kernels/linear_f16.wgsl). The f16 bits are formed here, not by
 //                      pack2x16float, whose rounding and overflow WGSL leaves to the
 //                      implementation: +-inf past 65504, as NumPy's astype(float16).
+//   amp_pack_f16_pair: the same (rows, cols) block packed twice: row-major into packed
+//                      (when ROW) as amp_pack_f16, and transposed, (cols, rows) f16, into
+//                      packed_t from word dst_t_off: the k-major operands of a weight
+//                      gradient's product. Through a 64 x 32 tile of workgroup memory, so
+//                      that reads and both writes are coalesced; rows a multiple of 64,
+//                      cols of 32 (checked on the host).
 //
 // Size letters: n elements (words of amp_pack_f16), cols (even) per row.
 //
@@ -26,14 +32,20 @@
 // | amp_round_weights | 0 p Params uniform; 1 w (n) r; 2 w16 (n) rw               |
 // | amp_round_grads   | 0 p Params uniform; 2 g (n) rw                            |
 // | amp_pack_f16      | 0 p Params uniform; 1 x r; 3 packed (n words) rw          |
+// | amp_pack_f16_pair | 0 p Params uniform; 1 x r; 3 packed rw; 4 packed_t rw     |
 
-struct Params { n: u32, inv_scale: f32, cols: u32, src_off: u32, src_rs: u32, dst_off: u32 }
+struct Params { n: u32, inv_scale: f32, cols: u32, src_off: u32, src_rs: u32, dst_off: u32,
+                rows: u32, dst_t_off: u32 }
 
 override WG: u32 = 256u;
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> w: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<storage, read_write> packed: array<u32>;
+@group(0) @binding(4) var<storage, read_write> packed_t: array<u32>;
+
+override ROW: bool = true;                     // amp_pack_f16_pair: also the row-major copy
+var<workgroup> tile: array<f32, 64u * 33u>;    // (64, 32) of the block, rows 33 apart
 
 fn round_f16(x: f32) -> f32 {
     let b = bitcast<u32>(x);
@@ -75,6 +87,31 @@ fn amp_pack_f16(@builtin(local_invocation_index) li: u32,
     let half_cols = p.cols / 2u;
     let src = p.src_off + (i / half_cols) * p.src_rs + 2u * (i % half_cols);
     packed[p.dst_off + i] = f16_bits(w[src]) | (f16_bits(w[src + 1u]) << 16u);
+}
+
+@compute @workgroup_size(256)
+fn amp_pack_f16_pair(@builtin(local_invocation_index) t: u32,
+                     @builtin(workgroup_id) wid: vec3<u32>) {
+    let r0 = wid.y * 64u;                      // this workgroup's 64 rows and 32 columns
+    let c0 = wid.x * 32u;
+    for (var q = 0u; q < 8u; q++) {
+        let r = t / 32u + 8u * q;
+        tile[r * 33u + t % 32u] = w[p.src_off + (r0 + r) * p.src_rs + c0 + t % 32u];
+    }
+    workgroupBarrier();
+    for (var q = 0u; q < 4u; q++) {
+        let e = t + 256u * q;
+        if (ROW) {                             // row r, words 16 per row of the tile
+            let r = e / 16u;
+            let k = 2u * (e % 16u);
+            packed[p.dst_off + (r0 + r) * (p.cols / 2u) + c0 / 2u + e % 16u] =
+                f16_bits(tile[r * 33u + k]) | (f16_bits(tile[r * 33u + k + 1u]) << 16u);
+        }
+        let c = e / 32u;                       // column c, words of two rows each
+        let r = 2u * (e % 32u);
+        packed_t[p.dst_t_off + (c0 + c) * (p.rows / 2u) + r0 / 2u + e % 32u] =
+            f16_bits(tile[r * 33u + c]) | (f16_bits(tile[(r + 1u) * 33u + c]) << 16u);
+    }
 }
 
 @compute @workgroup_size(WG)

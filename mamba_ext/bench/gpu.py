@@ -361,12 +361,13 @@ def check_f16_products(g, lf, rng):
     M, I, O = 256, 384, 128
     x, w, dy = (rng.standard_normal(s).astype(np.float16) for s in ((M, I), (O, I), (M, O)))
     bx, bw, bdy = (lf.f16_buffer(g, a, n) for a, n in ((x, "f16_x"), (w, "f16_w"), (dy, "f16_dy")))
+    bxt, bdyt = lf.f16_buffer(g, x.T, "f16_xt"), lf.f16_buffer(g, dy.T, "f16_dyt")
     x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
     errs = {}
     for name, fn, args, shape, want in (
             ("forward", lf.forward, (bx, bw), (M, O), x64 @ w64.T),
             ("dinput", lf.dinput, (bdy, bw), (M, I), dy64 @ w64),
-            ("dweight", lf.dweight, (bdy, bx), (O, I), dy64.T @ x64)):
+            ("dweight", lf.dweight, (bdyt, bxt), (O, I), dy64.T @ x64)):
         c0 = rng.standard_normal(shape).astype(np.float32)
         for acc in (False, True):
             c = g.buffer(c0.size, "f16_c", c0)
@@ -432,19 +433,20 @@ def run_f16_gemm(repeat: int = 10) -> int:
           + ", ".join(f"{k} {v:.1e}" for k, v in errs.items()), flush=True)
     reps = 5
     for name, M, I, O in F16_GEMM_SHAPES:
-        x, w, dy = (lf.f16_buffer(g, rng.standard_normal(s).astype(np.float16), n)
-                    for s, n in (((M, I), "x"), ((O, I), "w"), ((M, O), "dy")))
+        x, w, dy, xt, dyt = (lf.f16_buffer(g, rng.standard_normal(s).astype(np.float16), n)
+                             for s, n in (((M, I), "x"), ((O, I), "w"), ((M, O), "dy"),
+                                          ((I, M), "xt"), ((O, M), "dyt")))
         y, dx, dw = g.buffer(M * O, "y"), g.buffer(M * I, "dx"), g.buffer(O * I, "dw")
         flop = 2.0 * M * I * O
         line = []
         for kind, op in (("forward", lf.forward(g, y, x, w, M, I, O)),
                          ("dX", lf.dinput(g, dx, dy, w, M, I, O)),
-                         ("dW", lf.dweight(g, dw, dy, x, M, I, O))):
+                         ("dW", lf.dweight(g, dw, dyt, xt, M, I, O))):
             gpu_ms, wall_ms = _time_ops(g, [op] * reps, (), repeat)
             ms = (gpu_ms if gpu_ms is not None else wall_ms) / reps
             line.append(f"{kind} {ms:.3f} ms = {flop / ms / 1e9:.1f} TFLOP/s")
         print(f"f16 {name} (M {M}, I {I}, O {O}): " + "; ".join(line), flush=True)
-        for b in (x, w, dy, y, dx, dw):
+        for b in (x, w, dy, xt, dyt, y, dx, dw):
             b.destroy()
         # the fp32 kernel of linear.wgsl, same forward product
         x32, w32 = g.buffer(M * I, "x32"), g.buffer(O * I, "w32")

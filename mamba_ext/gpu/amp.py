@@ -18,12 +18,12 @@ class AmpOps:
 
     def __init__(self, g, n, w, w16, gr):
         self.g, self.n = g, n
-        self.weights_op = elementwise(g, "amp", "amp_round_weights", n, [n, 1.0, 0, 0, 0, 0],
+        self.weights_op = elementwise(g, "amp", "amp_round_weights", n, [n, 1.0, 0, 0, 0, 0, 0, 0],
                                       [w, w16])
-        self.grads_op = elementwise(g, "amp", "amp_round_grads", n, [n, 1.0, 0, 0, 0, 0],
+        self.grads_op = elementwise(g, "amp", "amp_round_grads", n, [n, 1.0, 0, 0, 0, 0, 0, 0],
                                     [None, gr])
 
     def set_scale(self, scale: float) -> None:
         """The loss scale of the next step: unscale by float32(1 / scale), the
         reciprocal DynamicLossScaler.unscale multiplies float32 gradients by."""
-        self.g.write_params(self.grads_op, [self.n, float(np.float32(1.0 / scale)), 0, 0, 0, 0])
+        self.g.write_params(self.grads_op, [self.n, float(np.float32(1.0 / scale)), 0, 0, 0, 0, 0, 0])

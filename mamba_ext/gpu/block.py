@@ -57,6 +57,10 @@ def validate_block(x, params):
 def f16_unsupported(d: BlockDims, M, offs, half_offs) -> str | None:
     """Why in_proj's and out_proj's products of a block with M rows cannot run in f16
     (gradients at ``offs`` of the f32 arena, f16 weights at ``half_offs``), or None."""
+    t = lf.TILE[0]
+    if d.Dm % t or d.D % t or M % t:
+        return (f"d_model {d.Dm}, d_inner {d.D} and batch x seq_len {M} must be multiples of "
+                f"{t} (the f16 kernel's whole tiles)")
     return (lf.layer_unsupported(M, d.Dm, 2 * d.D, half_offs["wInProj"], offs["wInProj"])
             or lf.layer_unsupported(M, d.D, d.Dm, half_offs["wOutProj"], offs["wOutProj"]))
 
@@ -74,7 +78,9 @@ class BlockScratch:
         mk = g.buffer
         if f16:     # the f16 operands of the products (BlockLayer's f16 mode), 2 per word
             self.dout16 = mk(M * Dm // 2, "dout_f16")    # (M, Dm) f16: out_proj's dY
+            self.dout16_t = mk(M * Dm // 2, "dout_f16_t")  # (Dm, M) f16: its transpose
             self.dY16 = mk(M * D, "dY_f16")              # (M, 2D) f16: in_proj's dY
+            self.dY16_t = mk(M * D, "dY_f16_t")          # (2D, M) f16: its transpose
         # Buffers whose lifetimes within backward_ops do not overlap share one (the
         # steps: 1 out_proj, 2 gate, 3 scan, 4 dt_proj, 5 x_proj, 6 conv1d, 7 in_proj,
         # 8 RMSNorm): dgated [1, 2] / ddelta_pre [3, 4] / dxn [7, 8], and
@@ -103,7 +109,8 @@ class BlockLayer:
     ``f16``: (buffer, {"wInProj": offset, "wOutProj": offset}) of f16 copies of the two
     large weights (linear_f16.HalfWeights): in_proj's and out_proj's six products then
     run on tensor cores (mamba_ext.gpu.linear_f16) with f16 operands, and the cache keeps
-    their f16 inputs (xn16, gated16) instead of the f32 ones; the biases are filled in
+    their f16 inputs, transposed (xn16_t, gated16_t: the weight gradients' k-major
+    operands, linear_f16.dweight), instead of the f32 ones; the biases are filled in
     first (linear.bias_fill) and the products accumulated on top, the bias gradients are
     column sums of the f32 gradients. Mixed precision: the rest runs in f32 as before.
     """
@@ -121,7 +128,8 @@ class BlockLayer:
             if why:
                 raise ValueError(f"mamba_ext.gpu: f16 products: {why}")
             # the f16 inputs of the products replace the f32 ones in the cache
-            self.CACHE = tuple({"xn": "xn16", "gated": "gated16"}.get(n, n) for n in self.CACHE)
+            self.CACHE = tuple({"xn": "xn16_t", "gated": "gated16_t"}.get(n, n)
+                               for n in self.CACHE)
         self.w, self.gr, self.o, self.x, self.out = w, gr, offs, x, out
         self.eps = check_eps(eps)
         zoh = check_discretization(discretization) == 0
@@ -133,17 +141,21 @@ class BlockLayer:
         if cache_of is not None:
             # activation checkpointing: the forward cache buffers of another layer of the
             # same shape (the model recomputes this layer's forward before its backward)
-            for name in self.CACHE + (("xn", "gated") if f16 is not None else ()):
+            for name in self.CACHE + (("xn", "gated", "xn16", "gated16") if f16 is not None
+                                      else ()):
                 setattr(self, name, getattr(cache_of, name))
             return
         mk = g.buffer
         if f16 is not None:
-            # f32 xn and gated live only until their f16 copies are made: one buffer each
-            # for every layer; the cache holds the copies
+            # f32 xn and gated and their row-major f16 copies live only until the forward's
+            # products have read them: one buffer each for every layer; the cache holds
+            # the transposed copies, which the backward's dW products read
             self.xn = g.scratch("amp_xn", M * Dm)        # (M, Dm) RMSNorm output
             self.gated = g.scratch("amp_gated", M * D)   # (M, D)
-            self.xn16 = mk(M * Dm // 2, "xn_f16")        # (M, Dm) f16, 2 per word
-            self.gated16 = mk(M * D // 2, "gated_f16")   # (M, D) f16, 2 per word
+            self.xn16 = g.scratch("amp_xn_f16", M * Dm // 2)     # (M, Dm) f16, 2 per word
+            self.gated16 = g.scratch("amp_gated_f16", M * D // 2)  # (M, D) f16
+            self.xn16_t = mk(M * Dm // 2, "xn_f16_t")    # (Dm, M) f16
+            self.gated16_t = mk(M * D // 2, "gated_f16_t")   # (D, M) f16
         else:
             self.xn = mk(M * Dm, "xn")                   # (M, Dm) RMSNorm output
             self.gated = mk(M * D, "gated")              # (M, D)
@@ -176,7 +188,7 @@ class BlockLayer:
                                          o["bInProj"], self.Y, 0, 2 * D)
             else:
                 wh, ho = self.f16
-                in_proj = [lf.pack(g, self.xn16, self.xn, M, Dm),
+                in_proj = [lf.pack_pair(g, self.xn16, self.xn16_t, self.xn, M, Dm),
                            *bias_fill(g, M, 2 * D, w, o["bInProj"], self.Y, 0, 2 * D),
                            lf.forward(g, self.Y, self.xn16, wh, M, Dm, 2 * D, accumulate=True,
                                       w_off=ho["wInProj"])]
@@ -202,7 +214,7 @@ class BlockLayer:
                                                o["bOutProj"], self.out, 0, Dm, res=self.x)
             else:
                 wh, ho = self.f16
-                self._fwd.append(lf.pack(g, self.gated16, self.gated, M, D))
+                self._fwd.append(lf.pack_pair(g, self.gated16, self.gated16_t, self.gated, M, D))
                 self._out_ops = [*bias_fill(g, M, Dm, w, o["bOutProj"], self.out, 0, Dm, res=self.x),
                                  lf.forward(g, self.out, self.gated16, wh, M, D, Dm,
                                             accumulate=True, w_off=ho["wOutProj"])]
@@ -223,16 +235,16 @@ class BlockLayer:
                                       part=sc.du)
         else:       # the same with f16 operands, the bias gradients from the f32 dY
             wh, ho = self.f16
-            out_proj = [lf.pack(g, sc.dout16, dout, M, Dm),
+            out_proj = [lf.pack_pair(g, sc.dout16, sc.dout16_t, dout, M, Dm),
                         lf.dinput(g, sc.dgated, sc.dout16, wh, M, D, Dm, accumulate=False,
                                   w_off=ho["wOutProj"]),
-                        lf.dweight(g, gr, sc.dout16, self.gated16, M, D, Dm,
+                        lf.dweight(g, gr, sc.dout16_t, self.gated16_t, M, D, Dm,
                                    dw_off=o["wOutProj"]),
                         *column_sum(g, M, Dm, dout, 0, Dm, gr, o["bOutProj"])]
-            in_proj = [lf.pack(g, sc.dY16, sc.dY, M, 2 * D),
+            in_proj = [lf.pack_pair(g, sc.dY16, sc.dY16_t, sc.dY, M, 2 * D),
                        lf.dinput(g, sc.dxn, sc.dY16, wh, M, Dm, 2 * D, accumulate=False,
                                  w_off=ho["wInProj"]),
-                       lf.dweight(g, gr, sc.dY16, self.xn16, M, Dm, 2 * D,
+                       lf.dweight(g, gr, sc.dY16_t, self.xn16_t, M, Dm, 2 * D,
                                   dw_off=o["wInProj"]),
                        *column_sum(g, M, 2 * D, sc.dY, 0, 2 * D, gr, o["bInProj"])]
         return [

@@ -59,6 +59,31 @@ def test_pack_is_numpys_float16():
         lf.pack(g, dst, src, 2, 3)
 
 
+@pytest.mark.parametrize("row", [True, False])
+def test_pack_pair_is_both_layouts(row):
+    """pack_pair: the row-major copy (when asked) and the transposed one of a strided
+    block, bit for bit NumPy's float16 (edge values included)."""
+    rng = np.random.default_rng(2)
+    rows, cols, rs = 128, 64, 70
+    x = np.zeros((rows, rs), np.float32)
+    vals = _edge_values()
+    x[:, 3:3 + cols] = rng.choice(vals, (rows, cols))
+    src = upload(g, "src", x)
+    dst, dst_t = g.buffer(rows * cols // 2, "dst"), g.buffer(rows * cols // 2, "dst_t")
+    run(g, lf.pack_pair(g, dst if row else None, dst_t, src, rows, cols, src_off=3, src_rs=rs))
+    want = _f16(x[:, 3:3 + cols])
+    for buf, ref, on in ((dst, want, row), (dst_t, want.T, True)):
+        got = read(g, buf, (rows * cols // 2,), np.uint32).view(np.float16).reshape(ref.shape)
+        if not on:
+            assert not got.any()
+            continue
+        nan = np.isnan(ref)
+        assert np.array_equal(np.isnan(got), nan)
+        assert np.array_equal(got.view(np.uint16)[~nan], np.ascontiguousarray(ref).view(np.uint16)[~nan])
+    with pytest.raises(ValueError, match="multiple of 64"):
+        lf.pack_pair(g, dst, dst_t, src, 96, 64)
+
+
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_reference_products_against_float64(reference, accumulate):
     """forward, dinput and dweight of a linear layer (f16 operands at offsets, f32 result)
@@ -67,10 +92,10 @@ def test_reference_products_against_float64(reference, accumulate):
     M, I, O = 256, 128, 384
     x, w, dy = (_f16(rng.standard_normal(s)) for s in ((M, I), (O, I), (M, O)))
     c0 = {"y": rng.standard_normal((M, O)), "dx": rng.standard_normal((M, I)),
-          "dw": rng.standard_normal((O, I))}
+          "dw": rng.standard_normal((O, I)), "dw_t": rng.standard_normal((O, I))}
     bufs = {}
-    for name, a in (("x", x), ("w", w), ("dy", dy)):
-        h = np.concatenate([np.zeros(8, np.float16), a.ravel()])       # at f16 offset 8
+    for name, a in (("x", x), ("w", w), ("dy", dy), ("xt", x.T), ("dyt", dy.T)):
+        h = np.concatenate([np.zeros(8, np.float16), np.ravel(a)])     # at f16 offset 8
         bufs[name] = g.buffer(h.size // 2, name, h.view(np.uint32))
     out = {k: upload(g, k, np.concatenate([np.zeros(4), v.ravel()]).astype(np.float32))
            for k, v in c0.items()}
@@ -81,10 +106,13 @@ def test_reference_products_against_float64(reference, accumulate):
                       accumulate=accumulate),
            lf.product(g, out["dw"], bufs["dy"], bufs["x"], O, I, M, a_kmajor=False,
                       b_kmajor=False, lda=O, ldb=I, ldc=I, a_off=8, b_off=8, c_off=4,
+                      accumulate=accumulate),
+           lf.product(g, out["dw_t"], bufs["dyt"], bufs["xt"], O, I, M, a_kmajor=True,
+                      b_kmajor=True, lda=M, ldb=M, ldc=I, a_off=8, b_off=8, c_off=4,
                       accumulate=accumulate)]
     run(g, ops)
     x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
-    want = {"y": x64 @ w64.T, "dx": dy64 @ w64, "dw": dy64.T @ x64}
+    want = {"y": x64 @ w64.T, "dx": dy64 @ w64, "dw": dy64.T @ x64, "dw_t": dy64.T @ x64}
     for k, v in want.items():
         if accumulate:
             v = v + c0[k].astype(np.float32)
@@ -205,3 +233,22 @@ def test_dawn_model_with_tensor_core_products():
 def test_check_f16_model_on_the_reference(reference):
     res = check_f16_model(g, np.random.default_rng(0), Dm=128, n_layers=1, B=1, L=128)
     assert res["loss"] <= 1e-4 and res["grads"] <= 5e-3, res
+
+
+def test_bias_fill_is_exact():
+    """linear.bias_fill: y[:, off:off+O] = b (+ res[:, :O], rows y_rs apart, as
+    linear_forward's residual), other columns untouched."""
+    from mamba_ext.gpu.linear import bias_fill
+    rng = np.random.default_rng(11)
+    M, O, rs = 37, 24, 40
+    w = rng.standard_normal(50).astype(np.float32)
+    res = rng.standard_normal((M, rs)).astype(np.float32)
+    y0 = rng.standard_normal((M, rs)).astype(np.float32)
+    wb, rb = upload(g, "w", w), upload(g, "res", res)
+    for with_res in (False, True):
+        yb = upload(g, "y", y0)
+        run(g, bias_fill(g, M, O, wb, 7, yb, 8, rs, res=rb if with_res else None))
+        got = read(g, yb, (M, rs))
+        want = y0.copy()
+        want[:, 8:8 + O] = w[7:7 + O] + (res[:, :O] if with_res else 0)   # res: row stride rs
+        assert np.array_equal(got, want), with_res
