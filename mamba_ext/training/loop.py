@@ -30,6 +30,7 @@ from ..block import check_init
 from ..model import MAX_LAYERS, init_model_params, model_forward, model_loss_and_grads
 from . import hf_init
 from .data import DEFAULT_MAX_BYTES, VOCAB_SIZE, ByteBatches, ContiguousBatches, load_corpus
+from .metrics import METRICS_NAME, MetricsFile
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
 PLOT_NAME = "loss.png"
@@ -279,7 +280,7 @@ def save_state(path, cfg, step, params, opt, scaler, losses, dist=None, carry=No
 
 
 def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, bar,
-          dist=None, carry=None) -> int:
+          dist=None, carry=None, metrics=None) -> int:
     """Steps ``start .. end-1``; appends to ``losses``; returns the number of steps
     skipped (AMP overflow, the optimizer's NaN guard: a non-finite gradient, or a step
     whose every element update was not finite and so left unchanged, e.g. an lr of 1e300).
@@ -288,7 +289,8 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
     without MPI submits each step before reading back the one before
     (``ResidentTrainer.step_async``: the same steps, the GPU not waiting for the host in
     between); a step after which a checkpoint is due is read back before the next one
-    is submitted, so the checkpoint holds exactly the steps it counts."""
+    is submitted, so the checkpoint holds exactly the steps it counts. ``metrics``: a
+    ``MetricsFile`` that gets a line per step."""
     from ..optim import clip_grad_norm
     tokens_per_step = cfg.batch * cfg.seq_len * (1 if dist is None else dist.size)
     skipped = 0
@@ -298,6 +300,8 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
     pipelined = trainer is not None and dist is None
     n_elements = sum(int(a.size) for a in params.values())
     seen_nonfinite = [opt.nonfinite if opt is not None else 0]
+    grad_norm = [None]        # the last CPU step's norm before clipping (None: not computed)
+    t_start = time.perf_counter()
 
     def void():
         # True when the last optimizer step left every element unchanged (its update was
@@ -312,6 +316,13 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
     def after(step, loss):
         """What follows step ``step`` once its loss is known."""
         losses.append(loss)
+        if metrics is not None:
+            gpu = trainer is not None
+            metrics.step(step, loss, lr_at(cfg, step),
+                         trainer.last_grad_norm if gpu else grad_norm[0],
+                         trainer.skipped - skipped_before if gpu else skipped,
+                         (step + 1 - start) * tokens_per_step
+                         / max(time.perf_counter() - t_start, 1e-9))
         bar.update(step, float(np.mean(losses[-20:])), (step + 1 - start) * tokens_per_step,
                    force=step + 1 == end)
         if dist is not None:
@@ -371,7 +382,7 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
             if reduce is not None:
                 grads, loss, _ = reduce(grads, loss, False)
             if cfg.grad_clip:
-                clip_grad_norm(grads, cfg.grad_clip)
+                grad_norm[0] = clip_grad_norm(grads, cfg.grad_clip)
             skipped += (not opt.step(grads)) or void()
         after(step, loss)
     if trainer is not None:
@@ -570,7 +581,7 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
     log = log or (lambda s: print(s, file=sys.stderr))
     if dist is None or dist.is_root:
         os.makedirs(out_dir, exist_ok=True)
-        for name in (CHECKPOINT_NAME, PLOT_NAME, SUMMARY_NAME):
+        for name in (CHECKPOINT_NAME, PLOT_NAME, SUMMARY_NAME, METRICS_NAME):
             for stale in ckpt_io.remove_stale_temporaries(out_dir, name):
                 log(f"removed {stale}, left by an interrupted write")
     start, losses, state = 0, [], None
@@ -656,19 +667,24 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
 
     path = os.path.join(out_dir, CHECKPOINT_NAME)
     carry = [state["carry"] if state is not None else None] if cfg.carry_state else None
+    metrics = (MetricsFile(os.path.join(out_dir, METRICS_NAME), start)
+               if dist is None or dist.is_root else None)
     bar = _Progress(progress, cfg.steps, start)
     t0 = time.perf_counter()
     skipped = 0
     end = max(start, cfg.steps if stop is None else min(cfg.steps, stop))
     try:
         skipped = _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, bar,
-                        dist, carry)
+                        dist, carry, metrics)
     except KeyboardInterrupt:
         # the step in flight may have half-updated the weights: keep the last
         # complete checkpoint rather than saving this state
         bar.close()
         log(f"interrupted; {path} holds the last checkpoint (resume with --resume)")
         raise
+    finally:
+        if metrics is not None and sys.exc_info()[0] is not None:
+            metrics.close()
     wall = time.perf_counter() - t0
     bar.close()
     if trainer is not None:
@@ -689,6 +705,7 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
     with np.errstate(all="ignore"):
         val = evaluate(params, batches, cfg.eps, cfg.threads, cfg.discretization)
         final = float(np.mean(losses[-50:])) if losses else float("nan")
+    metrics.finish(end, val)
     ranks = 1 if dist is None else dist.size
     tps = done * ranks * cfg.batch * cfg.seq_len / wall if wall > 0 else 0.0
     failure = None
@@ -701,7 +718,7 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
     summary = {"losses": losses, "final_loss": final, "val_loss": val, "tokens_per_s": tps,
                "wall_s": wall, "steps": cfg.steps, "steps_run": done, "skipped_steps": skipped,
                "status": "failed" if failure else "ok", "error": failure,
-               "checkpoint": path, "plot": plot_path, "params": params}
+               "checkpoint": path, "plot": plot_path, "metrics": metrics.path, "params": params}
     scalars = {k: v for k, v in summary.items() if k not in ("losses", "params")}
     scalars["final_loss"] = _finite_or_none(final)
     scalars["val_loss"] = _finite_or_none(val)
@@ -712,7 +729,7 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
         f"ln({cfg.vocab_size}) = {math.log(cfg.vocab_size):.3f})"
         + (f", held-out loss {val:.3f}" if val is not None else "")
         + (f", {skipped} steps skipped" if skipped or cfg.amp else ""))
-    log(f"checkpoint: {path}\nloss curve: {plot_path}")
+    log(f"checkpoint: {path}\nloss curve: {plot_path}\nmetrics per step: {metrics.path}")
     if cfg.init_from is not None:
         summary["hf"] = hf_init.write_hf(out_dir, cfg, params)
         log(f"Hugging Face folder: {summary['hf']}")

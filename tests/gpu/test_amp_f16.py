@@ -252,3 +252,21 @@ def test_bias_fill_is_exact():
         want = y0.copy()
         want[:, 8:8 + O] = w[7:7 + O] + (res[:, :O] if with_res else 0)   # res: row stride rs
         assert np.array_equal(got, want), with_res
+
+
+def test_gpu_training_writes_metrics_with_grad_norms(tmp_path):
+    """train --device gpu --amp: the metrics file has each step's loss and the GPU's
+    gradient norm, and says in the log which products ran."""
+    import json
+    from mamba_ext.training.loop import TrainConfig, train
+    corpus = tmp_path / "c.txt"
+    corpus.write_bytes(b"def f(x):\n    return x * 2\n" * 400)
+    logs = []
+    res = train(TrainConfig(data=str(corpus), device="gpu", amp=True, steps=3, d_model=32,
+                            n_layers=1, batch=2, seq_len=32), tmp_path / "run", progress=None,
+                log=logs.append)
+    rows = [json.loads(line) for line in open(res["metrics"], encoding="utf-8")]
+    assert [r["step"] for r in rows] == [1, 2, 3, 3]
+    assert [r["loss"] for r in rows[:3]] == res["losses"]
+    assert all(r["grad_norm"] > 0 for r in rows[:3])
+    assert any(m.startswith("amp on the GPU: ") for m in logs)
