@@ -698,14 +698,15 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
                     "checkpoint": path, "params": params}
     save_state(path, cfg, end, params, opt, scaler, losses, dist,
                carry=None if carry is None else carry[0])
-    from .plot import write_loss_curve
-    plot_path = os.path.join(out_dir, PLOT_NAME)
-    write_loss_curve(plot_path, losses, reference=math.log(cfg.vocab_size),
-                     reference_label=f"ln({cfg.vocab_size}) = uniform guess")
     with np.errstate(all="ignore"):
         val = evaluate(params, batches, cfg.eps, cfg.threads, cfg.discretization)
         final = float(np.mean(losses[-50:])) if losses else float("nan")
     metrics.finish(end, val)
+    from .plot import write_loss_curve
+    plot_path = os.path.join(out_dir, PLOT_NAME)
+    plot_writer = write_loss_curve(plot_path, losses, reference=math.log(cfg.vocab_size),
+                                   held_out=val,
+                                   reference_label=f"ln({cfg.vocab_size}) = uniform guess")
     ranks = 1 if dist is None else dist.size
     tps = done * ranks * cfg.batch * cfg.seq_len / wall if wall > 0 else 0.0
     failure = None
@@ -729,7 +730,10 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
         f"ln({cfg.vocab_size}) = {math.log(cfg.vocab_size):.3f})"
         + (f", held-out loss {val:.3f}" if val is not None else "")
         + (f", {skipped} steps skipped" if skipped or cfg.amp else ""))
-    log(f"checkpoint: {path}\nloss curve: {plot_path}\nmetrics per step: {metrics.path}")
+    drawn = ("matplotlib" if plot_writer == "matplotlib"
+             else "the built-in writer; pip install matplotlib for a finer one")
+    log(f"checkpoint: {path}\nloss curve: {plot_path} (drawn by {drawn})"
+        f"\nmetrics per step: {metrics.path}")
     if cfg.init_from is not None:
         summary["hf"] = hf_init.write_hf(out_dir, cfg, params)
         log(f"Hugging Face folder: {summary['hf']}")

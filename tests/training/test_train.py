@@ -152,7 +152,8 @@ def test_train_and_sample_commands(text_file, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "step      6/6" in err and "tok/s" in err and "tokens/s" in err
     assert (out / "checkpoint.safetensors").is_file()
-    _read_png((out / "loss.png").read_bytes())
+    assert (out / "loss.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert "loss curve: " in err and "(drawn by " in err
     from mamba_ext.io.checkpoint import load_checkpoint
     ck = load_checkpoint(out / "checkpoint.safetensors")
     assert ck["step"] == 6 and ck["config"]["checkpointing"] is True
@@ -319,3 +320,33 @@ def test_gpu_resume_restores_optimizer_state(text_file, tmp_path):
     assert resumed["losses"] == full["losses"]            # bit-identical losses, every step
     for k in full["params"]:
         np.testing.assert_array_equal(resumed["params"][k], full["params"][k], err_msg=k)
+
+
+def test_loss_plot_writers(tmp_path, monkeypatch):
+    """matplotlib draws the curve when it is installed (CI installs it), the built-in writer
+    otherwise; both mark the held-out loss and say which wrote the file."""
+    import builtins
+    from conftest import optional
+    from mamba_ext.training import plot
+    optional("matplotlib", "pip install matplotlib")
+    y = 5.5 * np.exp(-np.arange(300) / 40.0) + 1.0
+    path = tmp_path / "m.png"
+    assert plot.write_loss_curve(path, y, reference=math.log(256), held_out=1.2) == "matplotlib"
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *a, **k):
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    path = tmp_path / "b.png"
+    assert plot.write_loss_curve(path, y, reference=math.log(256), held_out=1.2) == "built-in"
+    img = _read_png(path.read_bytes())
+    top = 50
+    assert _has(img[:top - 2], plot.HELD_OUT_COLOR)          # its legend entry
+    assert _has(img[top:], plot.HELD_OUT_COLOR)              # the marker
+    without = plot.loss_curve(y)
+    assert not _has(without, plot.HELD_OUT_COLOR)
