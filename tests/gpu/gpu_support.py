@@ -106,3 +106,25 @@ def run_on_dawn(code: str) -> dict:
     if "skip" in res:
         pytest.skip(f"real GPU hardware only: {res['skip']}")
     return res
+
+
+_F16_PRELUDE = """
+import json, numpy as np
+from mamba_ext.bench import gpu as bench
+from mamba_ext.gpu import device, linear_f16 as lf
+try:
+    g = device.gpu()
+except RuntimeError as e:
+    print(json.dumps({"skip": f"Dawn found no adapter: {e}"})); raise SystemExit(0)
+if not lf.available(g):
+    print(json.dumps({"skip": f"no f16 subgroup matrices on {g.info.get('device')!r}"}))
+    raise SystemExit(0)
+"""
+
+
+def run_with_f16_matrices(expr: str) -> dict:
+    """:func:`run_on_dawn` for a check that needs f16 subgroup matrices: the JSON value of
+    the Python expression ``expr``, evaluated with ``g`` (the device), ``lf``
+    (mamba_ext.gpu.linear_f16), ``bench`` (mamba_ext.bench.gpu) and ``np`` in scope;
+    skips where Dawn finds no adapter or the adapter has no f16 subgroup matrices."""
+    return run_on_dawn(_F16_PRELUDE + f"print(json.dumps({expr}))\n")

@@ -17,7 +17,7 @@ if str(Path(__file__).resolve().parent) not in sys.path:
 import numpy as np
 import pytest
 
-from gpu_support import nerr, random_model, read, require_gpu, run, run_on_dawn, upload
+from gpu_support import nerr, random_model, read, require_gpu, run, run_with_f16_matrices, upload
 
 g = require_gpu()
 from mamba_ext import gpu as G  # noqa: E402
@@ -208,25 +208,10 @@ def test_without_subgroup_matrices_amp_runs_f32_products():
     assert "MAMBA_EXT_GPU_BACKEND=dawn" in tr.products(1, 128)
 
 
-_DAWN_MODEL = """
-import json, numpy as np
-from mamba_ext.gpu import device, linear_f16 as lf
-from mamba_ext.bench.gpu import check_f16_model
-try:
-    g = device.gpu()
-except RuntimeError as e:
-    print(json.dumps({"skip": f"Dawn found no adapter: {e}"})); raise SystemExit(0)
-if not lf.available(g):
-    print(json.dumps({"skip": f"no f16 subgroup matrices on {g.info.get('device')!r}"}))
-    raise SystemExit(0)
-print(json.dumps(check_f16_model(g, np.random.default_rng(0))))
-"""
-
-
 def test_dawn_model_with_tensor_core_products():
     """The same comparison as test_model_with_f16_products_matches_f32 with the
     tensor-core kernel (real GPU hardware only)."""
-    res = run_on_dawn(_DAWN_MODEL)
+    res = run_with_f16_matrices("bench.check_f16_model(g, np.random.default_rng(0))")
     assert res["loss"] <= 1e-4 and res["grads"] <= 5e-3, res
 
 

@@ -17,7 +17,7 @@ if str(Path(__file__).resolve().parent) not in sys.path:
 
 import pytest
 
-from gpu_support import require_gpu, run_on_dawn
+from gpu_support import require_gpu, run_with_f16_matrices
 from mamba_ext.gpu import linear_f16 as lf
 
 NVIDIA = [{"m": 16, "n": 16, "k": 16}, {"m": 16, "n": 8, "k": 16}, {"m": 16, "n": 8, "k": 8}]
@@ -77,24 +77,9 @@ def test_refused_clearly_without_subgroup_matrices():
         lf.forward(g, None, None, None, 128, 128, 128)
 
 
-_DAWN_CHECK = """
-import json, numpy as np
-from mamba_ext.gpu import device, linear_f16 as lf
-from mamba_ext.bench.gpu import check_f16_products
-try:
-    g = device.gpu()
-except RuntimeError as e:
-    print(json.dumps({"skip": f"Dawn found no adapter: {e}"})); raise SystemExit(0)
-if not lf.available(g):
-    print(json.dumps({"skip": f"no f16 subgroup matrices on {g.info.get('device')!r}"}))
-    raise SystemExit(0)
-print(json.dumps(check_f16_products(g, lf, np.random.default_rng(0))))
-"""
-
-
 def test_dawn_products_match_float64():
     """forward, dX and dW, written and accumulated, against float64 products of the same
     f16 inputs: f32 accumulation of exact f16 x f16 products."""
-    res = run_on_dawn(_DAWN_CHECK)
+    res = run_with_f16_matrices("bench.check_f16_products(g, lf, np.random.default_rng(0))")
     assert set(res) == {"forward", "forward+=", "dinput", "dinput+=", "dweight", "dweight+="}
     assert max(res.values()) < 1e-5, res
