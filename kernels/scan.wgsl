@@ -41,34 +41,30 @@
 // through workgroup memory; dBs, dCs (sums over the CPW channels) always do, every
 // RB steps.
 //
-// Bindings (0 is the uniform Params in every entry point; one table for all, an
-// entry binds the ones it names). xproj (M, P) holds dt_low = xproj[:, 0:R],
-// Bs = xproj[:, R:R+N], Cs = xproj[:, R+N:P]; delta = softplus(delta_pre) is
-// computed where it is read (no (M, D) delta buffer); w is the parameter arena
-// (A_log (D, N) at alog_off, D_vec (D,) at dvec_off). ck1..ck3 are (B, C, D, N)
-// chunk tensors.
-// | binding | name      | shape     | forward_chunk | forward_carry | forward_output |
-// |---------|-----------|-----------|---------------|---------------|----------------|
-// | 1       | xproj     | (M, P)    | r             |               | r              |
-// | 2       | u         | (M, D)    | r             |               | r              |
-// | 3       | delta_pre | (M, D)    | r             |               | r              |
-// | 4       | w         | arena     | r             |               | r              |
-// | 6       | ck1       | (B,C,D,N) | hchunk w      | hchunk r      | hstate r       |
-// | 7       | ck2       | (B,C,D,N) | achunk w      | achunk r      |                |
-// | 8       | ck3       | (B,C,D,N) |               | hstate w      |                |
-// | 9       | out1      | (M, D)    |               |               | y w            |
-// | binding | name      | shape     | backward_chunk | backward_carry | backward_grads    |
-// | 1..4    | xproj, u, delta_pre, w | xproj delta_pre w r |        | all r             |
-// | 5       | dy        | (M, D)    | r              |                | r                 |
-// | 6       | ck1       | (B,C,D,N) | gchunk w       | gchunk r       | hstate r          |
-// | 7       | ck2       | (B,C,D,N) |                | achunk r       | gcarry r          |
-// | 8       | ck3       | (B,C,D,N) |                | gcarry w       | da_part w         |
-// | 9       | out1      | (M, D)    |                |                | du w (scan part)  |
-// | 10      | out2      | (M, D)    |                |                | ddelta_pre w      |
-// | 11      | dbc_part  | (GHS,M,2N)|                |                | w (GHS = G * HS)  |
-// scan_backward_sum_bc: 11 dbc_part r, 9 out1 = dxproj (M, P) rw (columns R..P
-// overwritten). scan_backward_sum_a_log: 8 ck3 = da_part r, 4 w r, 9 out1 = the
-// gradient arena rw (A_log at alog_off, +=).
+// Bindings (0 is the uniform Params in every entry point; one name per buffer, at one
+// binding number in every entry point that binds it). xproj (M, P) holds dt_low =
+// xproj[:, 0:R], Bs = xproj[:, R:R+N], Cs = xproj[:, R+N:P]; delta = softplus(delta_pre)
+// is computed where it is read (no (M, D) delta buffer); w is the parameter arena
+// (A_log (D, N) at alog_off, D_vec (D,) at dvec_off).
+// | binding | name       | shape     | written by             | read by                         |
+// |---------|------------|-----------|------------------------|---------------------------------|
+// | 1       | xproj      | (M, P)    |                        | the chunk kernels               |
+// | 2       | u          | (M, D)    |                        | forward_chunk/_output, _grads   |
+// | 3       | delta_pre  | (M, D)    |                        | the chunk kernels               |
+// | 4       | w          | arena     |                        | the chunk kernels, sum_a_log    |
+// | 5       | dy         | (M, D)    |                        | backward_chunk, backward_grads  |
+// | 6       | hchunk     | (B,C,D,N) | forward_chunk          | forward_carry                   |
+// | 7       | achunk     | (B,C,D,N) | forward_chunk          | forward_carry, backward_carry   |
+// | 8       | hstate     | (B,C,D,N) | forward_carry          | forward_output, backward_grads  |
+// | 9       | y          | (M, D)    | forward_output         |                                 |
+// | 10      | gchunk     | (B,C,D,N) | backward_chunk         | backward_carry                  |
+// | 11      | gcarry     | (B,C,D,N) | backward_carry         | backward_grads                  |
+// | 12      | da_part    | (B,C,D,N) | backward_grads         | backward_sum_a_log              |
+// | 13      | du         | (M, D)    | backward_grads (scan part + D_vec dy)                    |
+// | 14      | ddelta_pre | (M, D)    | backward_grads (softplus backward fused)                 |
+// | 15      | dbc_part   | (GHS,M,2N)| backward_grads (GHS = G * HS) | backward_sum_bc          |
+// | 16      | dxproj     | (M, P)    | backward_sum_bc (columns R..P overwritten)               |
+// | 17      | grad       | arena     | backward_sum_a_log (A_log at alog_off, +=)               |
 
 struct Params {
     B: u32, L: u32, D: u32, N: u32, R: u32, P: u32,
@@ -107,12 +103,18 @@ const RS: u32 = 35u;       // floats per (step, invocation) row of red: dBs 16 |
 @group(0) @binding(3) var<storage, read> delta_pre: array<f32>;
 @group(0) @binding(4) var<storage, read> w: array<f32>;
 @group(0) @binding(5) var<storage, read> dy: array<f32>;
-@group(0) @binding(6) var<storage, read_write> ck1: array<f32>;
-@group(0) @binding(7) var<storage, read_write> ck2: array<f32>;
-@group(0) @binding(8) var<storage, read_write> ck3: array<f32>;
-@group(0) @binding(9) var<storage, read_write> out1: array<f32>;
-@group(0) @binding(10) var<storage, read_write> out2: array<f32>;
-@group(0) @binding(11) var<storage, read_write> dbc_part: array<f32>;
+@group(0) @binding(6) var<storage, read_write> hchunk: array<f32>;
+@group(0) @binding(7) var<storage, read_write> achunk: array<f32>;
+@group(0) @binding(8) var<storage, read_write> hstate: array<f32>;
+@group(0) @binding(9) var<storage, read_write> y: array<f32>;
+@group(0) @binding(10) var<storage, read_write> gchunk: array<f32>;
+@group(0) @binding(11) var<storage, read_write> gcarry: array<f32>;
+@group(0) @binding(12) var<storage, read_write> da_part: array<f32>;
+@group(0) @binding(13) var<storage, read_write> du: array<f32>;
+@group(0) @binding(14) var<storage, read_write> ddelta_pre: array<f32>;
+@group(0) @binding(15) var<storage, read_write> dbc_part: array<f32>;
+@group(0) @binding(16) var<storage, read_write> dxproj: array<f32>;
+@group(0) @binding(17) var<storage, read_write> grad: array<f32>;
 
 // delta = softplus(delta_pre) of row r of (M, D) (as dt_proj's CPU store computes it).
 fn delta_at(r: u32) -> f32 { return softplus(delta_pre[r]); }
@@ -234,7 +236,7 @@ fn scan_forward_chunk(@builtin(local_invocation_index) li: u32, @builtin(workgro
     for (var q = 0u; q < 4u; q++) {
         for (var k = 0u; k < 4u; k++) {
             let i = ck_index(l, q, k);
-            if (i != NONE) { ck1[i] = hv[q][k]; ck2[i] = acp[q][k]; }
+            if (i != NONE) { hchunk[i] = hv[q][k]; achunk[i] = acp[q][k]; }
         }
     }
 }
@@ -251,8 +253,8 @@ fn scan_forward_carry(@builtin(local_invocation_index) li: u32,
     var h = 0.0;
     for (var c = 0u; c < p.C; c++) {
         let k = (b * p.C + c) * DN + dn;
-        ck3[k] = h;
-        h = ck2[k] * h + ck1[k];
+        hstate[k] = h;
+        h = achunk[k] * h + hchunk[k];
     }
 }
 
@@ -267,7 +269,7 @@ fn scan_forward_output(@builtin(local_invocation_index) li: u32, @builtin(workgr
         for (var q = 0u; q < 4u; q++) {
             for (var k = 0u; k < 4u; k++) {
                 let i = ck_index(l, q, k);
-                if (i != NONE) { hv[q][k] = ck1[i]; }
+                if (i != NONE) { hv[q][k] = hstate[i]; }
             }
         }
     }
@@ -283,7 +285,7 @@ fn scan_forward_output(@builtin(local_invocation_index) li: u32, @builtin(workgr
                 for (var q = 0u; q < 4u; q++) {
                     if (q < NV) { yv += dot(bc_at(ts, 1u, l.s, q), hv[q]); }
                 }
-                if (SG == 1u) { out1[r] = yv + w[p.dvec_off + l.d] * u[r]; }
+                if (SG == 1u) { y[r] = yv + w[p.dvec_off + l.d] * u[r]; }
             }
             if (SG > 1u) { ysum[ts * WG + li] = yv; }
         }
@@ -292,10 +294,10 @@ fn scan_forward_output(@builtin(local_invocation_index) li: u32, @builtin(workgr
             workgroupBarrier();
             for (var ts = 0u; ts < TS; ts++) {
                 if (l.on && l.s == 0u && tb + ts < t1) {
-                    var y = 0.0;
-                    for (var j = 0u; j < SG; j++) { y += ysum[ts * WG + li + j]; }
+                    var ys = 0.0;
+                    for (var j = 0u; j < SG; j++) { ys += ysum[ts * WG + li + j]; }
                     let r = (l.b * p.L + tb + ts) * p.D + l.d;
-                    out1[r] = y + w[p.dvec_off + l.d] * u[r];
+                    y[r] = ys + w[p.dvec_off + l.d] * u[r];
                 }
             }
         }
@@ -335,7 +337,7 @@ fn scan_backward_chunk(@builtin(local_invocation_index) li: u32, @builtin(workgr
     for (var q = 0u; q < 4u; q++) {
         for (var k = 0u; k < 4u; k++) {
             let i = ck_index(l, q, k);
-            if (i != NONE) { ck1[i] = an[q][k] * hv[q][k]; }
+            if (i != NONE) { gchunk[i] = an[q][k] * hv[q][k]; }
         }
     }
 }
@@ -352,8 +354,8 @@ fn scan_backward_carry(@builtin(local_invocation_index) li: u32,
     var k = 0.0;
     for (var c = p.C; c > 0u; c--) {
         let j = (b * p.C + c - 1u) * DN + dn;
-        ck3[j] = k;
-        k = ck1[j] + ck2[j] * k;
+        gcarry[j] = k;
+        k = gchunk[j] + achunk[j] * k;
     }
 }
 
@@ -441,8 +443,8 @@ fn pass2_back(l: Lane, li: u32, bk: Blk, ts: u32) {
             }
         }
         if (SG == 1u) {
-            out1[r] = sdu + dvec * dyv;
-            out2[r] = sdd * b_sg[ts];
+            du[r] = sdu + dvec * dyv;
+            ddelta_pre[r] = sdd * b_sg[ts];
         }
     }
     let row = (k * WG + li) * RS;
@@ -493,8 +495,8 @@ fn pass2_back(l: Lane, li: u32, bk: Blk, ts: u32) {
                     sd += red[(k * WG + li + j2) * RS + 33u];
                 }
                 let r = (l.b * p.L + t) * p.D + l.d;
-                out1[r] = su + dvec * dy[r];
-                out2[r] = sd * sigmoid(delta_pre[r]);
+                du[r] = su + dvec * dy[r];
+                ddelta_pre[r] = sd * sigmoid(delta_pre[r]);
             }
         }
     }
@@ -515,8 +517,8 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
     for (var q = 0u; q < 4u; q++) {
         for (var k = 0u; k < 4u; k++) {
             let i = ck_index(l, q, k);
-            if (i != NONE && l.c > 0u) { hv[q][k] = ck1[i]; }        // hstate
-            if (i != NONE && l.c + 1u < p.C) { gc[q][k] = ck2[i]; }  // gcarry
+            if (i != NONE && l.c > 0u) { hv[q][k] = hstate[i]; }
+            if (i != NONE && l.c + 1u < p.C) { gc[q][k] = gcarry[i]; }
         }
     }
     // 1. walk the chunk forward, keeping the state entering each block
@@ -557,7 +559,7 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
     for (var q = 0u; q < 4u; q++) {
         for (var k = 0u; k < 4u; k++) {
             let i = ck_index(l, q, k);
-            if (i != NONE) { ck3[i] = dA[q][k]; }
+            if (i != NONE) { da_part[i] = dA[q][k]; }
         }
     }
 }
@@ -574,7 +576,7 @@ fn scan_backward_sum_bc(@builtin(local_invocation_index) li: u32,
     let j = i % W;
     var s = 0.0;
     for (var g = 0u; g < p.G; g++) { s += dbc_part[(g * M + r) * W + j]; }
-    out1[r * p.P + p.R + j] = s;
+    dxproj[r * p.P + p.R + j] = s;
 }
 
 @compute @workgroup_size(WG)
@@ -585,10 +587,10 @@ fn scan_backward_sum_a_log(@builtin(local_invocation_index) li: u32,
     let DN = p.D * p.N;
     if (i >= DN) { return; }
     var s = 0.0;
-    for (var bc_i = 0u; bc_i < p.B * p.C; bc_i++) { s += ck3[bc_i * DN + i]; }
+    for (var bc_i = 0u; bc_i < p.B * p.C; bc_i++) { s += da_part[bc_i * DN + i]; }
     let a_log = w[p.alog_off + i];
     // Closed clamp: exactly zero gradient at and beyond the bounds.
     if (a_log > a_log_min && a_log < a_log_max) {
-        out1[p.alog_off + i] = out1[p.alog_off + i] + a_of(a_log) * s;
+        grad[p.alog_off + i] = grad[p.alog_off + i] + a_of(a_log) * s;
     }
 }

@@ -92,8 +92,10 @@ class ScanShape:
                 self.zoh, alog_off, dvec_off]
 
 
-# Binding slots of kernels/scan.wgsl, in order 1..11; an entry binds a subset.
-_SLOTS = ("xproj", "u", "delta_pre", "w", "dy", "ck1", "ck2", "ck3", "out1", "out2", "dbc_part")
+# The buffers of kernels/scan.wgsl by binding, 1..17 (one name, one binding, in every
+# entry point); an entry binds the ones it names.
+_SLOTS = ("xproj", "u", "delta_pre", "w", "dy", "hchunk", "achunk", "hstate", "y", "gchunk",
+          "gcarry", "da_part", "du", "ddelta_pre", "dbc_part", "dxproj", "grad")
 
 
 def _bind(**named):
@@ -122,11 +124,11 @@ def scan_forward(g, s, xproj, u, delta_pre, w, o, hchunk, achunk, hstate, y):
     prm = s.params(o["A_log"], o["D_vec"])
     ins = dict(xproj=xproj, u=u, delta_pre=delta_pre, w=w)
     carry = [] if s.C == 1 else [
-        _chunk_op(g, s, "scan_forward_chunk", prm, **ins, ck1=hchunk, ck2=achunk),
-        _flat_op(g, s, "scan_forward_carry", s.B * s.D * s.N, prm, ck1=hchunk, ck2=achunk,
-                 ck3=hstate),
+        _chunk_op(g, s, "scan_forward_chunk", prm, **ins, hchunk=hchunk, achunk=achunk),
+        _flat_op(g, s, "scan_forward_carry", s.B * s.D * s.N, prm, hchunk=hchunk,
+                 achunk=achunk, hstate=hstate),
     ]
-    return [*carry, _chunk_op(g, s, "scan_forward_output", prm, **ins, ck1=hstate, out1=y)]
+    return [*carry, _chunk_op(g, s, "scan_forward_output", prm, **ins, hstate=hstate, y=y)]
 
 
 class ScanScratch:
@@ -147,18 +149,19 @@ def scan_backward(g, s, sc: ScanScratch, xproj, u, delta_pre, w, o, dy, hstate, 
     prm = s.params(o["A_log"], o["D_vec"])
     carry = [] if s.C == 1 else [
         _chunk_op(g, s, "scan_backward_chunk", prm, xproj=xproj, delta_pre=delta_pre, w=w, dy=dy,
-                  ck1=sc.gchunk),
-        _flat_op(g, s, "scan_backward_carry", s.B * s.D * s.N, prm, ck1=sc.gchunk, ck2=achunk,
-                 ck3=sc.gcarry),
+                  gchunk=sc.gchunk),
+        _flat_op(g, s, "scan_backward_carry", s.B * s.D * s.N, prm, gchunk=sc.gchunk,
+                 achunk=achunk, gcarry=sc.gcarry),
     ]
     return [
         # dD_vec = colsum(dy * u)
         *column_sum(g, s.M, s.D, dy, 0, s.D, gr, o["D_vec"], b=u, b_rs=s.D),
         *carry,
         _chunk_op(g, s, "scan_backward_grads", prm, xproj=xproj, u=u, delta_pre=delta_pre, w=w,
-                  dy=dy, ck1=hstate, ck2=sc.gcarry, ck3=sc.da_part, out1=du,
-                  out2=ddelta_pre, dbc_part=sc.dbc_part),
+                  dy=dy, hstate=hstate, gcarry=sc.gcarry, da_part=sc.da_part, du=du,
+                  ddelta_pre=ddelta_pre, dbc_part=sc.dbc_part),
         _flat_op(g, s, "scan_backward_sum_bc", s.M * 2 * s.N, prm, dbc_part=sc.dbc_part,
-                 out1=dxproj),
-        _flat_op(g, s, "scan_backward_sum_a_log", s.D * s.N, prm, ck3=sc.da_part, w=w, out1=gr),
+                 dxproj=dxproj),
+        _flat_op(g, s, "scan_backward_sum_a_log", s.D * s.N, prm, da_part=sc.da_part, w=w,
+                 grad=gr),
     ]
