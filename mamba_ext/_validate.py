@@ -295,3 +295,55 @@ def check_eps(eps: Any) -> float:
     if not (math.isfinite(value) and value > 0.0):
         raise ValueError(f"eps: expected a finite number > 0, got {eps!r}")
     return value
+
+
+# float16, float32 or float64: the dtypes mixed-precision helpers take
+HALF_AND_FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+def named_arrays(what: str, arrays: Mapping[str, np.ndarray] | Sequence[np.ndarray] | np.ndarray
+                 ) -> list[tuple[str, np.ndarray]]:
+    """(label, ndarray) pairs from a mapping or an iterable of float arrays."""
+    if isinstance(arrays, Mapping):
+        items = [(f"{what}[{k!r}]", v) for k, v in arrays.items()]
+    elif isinstance(arrays, np.ndarray):
+        items = [(what, arrays)]
+    else:
+        try:
+            items = [(f"{what}[{i}]", v) for i, v in enumerate(arrays)]
+        except TypeError:
+            raise TypeError(f"{what}: expected a mapping or a sequence of arrays, got "
+                            f"{type(arrays).__name__}") from None
+    for label, v in items:
+        if not isinstance(v, np.ndarray) or v.dtype not in HALF_AND_FLOAT_DTYPES:
+            raise TypeError(f"{label}: expected a float numpy array, got "
+                            f"{getattr(v, 'dtype', type(v).__name__)}")
+    return items
+
+
+def state_scalar(state: Mapping, key: str, integral: bool = False) -> int | float:
+    """Read one scalar of a state dict: a Python number or a 1-element array
+    (what a safetensors round trip gives back). Returns int or float."""
+    if key not in state:
+        raise ValueError(f"state dict: missing key {key!r}")
+    value = state[key]
+    if isinstance(value, np.ndarray):
+        if value.size != 1:
+            raise ValueError(f"state dict: {key!r}: expected a scalar, got an array of shape {value.shape}")
+        value = value.reshape(()).item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"state dict: {key!r}: expected a number, got {type(value).__name__}")
+    if integral:
+        if not float(value).is_integer():
+            raise ValueError(f"state dict: {key!r}: expected an integer, got {value!r}")
+        return int(value)
+    return float(value)
+
+
+def check_state(name: str, value: ArrayLike, dtype: DTypeLike, shape: Sequence[int],
+                letters: str) -> np.ndarray:
+    """A state array (h0, conv_state, dh_last, dconv_tail): x's dtype, exactly ``shape``."""
+    arr = as_float_array(name, value, dtype, contiguous=False)
+    if arr.shape != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)} {letters}, got {arr.shape}")
+    return np.ascontiguousarray(arr)

@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.typing import ArrayLike
 
+from ._validate import named_arrays, state_scalar
+
 __all__ = ["round_fp16", "fp16_view", "DynamicLossScaler"]
 
 _FLOAT_KINDS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
@@ -71,42 +73,6 @@ def fp16_view(params: Mapping[str, ArrayLike]) -> dict[str, np.ndarray]:
     return out
 
 
-def _named_arrays(what: str, arrays):
-    """(label, ndarray) pairs from a mapping or an iterable of float arrays."""
-    if isinstance(arrays, Mapping):
-        items = [(f"{what}[{k!r}]", v) for k, v in arrays.items()]
-    elif isinstance(arrays, np.ndarray):
-        items = [(what, arrays)]
-    else:
-        try:
-            items = [(f"{what}[{i}]", v) for i, v in enumerate(arrays)]
-        except TypeError:
-            raise TypeError(f"{what}: expected a mapping or a sequence of arrays, got "
-                            f"{type(arrays).__name__}") from None
-    for label, v in items:
-        if not isinstance(v, np.ndarray) or v.dtype not in _FLOAT_KINDS:
-            raise TypeError(f"{label}: expected a float numpy array, got "
-                            f"{getattr(v, 'dtype', type(v).__name__)}")
-    return items
-
-
-def _state_scalar(state: Mapping, key: str, integral: bool = False):
-    """Read one scalar of a state dict: a Python number or a 1-element array
-    (what a safetensors round trip gives back). Returns int or float."""
-    if key not in state:
-        raise ValueError(f"state dict: missing key {key!r}")
-    value = state[key]
-    if isinstance(value, np.ndarray):
-        if value.size != 1:
-            raise ValueError(f"state dict: {key!r}: expected a scalar, got an array of shape {value.shape}")
-        value = value.reshape(()).item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"state dict: {key!r}: expected a number, got {type(value).__name__}")
-    if integral:
-        if not float(value).is_integer():
-            raise ValueError(f"state dict: {key!r}: expected an integer, got {value!r}")
-        return int(value)
-    return float(value)
 
 
 def _f32(x: float) -> float:
@@ -182,12 +148,12 @@ class DynamicLossScaler:
 
     def check(self, grads: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> bool:
         """True if any gradient holds a NaN or +-Inf (a mapping or a sequence of arrays)."""
-        return any(not np.isfinite(g).all() for _, g in _named_arrays("grads", grads))
+        return any(not np.isfinite(g).all() for _, g in named_arrays("grads", grads))
 
     def unscale(self, grads: Mapping[str, np.ndarray] | Sequence[np.ndarray]) -> None:
         """Multiply every gradient in place by 1/scale (float64 reciprocal
         rounded to the gradient's dtype, as GradScaler does for float32)."""
-        items = _named_arrays("grads", grads)
+        items = named_arrays("grads", grads)
         for label, g in items:
             if not g.flags.writeable:
                 raise ValueError(f"{label}: array is read-only; unscale works in place")
@@ -234,7 +200,7 @@ class DynamicLossScaler:
         unknown = sorted(str(k) for k in state if k not in known)
         if unknown:
             raise ValueError(f"DynamicLossScaler.load_state_dict: unknown key(s) {unknown}")
-        counts = {k: _state_scalar(state, k, integral=True)
+        counts = {k: state_scalar(state, k, integral=True)
                   for k in ("growth_interval", "growth_tracker", "overflows", "skipped")}
         for k, v in counts.items():
             if v < 0:
@@ -243,9 +209,9 @@ class DynamicLossScaler:
             raise ValueError(f"DynamicLossScaler.load_state_dict: growth_tracker {counts['growth_tracker']} "
                              f"must be < growth_interval {counts['growth_interval']}")
         probe = DynamicLossScaler.__new__(DynamicLossScaler)
-        probe._set_config(*(_state_scalar(state, k) for k in ("scale", "growth_factor", "backoff_factor")),
+        probe._set_config(*(state_scalar(state, k) for k in ("scale", "growth_factor", "backoff_factor")),
                           counts["growth_interval"],
-                          *(_state_scalar(state, k) for k in ("min_scale", "max_scale")))
+                          *(state_scalar(state, k) for k in ("min_scale", "max_scale")))
         self.__dict__.update(probe.__dict__)
         self.growth_tracker = counts["growth_tracker"]
         self.overflows = counts["overflows"]

@@ -34,7 +34,6 @@ from ._validate import (
     DISCRETIZATIONS,
     FLOAT_DTYPES,
     BlockDims,
-    as_float_array,
     block_param_shapes,
     check_block_params,
     check_count,
@@ -42,6 +41,7 @@ from ._validate import (
     check_discretization,
     check_eps,
     check_n_threads,
+    check_state,
     check_size,
     check_x,
 )
@@ -52,17 +52,12 @@ __all__ = ["mamba1_forward", "mamba1_backward", "init_mamba1_params", "BlockCach
            "inverse_softplus"]
 
 
-def _fingerprint(arrays) -> tuple:
+def fingerprint(arrays: Mapping[str, np.ndarray]) -> tuple:
     """Identity of the parameter values: per array, a 64-bit hash of all its bytes in
     order (csrc/mx_hash.h, four-lane xxHash-style rounds at memory speed: ~0.3 ms for the
     16 MB of size-c params, under 0.5% of a step). Any edited value, and any swap of two
     values, changes it. (The 13 parameters are C-contiguous here.)"""
     return tuple(_block.hash_bytes(np.ascontiguousarray(arrays[n])) for n in BLOCK_PARAM_NAMES)
-
-
-def _n_threads(n_threads: int | None) -> int:
-    """None -> 0 (OpenMP's default thread count); otherwise an int in [1, max_threads()]."""
-    return check_n_threads(n_threads)
 
 
 class BlockCache:
@@ -88,7 +83,7 @@ class BlockCache:
     scratch, which each calling thread keeps for its next call (see _block.pyx).
 
     The cache also records the sizes, dtype, ``x`` shape, eps, discretization
-    and a fingerprint of every value of every parameter (``_fingerprint``), so that
+    and a fingerprint of every value of every parameter (``fingerprint``), so that
     using it with other parameters, other shapes or a ``dout`` of another shape raises
     ValueError. No attribute can be assigned (private ones included), ``buffer`` and
     ``conv_state`` are read-only and cannot be made writeable (their memory belongs to
@@ -186,7 +181,7 @@ def _sizes(x_shape, dims) -> tuple:
     return (int(B), int(L), dims.Dm, dims.D, dims.N, dims.K, dims.R)
 
 
-def _cache_elements(sizes: tuple) -> int:
+def cache_elements(sizes: tuple) -> int:
     """Elements of the forward cache (the layout of block.pyx, see BlockCache) for sizes
     (B, L, Dm, D, N, K, R), in Python integers, which cannot wrap around."""
     B, L, Dm, D, N, K, R = sizes
@@ -199,10 +194,10 @@ def _check_work_size(sizes) -> None:
     """Refuse sizes whose cache or backward scratch element counts overflow."""
     B, L, Dm, D, N, K, R = sizes
     M, P = B * L, R + 2 * N
-    check_count("cache", (_cache_elements(sizes),))
+    check_count("cache", (cache_elements(sizes),))
     check_count("backward scratch", (M * (7 * D + P + 2 * R + 2 * Dm),))
     # the cache and the block's input and output (the scratch is bounded by a window)
-    check_memory("mamba1_forward: the cache, x and out", 4 * (_cache_elements(sizes) + 2 * M * Dm))
+    check_memory("mamba1_forward: the cache, x and out", 4 * (cache_elements(sizes) + 2 * M * Dm))
 
 
 def mamba1_forward(x: ArrayLike, params: Mapping[str, ArrayLike], *, h0: ArrayLike | None = None,
@@ -243,16 +238,16 @@ def mamba1_forward(x: ArrayLike, params: Mapping[str, ArrayLike], *, h0: ArrayLi
     x = check_x("x", x, _params_dtype(params), contiguous=False)
     arrays, dims = check_block_params(params, dtype=x.dtype, d_model=x.shape[2])
     disc = check_discretization(discretization)
-    nt = _n_threads(n_threads)
+    nt = check_n_threads(n_threads)
     eps = check_eps(eps)
     sizes = _sizes(x.shape, dims)
     _check_work_size(sizes)
     B, L = sizes[:2]
     h_shape, c_shape = (B, dims.D, dims.N), (B, dims.D, dims.K - 1)
     if h0 is not None:
-        h0 = _check_state("h0", h0, x.dtype, h_shape, "(batch, dInner, dState)")
+        h0 = check_state("h0", h0, x.dtype, h_shape, "(batch, dInner, dState)")
     if conv_state is not None:
-        conv_state = _check_state("conv_state", conv_state, x.dtype, c_shape,
+        conv_state = check_state("conv_state", conv_state, x.dtype, c_shape,
                                   "(batch, dInner, dConv-1)")
         conv_state = _block.sealed(conv_state)       # a copy kept for the backward
     x = np.ascontiguousarray(x)
@@ -267,19 +262,11 @@ def mamba1_forward(x: ArrayLike, params: Mapping[str, ArrayLike], *, h0: ArrayLi
         _block.forward(x, [arrays[n] for n in BLOCK_PARAM_NAMES], out, buffer, sizes,
                        eps, disc, nt, h0=h0, conv_state=conv_state, h_last=h_last,
                        conv_tail=conv_tail)
-    cache = BlockCache(buffer, dims, x.dtype, x.shape, eps, discretization, _fingerprint(arrays),
+    cache = BlockCache(buffer, dims, x.dtype, x.shape, eps, discretization, fingerprint(arrays),
                        has_h0=h0 is not None, conv_state=conv_state)
     if return_state:
         return out, cache, (h_last, conv_tail)
     return out, cache
-
-
-def _check_state(name, value, dtype, shape, letters):
-    """A state array (h0, conv_state, dh_last, dconv_tail): x's dtype, exactly ``shape``."""
-    arr = as_float_array(name, value, dtype, contiguous=False)
-    if arr.shape != tuple(shape):
-        raise ValueError(f"{name}: expected shape {tuple(shape)} {letters}, got {arr.shape}")
-    return np.ascontiguousarray(arr)
 
 
 def _params_dtype(params):
@@ -323,18 +310,18 @@ def mamba1_backward(dout: ArrayLike, params: Mapping[str, ArrayLike], cache: Blo
     if dims != cache.dims:
         raise ValueError(f"params: sizes {dims} differ from those of the forward that made "
                          f"the cache {cache.dims}")
-    if _fingerprint(arrays) != cache.fingerprint:
-        changed = [n for n, a, b in zip(BLOCK_PARAM_NAMES, _fingerprint(arrays), cache.fingerprint)
+    if fingerprint(arrays) != cache.fingerprint:
+        changed = [n for n, a, b in zip(BLOCK_PARAM_NAMES, fingerprint(arrays), cache.fingerprint)
                    if a != b]
         raise ValueError(f"params: values of {changed} differ from those the forward used; "
                          f"the cache is only valid with the same params")
-    nt = _n_threads(n_threads)
+    nt = check_n_threads(n_threads)
     B, L = dout.shape[:2]
     h_shape, c_shape = (B, dims.D, dims.N), (B, dims.D, dims.K - 1)
     if dh_last is not None:
-        dh_last = _check_state("dh_last", dh_last, cache.dtype, h_shape, "(batch, dInner, dState)")
+        dh_last = check_state("dh_last", dh_last, cache.dtype, h_shape, "(batch, dInner, dState)")
     if dconv_tail is not None:
-        dconv_tail = _check_state("dconv_tail", dconv_tail, cache.dtype, c_shape,
+        dconv_tail = check_state("dconv_tail", dconv_tail, cache.dtype, c_shape,
                                   "(batch, dInner, dConv-1)")
     dx = np.zeros_like(dout)
     grads = {n: np.zeros_like(arrays[n]) for n in BLOCK_PARAM_NAMES}

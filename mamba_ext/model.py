@@ -30,6 +30,8 @@ from ._validate import (
     BlockDims,
     as_float_array,
     check_block_params,
+    check_n_threads,
+    check_state,
     check_count,
     check_discretization,
     check_eps,
@@ -141,12 +143,6 @@ def _layer_lists(arrays: Mapping, n_layers: int) -> list:
     return [[arrays[f"layer{i}.{n}"] for n in BLOCK_PARAM_NAMES] for i in range(n_layers)]
 
 
-def _n_threads(n_threads: int | None) -> int:
-    """None -> 0 (OpenMP's default thread count), else an int >= 1 (as the block API)."""
-    from .block import _n_threads as block_threads
-    return block_threads(n_threads)
-
-
 def _model_state(arrays, dims: ModelDims, B: int, h0, conv_state, return_state: bool):
     """The state arguments of the compiled model (``_state_table`` in model.pyx):
     ``None`` when no state is given or wanted, else ``(h0, conv_state, h_last, conv_tail)``
@@ -154,13 +150,12 @@ def _model_state(arrays, dims: ModelDims, B: int, h0, conv_state, return_state: 
     returns) and overwritten by the kernels."""
     if h0 is None and conv_state is None and not return_state:
         return None
-    from .block import _check_state
     b, nl, dtype = dims.block, dims.n_layers, arrays["embedding"].dtype
     h_shape, c_shape = (nl, B, b.D, b.N), (nl, B, b.D, b.K - 1)
     if h0 is not None:
-        h0 = _check_state("h0", h0, dtype, h_shape, "(n_layers, batch, dInner, dState)")
+        h0 = check_state("h0", h0, dtype, h_shape, "(n_layers, batch, dInner, dState)")
     if conv_state is not None:
-        conv_state = _check_state("conv_state", conv_state, dtype, c_shape,
+        conv_state = check_state("conv_state", conv_state, dtype, c_shape,
                                   "(n_layers, batch, dInner, dConv-1)")
     h_last = np.zeros(h_shape, dtype) if h0 is None else h0.copy()
     conv_tail = np.zeros(c_shape, dtype) if conv_state is None else conv_state.copy()
@@ -199,7 +194,7 @@ def model_forward(tokens: ArrayLike, params: Mapping[str, ArrayLike], *, h0: Arr
     if B * L:
         _model.forward(logits, tok, arrays["embedding"], arrays["final_norm"],
                        arrays["lm_head_bias"], _layer_lists(arrays, dims.n_layers),
-                       _sizes(dims, B, L), eps, disc, _n_threads(n_threads), states=states)
+                       _sizes(dims, B, L), eps, disc, check_n_threads(n_threads), states=states)
     if return_state:
         return logits, (states[2], states[3])
     return logits
@@ -251,7 +246,7 @@ def model_loss_and_grads(tokens: ArrayLike, targets: ArrayLike, params: Mapping[
                                  arrays["lm_head_bias"], _layer_lists(arrays, dims.n_layers),
                                  grads["embedding"], grads["final_norm"], grads["lm_head_bias"],
                                  _layer_lists(grads, dims.n_layers), _sizes(dims, B, L), eps,
-                                 disc, scale, bool(checkpointing), _n_threads(n_threads),
+                                 disc, scale, bool(checkpointing), check_n_threads(n_threads),
                                  states=states)
     if return_state:
         return float(loss), grads, (states[2], states[3])
@@ -264,10 +259,10 @@ def _workspace_bytes_exact(dims: ModelDims, B: int, L: int, checkpointing: bool,
     checkpointing, else n_layers), xn, rstd, logits and 3 M Dm of scratch, plus M doubles.
     It guards the compiled formula against overflow; tests/api/test_limits.py keeps the
     two equal."""
-    from .block import _cache_elements
+    from .block import cache_elements
     b = dims.block
     M = B * L
-    cache_len = _cache_elements(_sizes(dims, B, L)[2:])
+    cache_len = cache_elements(_sizes(dims, B, L)[2:])
     n_caches = min(dims.n_layers, 1) if checkpointing else dims.n_layers
     n = ((dims.n_layers + 1) * M * b.Dm + n_caches * cache_len + M * b.Dm + M + M * dims.V
          + 3 * M * b.Dm)

@@ -27,9 +27,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
-from .amp import _named_arrays, _state_scalar
-from ._validate import check_n_threads
-from .block import _n_threads
+from ._validate import check_n_threads, named_arrays, state_scalar
 from .constants import DEFAULT_NO_DECAY
 from .cpu import adamw as _adamw
 
@@ -40,7 +38,7 @@ _SCALAR_KEYS = ("step", "skipped", "nonfinite", "lr", "beta1", "beta2", "eps",
                 "weight_decay", "max_delta")
 
 
-def _matches(name: str, entries) -> bool:
+def name_matches(name: str, entries: Collection[str]) -> bool:
     """``name`` equals an entry or ends with "." + entry ("A_log" matches
     "layer3.A_log"; "layer3.A_log" matches only that name)."""
     return any(name == e or name.endswith("." + e) for e in entries)
@@ -111,11 +109,11 @@ class AdamW:
         if isinstance(no_decay, str) or not all(isinstance(e, str) for e in no_decay):
             raise TypeError(f"AdamW: no_decay: expected a collection of names (str), got {no_decay!r}")
         self.no_decay = frozenset(no_decay)
-        self.decayed = tuple(n for n in self.params if not _matches(n, self.no_decay))
+        self.decayed = tuple(n for n in self.params if not name_matches(n, self.no_decay))
         self.lr, self.betas, self.eps = lr, betas, eps
         self.weight_decay, self.max_delta = weight_decay, max_delta
         _check_hyper(lr, betas, eps, weight_decay, max_delta)
-        self.n_threads = _n_threads(n_threads)     # 0 means OpenMP's default
+        self.n_threads = check_n_threads(n_threads)     # 0 means OpenMP's default
         self.exp_avg = {n: np.zeros_like(a) for n, a in self.params.items()}
         self.exp_avg_sq = {n: np.zeros_like(a) for n, a in self.params.items()}
         self.step_count = 0     # steps applied (bias-correction t of the last one)
@@ -232,11 +230,11 @@ class AdamW:
         unknown = sorted(str(k) for k in state if k not in arrays and k not in _SCALAR_KEYS)
         if unknown:
             raise ValueError(f"AdamW.load_state_dict: unknown key(s) {unknown}")
-        counts = {k: _state_scalar(state, k, integral=True) for k in ("step", "skipped", "nonfinite")}
+        counts = {k: state_scalar(state, k, integral=True) for k in ("step", "skipped", "nonfinite")}
         for k, v in counts.items():
             if v < 0:
                 raise ValueError(f"AdamW.load_state_dict: {k!r} must be >= 0, got {v}")
-        hyper = {k: _state_scalar(state, k) for k in _SCALAR_KEYS[3:]}
+        hyper = {k: state_scalar(state, k) for k in _SCALAR_KEYS[3:]}
         lr, beta1, beta2, eps, wd, md = _check_hyper(
             hyper["lr"], (hyper["beta1"], hyper["beta2"]), hyper["eps"],
             hyper["weight_decay"], hyper["max_delta"])
@@ -261,8 +259,8 @@ def clip_grad_norm(grads: Mapping[str, np.ndarray] | Sequence[np.ndarray], max_n
     """
     if isinstance(max_norm, bool) or not isinstance(max_norm, numbers.Real) or not max_norm > 0:
         raise ValueError(f"clip_grad_norm: max_norm: expected a number > 0 (inf allowed), got {max_norm!r}")
-    n_threads = _n_threads(n_threads)
-    items = _named_arrays("grads", grads)
+    n_threads = check_n_threads(n_threads)
+    items = named_arrays("grads", grads)
     for label, g in items:
         if g.dtype not in _FLOATS:
             raise TypeError(f"clip_grad_norm: {label}: expected float32 or float64, got {g.dtype}")

@@ -303,7 +303,9 @@ def _prefill(tokens: np.ndarray, hs: list, convs: list, layers: list, arrays: di
     return ref.rmsnorm(x[:, -1], arrays["final_norm"], eps) @ emb.T + arrays["lm_head_bias"]
 
 
-def _check_sampling(temperature, top_k, top_p) -> tuple[float, int, float]:
+def check_sampling(temperature: float, top_k: int, top_p: float) -> tuple[float, int, float]:
+    """The sampling settings of :func:`generate` validated (TypeError / ValueError naming
+    the argument): temperature >= 0, top_k >= 0 (0: off), top_p in (0, 1]."""
     if isinstance(temperature, (bool, np.bool_)) or not isinstance(temperature, numbers.Real):
         raise TypeError(f"temperature: expected a finite number >= 0, got {type(temperature).__name__} "
                         f"{temperature!r}")
@@ -425,7 +427,7 @@ def generate(params: Mapping[str, ArrayLike], prompt: ArrayLike | Sequence[Array
     B = len(prompts)
     check_count("the output (batch, n_tokens)", (B, n_tokens))
     check_memory("generate: the output (batch, n_tokens)", 8 * B * n_tokens)
-    temperature, top_k, top_p = _check_sampling(temperature, top_k, top_p)
+    temperature, top_k, top_p = check_sampling(temperature, top_k, top_p)
     stops = _check_stop(stop)
     if rng is not None and not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng: expected None or a numpy.random.Generator "

@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-from ..recurrent import STOPPED, _check_sampling, generate
+from ..recurrent import STOPPED, check_sampling, generate
 from ..training.loop import CHECKPOINT_NAME, load_training_checkpoint
 from ._common import parser
 
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
         return _error("--temperature must be a finite number >= 0", 2)
     temperature = 0.0 if args.greedy else args.temperature
     try:
-        _check_sampling(temperature, args.top_k, args.top_p)
+        check_sampling(temperature, args.top_k, args.top_p)
     except (TypeError, ValueError) as e:
         return _error("--" + str(e).replace("_", "-"), 2)
     if args.seed < 0:

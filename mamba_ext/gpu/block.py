@@ -347,12 +347,12 @@ class GpuBlockCache:
 
 def mamba1_forward(x, params, *, eps=DEFAULT_EPS, discretization="zoh"):
     """Block forward on the GPU: ``out`` (B, L, Dm) float32 and a GPU cache."""
-    from ..block import _fingerprint
+    from ..block import fingerprint
     check_discretization(discretization)
     eps = check_eps(eps)
     xa, arrays, dims = validate_block(x, params)
     B, L, _ = xa.shape
-    fp = _fingerprint(arrays)
+    fp = fingerprint(arrays)
     if B * L == 0:
         return xa.copy(), GpuBlockCache(None, xa.shape, dims, eps, discretization, fp)
     plan = _acquire((dims, B, L, eps, discretization, _scan.layout_key()))
@@ -367,7 +367,7 @@ def mamba1_forward(x, params, *, eps=DEFAULT_EPS, discretization="zoh"):
 def mamba1_backward(dout, params, cache):
     """Block backward on the GPU: ``(dx, grads)``; grads keyed like ``params``.
     ``params`` must be the values the forward used (ValueError otherwise)."""
-    from ..block import _fingerprint
+    from ..block import fingerprint
     if not isinstance(cache, GpuBlockCache):
         raise TypeError(f"cache: expected the cache returned by mamba_ext.gpu.mamba1_forward, "
                         f"got {type(cache).__name__}")
@@ -377,7 +377,7 @@ def mamba1_backward(dout, params, cache):
     if dims != cache.dims:
         raise ValueError(f"params: sizes {dims} differ from those of the forward that made "
                          f"the cache {cache.dims}")
-    fp = _fingerprint(arrays)
+    fp = fingerprint(arrays)
     if fp != cache.fingerprint:
         changed = [n for n, a, b in zip(BLOCK_PARAM_NAMES, fp, cache.fingerprint) if a != b]
         raise ValueError(f"params: values of {changed} differ from those the forward used; "

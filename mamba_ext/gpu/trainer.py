@@ -16,7 +16,7 @@ import numpy as np
 
 from .._validate import check_discretization, check_eps
 from ..constants import DEFAULT_EPS, DEFAULT_NO_DECAY
-from ..optim import _matches
+from ..optim import name_matches
 from .adamw import COUNT_MOD, AdamWOps, bias_corrections
 from .device import arena_layout, gpu
 from .model import ModelPlan, check_batch, check_model
@@ -65,7 +65,7 @@ class ResidentTrainer:
         self.scaler = scaler
         no_decay = DEFAULT_NO_DECAY if no_decay is None else frozenset(no_decay)
         names = list(self.arrays)
-        decays = {k: not _matches(k, no_decay) for k in names}
+        decays = {k: not name_matches(k, no_decay) for k in names}
         self.order = [k for k in names if decays[k]] + [k for k in names if not decays[k]]
         self.n_decay = sum(self.arrays[k].size for k in self.order if decays[k])
         self.lr, self.betas, self.eps = float(lr), tuple(map(float, betas)), float(eps)
