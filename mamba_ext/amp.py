@@ -28,11 +28,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ._validate import named_arrays, state_scalar
+from ._validate import HALF_AND_FLOAT_DTYPES, named_arrays, state_scalar
 
 __all__ = ["round_fp16", "fp16_view", "DynamicLossScaler"]
 
-_FLOAT_KINDS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
 def round_fp16(a: ArrayLike, out: np.ndarray | None = None) -> np.ndarray:
@@ -44,7 +43,7 @@ def round_fp16(a: ArrayLike, out: np.ndarray | None = None) -> np.ndarray:
     be ``a`` itself: ``round_fp16(g, out=g)``); returned.
     """
     arr = np.asarray(a)
-    if arr.dtype not in _FLOAT_KINDS:
+    if arr.dtype not in HALF_AND_FLOAT_DTYPES:
         raise TypeError(f"round_fp16: a: expected a float16/float32/float64 array, got dtype {arr.dtype}")
     with np.errstate(over="ignore"):       # overflow to inf is the intended IEEE result
         half = arr.astype(np.float16)
@@ -67,12 +66,10 @@ def fp16_view(params: Mapping[str, ArrayLike]) -> dict[str, np.ndarray]:
     out = {}
     for name, value in params.items():
         arr = np.asarray(value)
-        if arr.dtype not in _FLOAT_KINDS:
+        if arr.dtype not in HALF_AND_FLOAT_DTYPES:
             raise TypeError(f"fp16_view: params[{name!r}]: expected a float array, got dtype {arr.dtype}")
         out[name] = round_fp16(arr)
     return out
-
-
 
 
 def _f32(x: float) -> float:

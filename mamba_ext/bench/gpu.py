@@ -378,34 +378,39 @@ def check_f16_products(g, lf, rng):
     return errs
 
 
+def f16_loss_and_grads(g, arrays, dims, tok, tgt, f16: bool, checkpointing=False):
+    """(loss, grads) of the model ``arrays`` on one batch, on the GPU, with in_proj/out_proj
+    on the f16 products (``f16``) or on the f32 ones."""
+    from ..gpu.block import half_weights
+    from ..gpu.device import arena_layout
+    from ..gpu.model import ModelPlan
+    order = list(arrays)
+    offs, n = arena_layout([(k, arrays[k].shape) for k in order])
+    w = g.buffer(n, "params", np.concatenate([arrays[k].ravel() for k in order]))
+    half = half_weights(g, w, offs, {k: a.shape for k, a in arrays.items()}) if f16 else None
+    plan = ModelPlan(arrays, dims, *tok.shape, order, w=w, f16=half,
+                     checkpointing=checkpointing)
+    ops = plan.train_ops()
+    plan.upload_batch(tok, tgt)
+    g.submit(ops, plan.clears)
+    return plan.loss(), plan.read_tensors(plan.gr, arrays)
+
+
 def check_f16_model(g, rng, Dm=256, n_layers=2, B=2, L=128) -> dict:
     """Loss and gradients of a small model (weights f16 values, V 256, d_inner 2 Dm) with
     in_proj/out_proj on the f16 products (mamba_ext.gpu.linear_f16) against the f32
     products on the same weights: {"loss": relative difference, "grads": the largest
     max|diff| / max|f32| over the parameters}. They differ by the f16 rounding of the
     products' activations, ~1e-3."""
-    from ..gpu import linear_f16 as lf
-    from ..gpu.model import ModelPlan, check_model
+    from ..gpu.model import check_model
     from ..model import init_model_params
     p = init_model_params(256, Dm, n_layers, seed=int(rng.integers(1 << 30)))
     arrays, dims = check_model({k: v.astype(np.float16).astype(np.float32) for k, v in p.items()})
-    order = list(arrays)
     tok, tgt = rng.integers(0, 256, (B, L)), rng.integers(0, 256, (B, L))
-    out = []
-    for f16 in (False, True):
-        plan = ModelPlan(arrays, dims, B, L, order)
-        if f16:
-            half = lf.HalfWeights(g, plan.w, [(k, plan.offs[k], *arrays[k].shape) for k in order
-                                              if k.endswith((".wInProj", ".wOutProj"))])
-            plan = ModelPlan(arrays, dims, B, L, order, w=plan.w, f16=half)
-        g.write(plan.w, np.concatenate([arrays[k].ravel() for k in order]))
-        ops = plan.train_ops()
-        plan.upload_batch(tok, tgt)
-        g.submit(ops, plan.clears)
-        out.append((plan.loss(), plan.read_tensors(plan.gr, arrays)))
-    (l32, g32), (l16, g16) = out
+    (l32, g32), (l16, g16) = (f16_loss_and_grads(g, arrays, dims, tok, tgt, f16)
+                              for f16 in (False, True))
     err = lambda a, b: float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
-    return {"loss": abs(l16 - l32) / abs(l32), "grads": max(err(g16[k], g32[k]) for k in order)}
+    return {"loss": abs(l16 - l32) / abs(l32), "grads": max(err(g16[k], g32[k]) for k in arrays)}
 
 
 def run_f16_gemm(repeat: int = 10) -> int:

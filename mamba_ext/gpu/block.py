@@ -54,6 +54,17 @@ def validate_block(x, params):
     return xa, arrays, dims
 
 
+F16_WEIGHTS = ("wInProj", "wOutProj")    # the weights BlockLayer's f16 mode multiplies in f16
+
+
+def half_weights(g, arena, offs, shapes):
+    """linear_f16.HalfWeights of the :data:`F16_WEIGHTS` of every block in a parameter
+    arena: ``offs`` {name: offset}, ``shapes`` {name: shape}, block names bare (one block)
+    or as ``layer{i}.<name>`` (a model)."""
+    return lf.HalfWeights(g, arena, [(k, offs[k], *shapes[k]) for k in offs
+                                     if k.rsplit(".", 1)[-1] in F16_WEIGHTS])
+
+
 def f16_unsupported(d: BlockDims, M, offs, half_offs) -> str | None:
     """Why in_proj's and out_proj's products of a block with M rows cannot run in f16
     (gradients at ``offs`` of the f32 arena, f16 weights at ``half_offs``), or None."""
@@ -285,11 +296,7 @@ class _Plan:
         self.offs, n = block_arena(dims)
         M = B * L
         self.w = g.buffer(n, "params")
-        half = None
-        if f16:
-            shapes = block_param_shapes(dims)
-            half = lf.HalfWeights(g, self.w, [(k, self.offs[k], *shapes[k])
-                                              for k in ("wInProj", "wOutProj")])
+        half = half_weights(g, self.w, self.offs, block_param_shapes(dims)) if f16 else None
         self.gr = g.buffer(n, "grads")
         self.x = g.buffer(M * dims.Dm, "x")          # (M, Dm)
         self.out = g.buffer(M * dims.Dm, "out")      # (M, Dm)

@@ -152,13 +152,15 @@ def pack(g, dst, src, rows: int, cols: int, src_off: int = 0, src_rs: int | None
     """Op: ``dst`` from f16 element ``dst_off`` (even) = the (rows, cols) f32 block of
     ``src`` at ``src_off`` (row stride ``src_rs``, default cols) rounded to f16, dense;
     ``cols`` even."""
+    from .amp import amp_params
     from .device import elementwise
     if cols % 2 or dst_off % 2:
         raise ValueError(f"linear_f16.pack: cols {cols} and dst_off {dst_off} must be even")
     n = rows * cols // 2
     return elementwise(g, "amp", "amp_pack_f16", n,
-                       [n, 1.0, cols, src_off, cols if src_rs is None else src_rs, dst_off // 2,
-                        rows, 0],
+                       amp_params(n, cols=cols, src_off=src_off,
+                                  src_rs=cols if src_rs is None else src_rs,
+                                  dst_off=dst_off // 2, rows=rows),
                        [src, None, dst])
 
 
@@ -168,12 +170,13 @@ def pack_pair(g, dst, dst_t, src, rows: int, cols: int, src_off: int = 0,
     ``dst`` row-major (skipped when ``dst`` is None) and into ``dst_t`` transposed,
     (cols, rows): the k-major operands of a weight gradient (:func:`dweight`), read once.
     ``rows`` a multiple of 64, ``cols`` of 32."""
+    from .amp import amp_params
     if rows % 64 or cols % 32:
         raise ValueError(f"linear_f16.pack_pair: rows {rows} must be a multiple of 64 and "
                          f"cols {cols} of 32")
     return g.op("amp", "amp_pack_f16_pair", g.check_grid((cols // 32, rows // 64, 1), "pack_pair"),
-                [rows * cols // 2, 1.0, cols, src_off, cols if src_rs is None else src_rs, 0,
-                 rows, 0],
+                amp_params(rows * cols // 2, cols=cols, src_off=src_off,
+                           src_rs=cols if src_rs is None else src_rs, rows=rows),
                 [src, None, g.dummy(0) if dst is None else dst, dst_t],
                 {"ROW": dst is not None})
 

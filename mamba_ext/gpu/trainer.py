@@ -245,7 +245,7 @@ class ResidentTrainer:
     def _half_weights(self, M):
         """The f16 weight copies for a plan of M rows, or None (``f16_reason`` says why)."""
         from . import linear_f16 as lf
-        from .block import f16_unsupported
+        from .block import F16_WEIGHTS, f16_unsupported, half_weights
         if self._amp is None:
             return None
         g = gpu()
@@ -257,8 +257,9 @@ class ResidentTrainer:
                    "MAMBA_EXT_GPU_BACKEND=dawn on a GPU that has them)")
         else:
             for i in range(self.dims.n_layers):
-                lo = {k: self.offs[f"layer{i}.{k}"] for k in ("wInProj", "wOutProj")}
-                why = f16_unsupported(self.dims.block, M, lo, {"wInProj": 0, "wOutProj": 0})
+                lo = {k: self.offs[f"layer{i}.{k}"] for k in F16_WEIGHTS}
+                # (HalfWeights puts every copy at a multiple of 8, as the kernel needs)
+                why = f16_unsupported(self.dims.block, M, lo, dict.fromkeys(F16_WEIGHTS, 0))
                 if why:
                     why = f"layer {i}: {why}"
                     break
@@ -266,9 +267,8 @@ class ResidentTrainer:
             self.f16_reason = f"f32 products on f16-rounded values: {why}"
             return None
         if self._half is None:
-            self._half = lf.HalfWeights(g, self.w, [
-                (k, self.offs[k], *self.arrays[k].shape) for k in self.order
-                if k.startswith("layer") and k.split(".", 1)[1] in ("wInProj", "wOutProj")])
+            self._half = half_weights(g, self.w, self.offs,
+                                      {k: a.shape for k, a in self.arrays.items()})
         self.f16_reason = ""
         return self._half
 

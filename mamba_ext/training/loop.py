@@ -676,15 +676,15 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
     try:
         skipped = _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, bar,
                         dist, carry, metrics)
-    except KeyboardInterrupt:
-        # the step in flight may have half-updated the weights: keep the last
-        # complete checkpoint rather than saving this state
-        bar.close()
-        log(f"interrupted; {path} holds the last checkpoint (resume with --resume)")
-        raise
-    finally:
-        if metrics is not None and sys.exc_info()[0] is not None:
+    except BaseException as e:
+        if metrics is not None:      # the lines written so far stay; a resume continues them
             metrics.close()
+        if isinstance(e, KeyboardInterrupt):
+            # the step in flight may have half-updated the weights: keep the last
+            # complete checkpoint rather than saving this state
+            bar.close()
+            log(f"interrupted; {path} holds the last checkpoint (resume with --resume)")
+        raise
     wall = time.perf_counter() - t0
     bar.close()
     if trainer is not None:

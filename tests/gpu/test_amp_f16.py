@@ -22,9 +22,9 @@ from gpu_support import nerr, random_model, read, require_gpu, run, run_with_f16
 g = require_gpu()
 from mamba_ext import gpu as G  # noqa: E402
 from mamba_ext.amp import DynamicLossScaler  # noqa: E402
-from mamba_ext.bench.gpu import check_f16_model  # noqa: E402
+from mamba_ext.bench.gpu import check_f16_model, f16_loss_and_grads  # noqa: E402
 from mamba_ext.gpu import linear_f16 as lf  # noqa: E402
-from mamba_ext.gpu.model import ModelPlan, check_model  # noqa: E402
+from mamba_ext.gpu.model import check_model  # noqa: E402
 from test_amp import _edge_values  # noqa: E402
 
 
@@ -125,21 +125,6 @@ def _model(Dm=128, D=256, n_layers=2, V=64, seed=3):
     return {k: _f16(v).astype(np.float32) for k, v in p.items()}   # f16 values
 
 
-def _loss_and_grads(arrays, dims, tok, tgt, f16, checkpointing=False):
-    order = list(arrays)
-    plan = ModelPlan(arrays, dims, *tok.shape, order, checkpointing=checkpointing)
-    if f16:
-        half = lf.HalfWeights(g, plan.w, [(k, plan.offs[k], *arrays[k].shape) for k in order
-                                          if k.endswith((".wInProj", ".wOutProj"))])
-        plan = ModelPlan(arrays, dims, *tok.shape, order, w=plan.w, f16=half,
-                         checkpointing=checkpointing)
-    g.write(plan.w, np.concatenate([arrays[k].ravel() for k in order]))
-    ops = plan.train_ops()
-    plan.upload_batch(tok, tgt)
-    g.submit(ops, plan.clears)
-    return plan.loss(), plan.read_tensors(plan.gr, arrays)
-
-
 def test_model_with_f16_products_matches_f32(reference):
     """Loss and every gradient of a two-layer model with in_proj/out_proj in f16 against
     the f32 products on the same (f16-valued) weights: the only difference is the f16
@@ -148,12 +133,12 @@ def test_model_with_f16_products_matches_f32(reference):
     arrays, dims = check_model(_model())
     rng = np.random.default_rng(5)
     tok, tgt = rng.integers(0, 64, (2, 64)), rng.integers(0, 64, (2, 64))
-    loss32, g32 = _loss_and_grads(arrays, dims, tok, tgt, f16=False)
-    loss16, g16 = _loss_and_grads(arrays, dims, tok, tgt, f16=True)
+    loss32, g32 = f16_loss_and_grads(g, arrays, dims, tok, tgt, f16=False)
+    loss16, g16 = f16_loss_and_grads(g, arrays, dims, tok, tgt, f16=True)
     assert abs(loss16 - loss32) <= 1e-4 * abs(loss32)
     for k in arrays:
         assert nerr(g16[k], g32[k]) <= 5e-3, k
-    loss_ck, g_ck = _loss_and_grads(arrays, dims, tok, tgt, f16=True, checkpointing=True)
+    loss_ck, g_ck = f16_loss_and_grads(g, arrays, dims, tok, tgt, f16=True, checkpointing=True)
     assert loss_ck == loss16
     assert all(np.array_equal(g_ck[k], g16[k]) for k in arrays)
 
