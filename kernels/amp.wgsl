@@ -23,6 +23,9 @@
 //                      gradient's product. Through a 64 x 32 tile of workgroup memory, so
 //                      that reads and both writes are coalesced; rows a multiple of 64,
 //                      cols of 32 (checked on the host).
+//   amp_unpack_f16:    out (2n) f32 = the f16 values of packed (n words), exactly: the
+//                      activations the mixed-precision block keeps in f16 between its
+//                      forward and backward (mamba_ext.gpu.block, BlockLayer's f16 mode).
 //
 // Size letters: n elements (words of amp_pack_f16), cols (even) per row.
 //
@@ -33,6 +36,7 @@
 // | amp_round_grads   | 0 p Params uniform; 2 g (n) rw                            |
 // | amp_pack_f16      | 0 p Params uniform; 1 x r; 3 packed (n words) rw          |
 // | amp_pack_f16_pair | 0 p Params uniform; 1 x r; 3 packed rw; 4 packed_t rw     |
+// | amp_unpack_f16    | 0 p Params uniform; 2 out (2n) rw; 3 packed (n words) rw  |
 
 struct Params { n: u32, inv_scale: f32, cols: u32, src_off: u32, src_rs: u32, dst_off: u32,
                 rows: u32, dst_t_off: u32 }
@@ -76,6 +80,30 @@ fn f16_bits(x: f32) -> u32 {
         return sign | ((((a >> 23u) - 112u) << 10u) | ((a >> 13u) & 0x3ffu));
     }
     return sign | u32(bitcast<f32>(a) * 16777216.0);                  // subnormal, exact
+}
+
+// the f32 value of float16 bits (exact: every f16 value is an f32; subnormals decoded
+// here, as unpack2x16float may flush them)
+fn f16_value(h: u32) -> f32 {
+    let sign = (h & 0x8000u) << 16u;
+    let e = (h >> 10u) & 0x1fu;
+    let m = h & 0x3ffu;
+    if (e == 0x1fu) { return bitcast<f32>(sign | 0x7f800000u | (m << 13u)); }   // inf, NaN
+    if (e == 0u) {                                                              // subnormal, 0
+        return bitcast<f32>(sign | bitcast<u32>(f32(m) * (1.0 / 16777216.0)));
+    }
+    return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
+}
+
+@compute @workgroup_size(WG)
+fn amp_unpack_f16(@builtin(local_invocation_index) li: u32,
+                  @builtin(workgroup_id) wid: vec3<u32>,
+                  @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = flat_index(wid, nwg, li, WG);
+    if (i >= p.n) { return; }
+    let v = packed[i];
+    out[2u * i] = f16_value(v & 0xffffu);
+    out[2u * i + 1u] = f16_value(v >> 16u);
 }
 
 @compute @workgroup_size(WG)

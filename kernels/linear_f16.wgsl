@@ -7,6 +7,10 @@
 //
 //   C[i, j] = (ACCUMULATE ? C[i, j] : 0) + sum_k A(i, k) * B(k, j)
 //
+// Split-K: workgroup z of a grid of depth S takes k = z*KLEN .. (z+1)*KLEN - 1 of a
+// product of contraction S*KLEN and writes its C at c_off + z*CSLICE (the host sums the
+// S partial products: a weight gradient's product has few tiles of C and a long K).
+//
 // Size letters: M rows, N columns, K contraction (of the product). Operand layouts,
 // chosen by the host per product of a layer Y = X W^T (X (rows, I), W (O, I)):
 //   A_KMAJOR: A(i, k) = a[a_off + i*lda + k] (X, dY), else a[a_off + k*lda + i] (dY^T)
@@ -19,8 +23,8 @@
 //
 // Constants prepended by the host: TM, TN, TK (the subgroup-matrix shape of the
 // adapter's configuration), SG (the subgroup size), WM x WN = 256 / SG subgroups per
-// workgroup (their grid over the tile), A_KMAJOR, B_KMAJOR, ACCUMULATE, and the product's
-// contraction length KLEN and strides LDA, LDB, LDC: with these four as uniforms instead,
+// workgroup (their grid over the tile), A_KMAJOR, B_KMAJOR, ACCUMULATE, CSLICE, and the
+// product's contraction length KLEN and strides LDA, LDB, LDC: with these four as uniforms instead,
 // the same kernel ran 4x slower on an H200 (38 against 148 TFLOP/s, docs/gpu_h200.txt),
 // so a pipeline is built per product shape. A dispatch whose subgroups are not SG wide
 // writes NaN over its tile instead of a wrong product.
@@ -99,10 +103,14 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
                       @builtin(subgroup_size) sg_size : u32) {
     let bm = wg.y * BM;
     let bn = wg.x * BN;
+    // this workgroup's K slice (split-K; z = 0 otherwise)
+    let a_off = p.a_off + wg.z * select(KLEN * LDA, KLEN, A_KMAJOR);
+    let b_off = p.b_off + wg.z * select(KLEN * LDB, KLEN, B_KMAJOR);
+    let c_off = p.c_off + wg.z * CSLICE;
     if (sg_size != SG) {             // the host's subgroup layout does not hold: NaN, loudly
         let nan = bitcast<f32>(0x7fc00000u | (p.c_off & 0u));   // (a constant NaN is not WGSL)
         for (var e = t; e < BM * BN; e += 256u) {
-            c[p.c_off + (bm + e / BN) * LDC + bn + e % BN] = nan;
+            c[c_off + (bm + e / BN) * LDC + bn + e % BN] = nan;
         }
         return;
     }
@@ -115,16 +123,16 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
         for (var i = 0u; i < FM; i++) {
             for (var j = 0u; j < FN; j++) {
                 acc[i][j] = subgroupMatrixLoad<subgroup_matrix_result<f32, TN, TM>>(
-                    &c, p.c_off + (bm + sm + i * TM) * LDC + bn + sn + j * TN, false, LDC);
+                    &c, c_off + (bm + sm + i * TM) * LDC + bn + sn + j * TN, false, LDC);
             }
         }
     }
 
     // this invocation's two words of each operand per step
-    let wa0 = tile_word(A_KMAJOR, t, bm, LDA, p.a_off);
-    let wa1 = tile_word(A_KMAJOR, t + 256u, bm, LDA, p.a_off);
-    let wb0 = tile_word(B_KMAJOR, t, bn, LDB, p.b_off);
-    let wb1 = tile_word(B_KMAJOR, t + 256u, bn, LDB, p.b_off);
+    let wa0 = tile_word(A_KMAJOR, t, bm, LDA, a_off);
+    let wa1 = tile_word(A_KMAJOR, t + 256u, bm, LDA, a_off);
+    let wb0 = tile_word(B_KMAJOR, t, bn, LDB, b_off);
+    let wb1 = tile_word(B_KMAJOR, t + 256u, bn, LDB, b_off);
     // global words advance by a fixed step per k step: BK columns, or BK rows
     let da = select(BK * LDA, BK, A_KMAJOR) / 8u;
     let db = select(BK * LDB, BK, B_KMAJOR) / 8u;
@@ -181,7 +189,7 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
 
     for (var i = 0u; i < FM; i++) {
         for (var j = 0u; j < FN; j++) {
-            subgroupMatrixStore(&c, p.c_off + (bm + sm + i * TM) * LDC + bn + sn + j * TN,
+            subgroupMatrixStore(&c, c_off + (bm + sm + i * TM) * LDC + bn + sn + j * TN,
                                 acc[i][j], false, LDC);
         }
     }

@@ -7,6 +7,9 @@
 //
 //   C[i, j] = (ACCUMULATE ? C[i, j] : 0) + sum_k A(i, k) * B(k, j), k = 0 .. KLEN-1 in order
 //
+// Split-K as in linear_f16.wgsl: grid layer z takes k = z*KLEN .. (z+1)*KLEN - 1 and
+// writes its C at c_off + z*CSLICE.
+//
 // Size letters: M rows, N columns (grid x 16 by y 16), KLEN contraction. Layouts as in
 // linear_f16.wgsl: A_KMAJOR: A(i, k) = a[a_off + i*LDA + k], else a[a_off + k*LDA + i];
 // B_KMAJOR: B(k, j) = b[b_off + j*LDB + k], else b[b_off + k*LDB + j] (f16 elements);
@@ -48,13 +51,15 @@ fn b_at(e : u32) -> f32 { return f16_value((b[e / 2u] >> (16u * (e % 2u))) & 0xf
 fn linear_f16_product(@builtin(global_invocation_id) gid : vec3<u32>) {
     let i = gid.y;
     let j = gid.x;
+    let a_off = p.a_off + gid.z * select(KLEN * LDA, KLEN, A_KMAJOR);
+    let b_off = p.b_off + gid.z * select(KLEN * LDB, KLEN, B_KMAJOR);
     var s = 0.0;
     for (var k = 0u; k < KLEN; k++) {
-        let ea = select(p.a_off + k * LDA + i, p.a_off + i * LDA + k, A_KMAJOR);
-        let eb = select(p.b_off + k * LDB + j, p.b_off + j * LDB + k, B_KMAJOR);
+        let ea = select(a_off + k * LDA + i, a_off + i * LDA + k, A_KMAJOR);
+        let eb = select(b_off + k * LDB + j, b_off + j * LDB + k, B_KMAJOR);
         s += a_at(ea) * b_at(eb);
     }
-    let at = p.c_off + i * LDC + j;
+    let at = p.c_off + gid.z * CSLICE + i * LDC + j;
     if (ACCUMULATE) { s += c[at]; }
     c[at] = s;
 }

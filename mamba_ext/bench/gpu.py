@@ -371,10 +371,21 @@ def check_f16_products(g, lf, rng):
         c0 = rng.standard_normal(shape).astype(np.float32)
         for acc in (False, True):
             c = g.buffer(c0.size, "f16_c", c0)
-            g.submit([fn(g, c, *args, M, I, O, accumulate=acc)])
+            g.submit(fn(g, c, *args, M, I, O, accumulate=acc))
             got = g.read(c, c0.size).reshape(shape).astype(np.float64)
             ref = want + (c0 if acc else 0)
             errs[f"{name}{'+=' if acc else ''}"] = float(np.abs(got - ref).max() / np.abs(ref).max())
+    # a contraction long enough to be split over K (linear_f16.dweight_splits), accumulated
+    Ms = 4 * lf.SPLIT_MIN_K
+    dys, xs = (rng.standard_normal(s).astype(np.float16) for s in ((Ms, O), (Ms, I)))
+    c0 = rng.standard_normal((O, I)).astype(np.float32)
+    c = g.buffer(c0.size, "f16_c", c0)
+    g.submit(lf.dweight(g, c, lf.f16_buffer(g, dys.T, "f16_dyst"), lf.f16_buffer(g, xs.T, "f16_xst"),
+                        Ms, I, O))
+    got = g.read(c, c0.size).reshape(O, I).astype(np.float64)
+    ref = dys.astype(np.float64).T @ xs.astype(np.float64) + c0
+    errs[f"dweight+= in {lf.dweight_splits(Ms, I, O)} K slices"] = float(
+        np.abs(got - ref).max() / np.abs(ref).max())
     return errs
 
 
@@ -444,10 +455,10 @@ def run_f16_gemm(repeat: int = 10) -> int:
         y, dx, dw = g.buffer(M * O, "y"), g.buffer(M * I, "dx"), g.buffer(O * I, "dw")
         flop = 2.0 * M * I * O
         line = []
-        for kind, op in (("forward", lf.forward(g, y, x, w, M, I, O)),
-                         ("dX", lf.dinput(g, dx, dy, w, M, I, O)),
-                         ("dW", lf.dweight(g, dw, dyt, xt, M, I, O))):
-            gpu_ms, wall_ms = _time_ops(g, [op] * reps, (), repeat)
+        for kind, ops in (("forward", lf.forward(g, y, x, w, M, I, O)),
+                          ("dX", lf.dinput(g, dx, dy, w, M, I, O)),
+                          ("dW", lf.dweight(g, dw, dyt, xt, M, I, O))):
+            gpu_ms, wall_ms = _time_ops(g, ops * reps, (), repeat)
             ms = (gpu_ms if gpu_ms is not None else wall_ms) / reps
             line.append(f"{kind} {ms:.3f} ms = {flop / ms / 1e9:.1f} TFLOP/s")
         print(f"f16 {name} (M {M}, I {I}, O {O}): " + "; ".join(line), flush=True)

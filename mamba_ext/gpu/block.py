@@ -123,12 +123,20 @@ class BlockLayer:
     their f16 inputs, transposed (xn16_t, gated16_t: the weight gradients' k-major
     operands, linear_f16.dweight), instead of the f32 ones; the biases are filled in
     first (linear.bias_fill) and the products accumulated on top, the bias gradients are
-    column sums of the f32 gradients. Mixed precision: the rest runs in f32 as before.
+    column sums of the f32 gradients. The f16 mode's cache is small (mixed precision's
+    memory): Y and y are kept in f16 (rounded as the products' operands are) and u and
+    delta_pre not at all; the backward first restores them into f32 buffers shared by
+    all layers (Y and y unpacked, u and delta_pre recomputed from them as the forward
+    made them), so every kernel after it reads f32 as before.
     """
 
     # the forward cache: what the backward reads (buffers() lists them)
     CACHE = ("xn", "rstd", "Y", "u", "xproj", "delta_pre", "hchunk", "achunk", "hstate", "y",
              "gated")
+    # the f16 mode's cache, and its f32 buffers that one device scratch serves for all layers
+    CACHE_F16 = ("xn16_t", "rstd", "Y16", "xproj", "hchunk", "achunk", "hstate", "y16",
+                 "gated16_t")
+    SHARED_F16 = ("xn", "gated", "xn16", "gated16", "Y", "u", "delta_pre", "y")
 
     def __init__(self, g, d: BlockDims, B, L, w, gr, offs, x, out, eps=DEFAULT_EPS,
                  discretization="zoh", chunk=None, cache_of=None, f16=None):
@@ -138,9 +146,7 @@ class BlockLayer:
             why = f16_unsupported(d, B * L, offs, f16[1])
             if why:
                 raise ValueError(f"mamba_ext.gpu: f16 products: {why}")
-            # the f16 inputs of the products replace the f32 ones in the cache
-            self.CACHE = tuple({"xn": "xn16_t", "gated": "gated16_t"}.get(n, n)
-                               for n in self.CACHE)
+            self.CACHE = self.CACHE_F16
         self.w, self.gr, self.o, self.x, self.out = w, gr, offs, x, out
         self.eps = check_eps(eps)
         zoh = check_discretization(discretization) == 0
@@ -152,36 +158,44 @@ class BlockLayer:
         if cache_of is not None:
             # activation checkpointing: the forward cache buffers of another layer of the
             # same shape (the model recomputes this layer's forward before its backward)
-            for name in self.CACHE + (("xn", "gated", "xn16", "gated16") if f16 is not None
-                                      else ()):
+            for name in self.CACHE + (self.SHARED_F16 if f16 is not None else ()):
                 setattr(self, name, getattr(cache_of, name))
             return
         mk = g.buffer
         if f16 is not None:
             # f32 xn and gated and their row-major f16 copies live only until the forward's
-            # products have read them: one buffer each for every layer; the cache holds
-            # the transposed copies, which the backward's dW products read
-            self.xn = g.scratch("amp_xn", M * Dm)        # (M, Dm) RMSNorm output
-            self.gated = g.scratch("amp_gated", M * D)   # (M, D)
-            self.xn16 = g.scratch("amp_xn_f16", M * Dm // 2)     # (M, Dm) f16, 2 per word
-            self.gated16 = g.scratch("amp_gated_f16", M * D // 2)  # (M, D) f16
+            # products have read them, the f32 Y, u, delta_pre and y until the layer's
+            # forward (or, restored, its backward) is done: one buffer each for every
+            # layer. The cache holds the transposed f16 copies of xn and gated, which the
+            # backward's dW products read, and f16 copies of Y and y.
+            sc = g.scratch
+            self.xn = sc("amp_xn", M * Dm)               # (M, Dm) RMSNorm output
+            self.gated = sc("amp_gated", M * D)          # (M, D)
+            self.xn16 = sc("amp_xn_f16", M * Dm // 2)    # (M, Dm) f16, 2 per word
+            self.gated16 = sc("amp_gated_f16", M * D // 2)   # (M, D) f16
+            self.Y = sc("amp_Y", M * 2 * D)              # (M, 2D)
+            self.u = sc("amp_u", M * D)                  # (M, D)
+            self.delta_pre = sc("amp_delta_pre", M * D)  # (M, D)
+            self.y = sc("amp_y", M * D)                  # (M, D)
             self.xn16_t = mk(M * Dm // 2, "xn_f16_t")    # (Dm, M) f16
             self.gated16_t = mk(M * D // 2, "gated_f16_t")   # (D, M) f16
+            self.Y16 = mk(M * D, "Y_f16")                # (M, 2D) f16
+            self.y16 = mk(M * D // 2, "y_f16")           # (M, D) f16
         else:
             self.xn = mk(M * Dm, "xn")                   # (M, Dm) RMSNorm output
             self.gated = mk(M * D, "gated")              # (M, D)
+            self.Y = mk(M * 2 * D, "Y")                  # (M, 2D) in_proj output [xc | z]
+            self.u = mk(M * D, "u")                      # (M, D) SiLU(conv), the scan input
+            self.delta_pre = mk(M * D, "delta_pre")      # (M, D) dt_proj output + bias
+            self.y = mk(M * D, "y")                      # (M, D) scan output before the gate
         self.rstd = mk(M, "rstd")                    # (M,)
-        self.Y = mk(M * 2 * D, "Y")                  # (M, 2D) in_proj output [xc | z]
-        self.u = mk(M * D, "u")                      # (M, D) SiLU(conv), the scan input
         self.xproj = mk(M * P, "xproj")              # (M, P) [dt_low | Bs | Cs]
-        self.delta_pre = mk(M * D, "delta_pre")      # (M, D) dt_proj output + bias
         n = 1 if self.s.C == 1 else self.s.chunk_elems     # one chunk: none is used
         # (B, C, D, N) chunk end states from zero: used within the forward only, so one
         # device scratch serves every layer (and the backward's gchunk)
         self.hchunk = g.scratch("scan_chunk", n)
         self.achunk = mk(n, "scan_achunk")           # (B, C, D, N) chunk decay products
         self.hstate = mk(n, "scan_hstate")           # (B, C, D, N) state entering each chunk
-        self.y = mk(M * D, "y")                      # (M, D) scan output before the gate
 
     def forward_ops(self):
         """Ops of the forward: the cache, then out = x + out_proj(gated)."""
@@ -201,8 +215,8 @@ class BlockLayer:
                 wh, ho = self.f16
                 in_proj = [lf.pack_pair(g, self.xn16, self.xn16_t, self.xn, M, Dm),
                            *bias_fill(g, M, 2 * D, w, o["bInProj"], self.Y, 0, 2 * D),
-                           lf.forward(g, self.Y, self.xn16, wh, M, Dm, 2 * D, accumulate=True,
-                                      w_off=ho["wInProj"])]
+                           *lf.forward(g, self.Y, self.xn16, wh, M, Dm, 2 * D, accumulate=True,
+                                       w_off=ho["wInProj"])]
             self._fwd = [
                 rmsnorm_forward(g, M, Dm, self.x, w, o["normWeight"], self.xn, self.rstd, self.eps),
                 *in_proj,
@@ -225,16 +239,19 @@ class BlockLayer:
                                                o["bOutProj"], self.out, 0, Dm, res=self.x)
             else:
                 wh, ho = self.f16
-                self._fwd.append(lf.pack_pair(g, self.gated16, self.gated16_t, self.gated, M, D))
+                self._fwd += [lf.pack_pair(g, self.gated16, self.gated16_t, self.gated, M, D),
+                              lf.pack(g, self.Y16, self.Y, M, 2 * D),
+                              lf.pack(g, self.y16, self.y, M, D)]
                 self._out_ops = [*bias_fill(g, M, Dm, w, o["bOutProj"], self.out, 0, Dm, res=self.x),
-                                 lf.forward(g, self.out, self.gated16, wh, M, D, Dm,
-                                            accumulate=True, w_off=ho["wOutProj"])]
+                                 *lf.forward(g, self.out, self.gated16, wh, M, D, Dm,
+                                             accumulate=True, w_off=ho["wOutProj"])]
         return self._fwd
 
     def backward_ops(self, dout, dx, sc: BlockScratch):
         """Ops for dx = dLoss/dx and gradient arena += dLoss/dparams, from dout."""
         g, d, o, M, L, w, gr = self.g, self.d, self.o, self.M, self.L, self.w, self.gr
         D, P, R, Dm = d.D, d.P, d.R, d.Dm
+        restore = []
         if self.f16 is None:
             # out_proj: dgated = dout @ wOutProj; dW += dout^T gated; db += colsum(dout)
             out_proj = linear_backward(g, M, D, Dm, dout, 0, Dm, self.gated, 0, D, w,
@@ -247,19 +264,27 @@ class BlockLayer:
         else:       # the same with f16 operands, the bias gradients from the f32 dY
             wh, ho = self.f16
             out_proj = [lf.pack_pair(g, sc.dout16, sc.dout16_t, dout, M, Dm),
-                        lf.dinput(g, sc.dgated, sc.dout16, wh, M, D, Dm, accumulate=False,
+                        *lf.dinput(g, sc.dgated, sc.dout16, wh, M, D, Dm, accumulate=False,
                                   w_off=ho["wOutProj"]),
-                        lf.dweight(g, gr, sc.dout16_t, self.gated16_t, M, D, Dm,
+                        *lf.dweight(g, gr, sc.dout16_t, self.gated16_t, M, D, Dm,
                                    dw_off=o["wOutProj"]),
                         *column_sum(g, M, Dm, dout, 0, Dm, gr, o["bOutProj"])]
             in_proj = [lf.pack_pair(g, sc.dY16, sc.dY16_t, sc.dY, M, 2 * D),
-                       lf.dinput(g, sc.dxn, sc.dY16, wh, M, Dm, 2 * D, accumulate=False,
+                       *lf.dinput(g, sc.dxn, sc.dY16, wh, M, Dm, 2 * D, accumulate=False,
                                  w_off=ho["wInProj"]),
-                       lf.dweight(g, gr, sc.dY16_t, self.xn16_t, M, Dm, 2 * D,
+                       *lf.dweight(g, gr, sc.dY16_t, self.xn16_t, M, Dm, 2 * D,
                                   dw_off=o["wInProj"]),
                        *column_sum(g, M, 2 * D, sc.dY, 0, 2 * D, gr, o["bInProj"])]
+            # the f32 activations the cache does not hold, as the forward made them
+            # (from the f16 Y and y)
+            restore = [lf.unpack(g, self.Y, self.Y16, M * 2 * D),
+                       lf.unpack(g, self.y, self.y16, M * D),
+                       conv1d_forward(g, M, L, D, d.K, self.Y, w, o, self.u),
+                       *linear_forward(g, M, R, D, self.xproj, 0, P, w, o["wDtProj"],
+                                       o["bDtProj"], self.delta_pre, 0, D)]
         return [
             *out_proj,
+            *restore,
             gate_backward(g, M, D, sc.dgated, self.y, self.Y, sc.dy, sc.dY),
             *_scan.scan_backward(g, self.s, sc.scan, self.xproj, self.u, self.delta_pre, w, o,
                                  sc.dy, self.hstate, self.achunk, sc.du, sc.ddelta_pre,

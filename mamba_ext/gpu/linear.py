@@ -145,6 +145,18 @@ def bias_fill(g, M, O, w, b_off, y, y_off, y_rs, res=None):
                  params, buffers, {"WG": EW_WG})]
 
 
+def split_sum(g, M, N, part, S, c, c_off, c_rs, accumulate=False):
+    """Ops: c[:, c_off:c_off+N] (M rows c_rs apart) (+)= the sum of S partial products
+    (M, N), dense one after the other in ``part``, in slice order (linear_split_sum; e.g.
+    linear_f16.dweight's split-K slices)."""
+    from .device import EW_WG
+    params = [M, N, 0, 0, 1, 1, 0, 1, 1, c_off, c_rs, 0, 0, 1 if accumulate else 0, 0, 0, S]
+    rd = g.dummy(2)
+    buffers = [rd, rd, rd, rd, rd, rd, c, part, g.dummy(1)]
+    return [g.op("linear", "linear_split_sum", g.grid1d(math.ceil(M * N / EW_WG), "split_sum"),
+                 params, buffers, {"WG": EW_WG})]
+
+
 def linear_backward(g, M, I, O, dy, dy_off, dy_rs, x, x_off, x_rs, w, w_off, b_off, gr,
                     dx=None, dx_off=0, dx_rs=0, dx_beta=0, part=None):
     """Ops of the backward of :func:`linear_forward`: dx (M, I) = dy @ W (``+=`` when

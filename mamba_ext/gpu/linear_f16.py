@@ -9,8 +9,9 @@ subgroup-matrix configuration (``Gpu.f16_matrices``: the Dawn backend on NVIDIA,
 RDNA3, Intel Xe and Apple GPUs); :func:`available` says whether it does, and
 :func:`unsupported` why a product's sizes do not fit the kernel (then the fp32 kernels
 of linear.py are the fallback). :func:`pack` makes the f16 operands (kernels/amp.wgsl's
-rounding, as NumPy's ``astype(float16)``) and :class:`HalfWeights` the f16 copies of a
-parameter arena's weight matrices that mixed-precision training multiplies with.
+rounding, as NumPy's ``astype(float16)``), :func:`unpack` reads f16 values back as f32,
+and :class:`HalfWeights` makes the f16 copies of a parameter arena's weight matrices that
+mixed-precision training multiplies with.
 
 ``REFERENCE``: run kernels/linear_f16_ref.wgsl instead, a plain kernel of the same
 product for devices without subgroup matrices (slow; the tests of the mixed-precision
@@ -26,6 +27,9 @@ TILE = (128, 128)        # rows x columns of C per workgroup
 BK = 32                  # contraction step of the tile loop
 WORKGROUP = 256          # invocations per workgroup
 REFERENCE = False        # True: the portable reference kernel instead of subgroup matrices
+SPLIT_TARGET = 512       # workgroups a weight gradient's product is split into K slices to
+                         # reach (its few tiles alone leave most of a large GPU idle)
+SPLIT_MIN_K = 512        # contraction of one slice, at least
 
 
 def available(g) -> bool:
@@ -55,11 +59,12 @@ def plan(g):
 
 
 def prelude(g, a_kmajor: bool, b_kmajor: bool, accumulate: bool, K: int, lda: int, ldb: int,
-            ldc: int) -> str:
+            ldc: int, cslice: int = 0) -> str:
     """The WGSL put before kernels/linear_f16.wgsl: its ``enable`` directives and its
     constants (the subgroup layout, the operand layouts, and the product's contraction
-    length and strides, which as uniforms made the kernel 4x slower). With ``REFERENCE``:
-    the constants kernels/linear_f16_ref.wgsl uses."""
+    length and strides, which as uniforms made the kernel 4x slower; ``K`` and ``cslice``
+    per K slice of a split product). With ``REFERENCE``: the constants
+    kernels/linear_f16_ref.wgsl uses."""
     b = lambda v: "true" if v else "false"
     head = ""
     if not REFERENCE:
@@ -71,6 +76,7 @@ def prelude(g, a_kmajor: bool, b_kmajor: bool, accumulate: bool, K: int, lda: in
     return (head +
             f"const A_KMAJOR : bool = {b(a_kmajor)};\nconst B_KMAJOR : bool = {b(b_kmajor)};\n"
             f"const ACCUMULATE : bool = {b(accumulate)};\n"
+            f"const CSLICE : u32 = {int(cslice)}u;\n"
             f"const KLEN : u32 = {int(K)}u;\nconst LDA : u32 = {int(lda)}u;\n"
             f"const LDB : u32 = {int(ldb)}u;\nconst LDC : u32 = {int(ldc)}u;\n")
 
@@ -98,9 +104,11 @@ def f16_buffer(g, data, name: str):
 
 def product(g, c, a, b, M: int, N: int, K: int, *, a_kmajor: bool, b_kmajor: bool,
             lda: int, ldb: int, ldc: int, a_off: int = 0, b_off: int = 0, c_off: int = 0,
-            accumulate: bool = False):
+            accumulate: bool = False, splits: int = 1):
     """The op C (M, N) [+]= A (M, K) B (K, N) (layouts in kernels/linear_f16.wgsl's
-    legend; offsets and strides in elements: f16 for a and b, f32 for c)."""
+    legend; offsets and strides in elements: f16 for a and b, f32 for c). ``splits`` S > 1:
+    S partial products over K slices instead, slice z's (M, N) at c_off + z*M*ldc (sum
+    them with linear.split_sum)."""
     if not available(g):
         raise RuntimeError("mamba_ext.gpu.linear_f16: this device offers no f16 subgroup "
                            "matrices (they need MAMBA_EXT_GPU_BACKEND=dawn on a GPU that has "
@@ -108,35 +116,58 @@ def product(g, c, a, b, M: int, N: int, K: int, *, a_kmajor: bool, b_kmajor: boo
     why = unsupported(M, N, K, lda, ldb, ldc, a_off, b_off, c_off)
     if why:
         raise ValueError(f"mamba_ext.gpu.linear_f16: {why}")
+    if splits < 1 or K % (splits * BK):
+        raise ValueError(f"mamba_ext.gpu.linear_f16: K {K} does not split into {splits} "
+                         f"slices of a multiple of {BK}")
     if REFERENCE:
-        file, grid = "linear_f16_ref", (N // 16, M // 16, 1)
+        file, grid = "linear_f16_ref", (N // 16, M // 16, splits)
     else:
-        file, grid = "linear_f16", (N // TILE[1], M // TILE[0], 1)
+        file, grid = "linear_f16", (N // TILE[1], M // TILE[0], splits)
     return g.op(file, "linear_f16_product", g.check_grid(grid, "linear_f16_product"),
                 [a_off, b_off, c_off], [a, b, c],
-                prelude=prelude(g, a_kmajor, b_kmajor, accumulate, K, lda, ldb, ldc))
+                prelude=prelude(g, a_kmajor, b_kmajor, accumulate, K // splits, lda, ldb, ldc,
+                                M * ldc if splits > 1 else 0))
 
 
 def forward(g, y, x, w, M: int, I: int, O: int, accumulate: bool = False, w_off: int = 0):
-    """Y (M, O) f32 [+]= X (M, I) @ W (O, I)^T, X and W f16 (W from ``w_off``)."""
-    return product(g, y, x, w, M, O, I, a_kmajor=True, b_kmajor=True, lda=I, ldb=I, ldc=O,
-                   b_off=w_off, accumulate=accumulate)
+    """Ops: Y (M, O) f32 [+]= X (M, I) @ W (O, I)^T, X and W f16 (W from ``w_off``)."""
+    return [product(g, y, x, w, M, O, I, a_kmajor=True, b_kmajor=True, lda=I, ldb=I, ldc=O,
+                    b_off=w_off, accumulate=accumulate)]
 
 
 def dinput(g, dx, dy, w, M: int, I: int, O: int, accumulate: bool = True, w_off: int = 0):
-    """dX (M, I) f32 [+]= dY (M, O) @ W (O, I), dY and W f16 (W from ``w_off``)."""
-    return product(g, dx, dy, w, M, I, O, a_kmajor=True, b_kmajor=False, lda=O, ldb=I, ldc=I,
-                   b_off=w_off, accumulate=accumulate)
+    """Ops: dX (M, I) f32 [+]= dY (M, O) @ W (O, I), dY and W f16 (W from ``w_off``)."""
+    return [product(g, dx, dy, w, M, I, O, a_kmajor=True, b_kmajor=False, lda=O, ldb=I, ldc=I,
+                    b_off=w_off, accumulate=accumulate)]
+
+
+def dweight_splits(M: int, I: int, O: int) -> int:
+    """K slices of a weight gradient's product (O x I outputs, contraction M): doubled
+    while the tiles stay under :data:`SPLIT_TARGET` workgroups and each slice keeps at
+    least :data:`SPLIT_MIN_K` of the contraction in whole steps of :data:`BK`."""
+    tiles, s = (O // TILE[0]) * (I // TILE[1]), 1
+    while tiles * s < SPLIT_TARGET and M % (2 * s * BK) == 0 and M // (2 * s) >= SPLIT_MIN_K:
+        s *= 2
+    return s
 
 
 def dweight(g, dw, dy_t, x_t, M: int, I: int, O: int, accumulate: bool = True,
             dw_off: int = 0):
-    """dW (O, I) f32 [+]= dY (M, O)^T @ X (M, I) from their transposes dY^T (O, M) and
-    X^T (I, M) in f16 (:func:`pack_pair`), so that both operands are k-major, the
+    """Ops: dW (O, I) f32 [+]= dY (M, O)^T @ X (M, I) from their transposes dY^T (O, M)
+    and X^T (I, M) in f16 (:func:`pack_pair`), so that both operands are k-major, the
     kernel's fast layout (from dY and X as they are: about 90 against 130-150 TFLOP/s on
-    an H200); dW from ``dw_off`` of ``dw``, e.g. a gradient arena."""
-    return product(g, dw, dy_t, x_t, O, I, M, a_kmajor=True, b_kmajor=True, lda=M, ldb=M,
-                   ldc=I, c_off=dw_off, accumulate=accumulate)
+    an H200); dW from ``dw_off`` of ``dw``, e.g. a gradient arena. Split over K
+    (:func:`dweight_splits`) into partial products in a device scratch buffer, summed
+    in slice order into dW (linear.split_sum)."""
+    from .linear import split_sum
+    S = dweight_splits(M, I, O)
+    if S == 1:
+        return [product(g, dw, dy_t, x_t, O, I, M, a_kmajor=True, b_kmajor=True, lda=M,
+                        ldb=M, ldc=I, c_off=dw_off, accumulate=accumulate)]
+    part = g.scratch("linear_f16_split", S * O * I)
+    return [product(g, part, dy_t, x_t, O, I, M, a_kmajor=True, b_kmajor=True, lda=M, ldb=M,
+                    ldc=I, splits=S),
+            *split_sum(g, O, I, part, S, dw, dw_off, I, accumulate)]
 
 
 def layer_unsupported(M: int, I: int, O: int, w_off: int = 0, dw_off: int = 0) -> str | None:
@@ -162,6 +193,16 @@ def pack(g, dst, src, rows: int, cols: int, src_off: int = 0, src_rs: int | None
                                   src_rs=cols if src_rs is None else src_rs,
                                   dst_off=dst_off // 2, rows=rows),
                        [src, None, dst])
+
+
+def unpack(g, dst, src, n: int):
+    """Op: ``dst`` (n,) f32 = the n f16 values of ``src`` (dense, two per word; n even),
+    exactly: :func:`pack`'s inverse on its values."""
+    from .amp import amp_params
+    from .device import elementwise
+    if n % 2:
+        raise ValueError(f"linear_f16.unpack: n {n} must be even")
+    return elementwise(g, "amp", "amp_unpack_f16", n // 2, amp_params(n // 2), [None, dst, src])
 
 
 def pack_pair(g, dst, dst_t, src, rows: int, cols: int, src_off: int = 0,

@@ -59,6 +59,54 @@ def test_pack_is_numpys_float16():
         lf.pack(g, dst, src, 2, 3)
 
 
+def test_unpack_is_exact():
+    """unpack: every f16 value (all 65536 bit patterns: subnormals, -0, inf, NaN) read back
+    as the f32 of the same value; pack then unpack is NumPy's round trip."""
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    src, dst = g.buffer(bits.size // 2, "src", bits.view(np.uint32)), g.buffer(bits.size, "dst")
+    run(g, lf.unpack(g, dst, src, bits.size))
+    got, want = read(g, dst, (bits.size,)), bits.view(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan])   # -0 too
+    x = _edge_values()[:256]
+    xb, hb, back = upload(g, "x", x), g.buffer(128, "h"), g.buffer(256, "back")
+    run(g, [lf.pack(g, hb, xb, 1, 256), lf.unpack(g, back, hb, 256)])
+    got, want = read(g, back, (256,)), _f16(x).astype(np.float32)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert np.array_equal(got[~np.isnan(want)], want[~np.isnan(want)])
+    with pytest.raises(ValueError, match="even"):
+        lf.unpack(g, back, hb, 3)
+
+
+def test_f16_mode_cache_is_small(reference):
+    """BlockLayer's f16 mode keeps Y and y in f16 and u and delta_pre not at all: its cache
+    is the f16 xn^T, gated^T, Y and y, rstd, xproj and the scan's chunk states; the f32
+    activations are one buffer for all layers."""
+    from mamba_ext.gpu.block import BlockLayer, half_weights
+    from mamba_ext.gpu.device import arena_layout
+    from mamba_ext.gpu.model import ModelPlan
+    arrays, dims = check_model(_model(n_layers=2))
+    order = list(arrays)
+    B, L = 2, 128
+    plans = {}
+    for f16 in (False, True):
+        offs, n = arena_layout([(k, arrays[k].shape) for k in order])
+        w = g.buffer(n, "params")
+        half = half_weights(g, w, offs, {k: a.shape for k, a in arrays.items()}) if f16 else None
+        plans[f16] = ModelPlan(arrays, dims, B, L, order, w=w, f16=half)
+    d, M = dims.block, B * L
+    lay32, lay16 = plans[False].layers[0], plans[True].layers[0]
+    chunks = sum(getattr(lay16, k).size for k in ("hchunk", "achunk", "hstate"))
+    words = M * d.Dm // 2 + M * d.D // 2 + M * d.D + M * d.D // 2 + M + M * d.P
+    assert sum(b.size for b in lay16.buffers()) == 4 * words + chunks
+    assert sum(b.size for b in lay32.buffers()) == 4 * (M * (6 * d.D + d.Dm + d.P + 1)) + chunks
+    assert isinstance(lay16, BlockLayer) and lay16.Y16 is not plans[True].layers[1].Y16
+    for name in ("Y", "u", "delta_pre", "y"):
+        assert getattr(lay16, name) is getattr(plans[True].layers[1], name), name
+        assert getattr(lay32, name) is not getattr(plans[False].layers[1], name), name
+
+
 @pytest.mark.parametrize("row", [True, False])
 def test_pack_pair_is_both_layouts(row):
     """pack_pair: the row-major copy (when asked) and the transposed one of a strided
@@ -118,6 +166,16 @@ def test_reference_products_against_float64(reference, accumulate):
             v = v + c0[k].astype(np.float32)
         got = read(g, out[k], (v.size + 4,))[4:].reshape(v.shape)
         assert nerr(got, v) <= 2e-6, k
+
+
+def test_reference_split_weight_gradient(reference):
+    """linear_f16.dweight split over K (partial products summed in slice order into the
+    gradient, linear.split_sum) and unsplit, against float64 (bench.check_f16_products)."""
+    from mamba_ext.bench.gpu import check_f16_products
+    assert lf.dweight_splits(4 * lf.SPLIT_MIN_K, 384, 128) == 4
+    assert lf.dweight_splits(256, 384, 128) == 1
+    res = check_f16_products(g, lf, np.random.default_rng(0))
+    assert "dweight+= in 4 K slices" in res and max(res.values()) < 1e-5, res
 
 
 def _model(Dm=128, D=256, n_layers=2, V=64, seed=3):

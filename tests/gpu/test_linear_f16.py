@@ -81,5 +81,6 @@ def test_dawn_products_match_float64():
     """forward, dX and dW, written and accumulated, against float64 products of the same
     f16 inputs: f32 accumulation of exact f16 x f16 products."""
     res = run_with_f16_matrices("bench.check_f16_products(g, lf, np.random.default_rng(0))")
-    assert set(res) == {"forward", "forward+=", "dinput", "dinput+=", "dweight", "dweight+="}
+    assert set(res) == {"forward", "forward+=", "dinput", "dinput+=", "dweight", "dweight+=",
+                        "dweight+= in 4 K slices"}
     assert max(res.values()) < 1e-5, res
