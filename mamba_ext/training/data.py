@@ -5,9 +5,14 @@ The default corpus needs nothing outside Python: the standard library's own
 (deterministic; ``site-packages``, test folders and caches skipped) and capped
 at ``max_bytes``. ``--data PATH`` uses any file's bytes instead.
 
-Batches are a pure function of ``(seed, step)``: batch ``k`` draws its random
-windows from ``numpy.random.default_rng([seed, k])``, so a resumed run sees
-exactly the batches an uninterrupted run would, with no RNG state to save.
+``train`` reads :class:`ShardedBatches`, one stream for one process and for P ranks
+alike: the corpus cut into disjoint windows, each epoch a permutation of them
+(``default_rng([seed, epoch])``), step ``k`` the next ``P*b`` windows (rank ``r`` the
+``r``-th ``b`` of them). A run and its resumption, with any number of ranks, read the
+same windows in the same order; the checkpoint keeps the stream position.
+:class:`ByteBatches` draws random windows per step instead (``default_rng([seed, k])``)
+and holds the held-out split every source shares; :class:`ContiguousBatches` reads
+contiguous windows for ``--carry-state``.
 """
 from __future__ import annotations
 
@@ -59,7 +64,8 @@ def load_corpus(path=None, max_bytes: int = DEFAULT_MAX_BYTES) -> np.ndarray:
 
 class ByteBatches:
     """Random (tokens, targets) windows of a byte corpus (or of any integer token ids:
-    ``train --init-from`` gives the ids of a Hugging Face tokenizer).
+    ``train --init-from`` gives the ids of a Hugging Face tokenizer), a pure function of
+    ``(seed, step)``.
 
     The last ``val_fraction`` of the corpus is held out for :meth:`val_batches`
     (when the corpus is long enough to hold out at least one batch window).
@@ -135,3 +141,117 @@ class ContiguousBatches(ByteBatches):
     def starts_pass(self, step: int) -> bool:
         """Whether step ``step`` reads the first window of the streams (state reset)."""
         return int(step) % self.n_windows == 0
+
+
+class ShardedBatches:
+    """Per-rank batches of one global, deterministic stream of corpus windows: the
+    training data of every ``train`` run, one process (rank 0 of 1) or P ranks.
+
+    The training part of the corpus (``ByteBatches``' split: the last 2% is
+    held out) is cut into ``W = (size - 1) // L`` disjoint windows of
+    ``L + 1`` bytes (window ``i`` starts at byte ``i*L``; its last byte is the
+    target of its last position). Epoch ``e`` visits all windows once, in the
+    order ``default_rng([seed, e]).permutation(W)``; global sample ``s`` is
+    window ``perm_{s // W}[s % W]``. Step ``k`` consumes the ``G = P*b``
+    samples ``[S_k, S_k + G)``, where ``S_k`` = ``position(k)``; rank ``r``
+    takes ``[S_k + r*b, S_k + (r+1)*b)`` in that order. So the ranks' samples
+    are disjoint, their union is what one process with batch ``G`` reads, and
+    a run resumed with another P (``start_step``, ``start_position`` from the
+    checkpoint) continues the very same stream at its first unread sample.
+
+    ``val_batches()``: the held-out batches of ``ByteBatches`` (batch ``b``).
+    """
+
+    def __init__(self, data, seq_len: int, batch: int, seed: int = 0, rank: int = 0,
+                 size: int = 1, start_step: int = 0, start_position: int = 0,
+                 val_fraction: float = 0.02):
+        for name, v, lo in (("size", size, 1), ("rank", rank, 0), ("start_step", start_step, 0),
+                            ("start_position", start_position, 0)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+                raise ValueError(f"ShardedBatches: {name}: expected an integer >= {lo}, got {v!r}")
+        if rank >= size:
+            raise ValueError(f"ShardedBatches: rank: expected 0 <= rank < size = {size}, got {rank}")
+        self._split = ByteBatches(data, seq_len, batch, seed, val_fraction)
+        self.seq_len, self.batch, self.seed = self._split.seq_len, self._split.batch, int(seed)
+        self.rank, self.size = int(rank), int(size)
+        self.global_batch = self.batch * self.size
+        self.train = self._split.train
+        self.n_windows = (self.train.size - 1) // self.seq_len
+        if self.n_windows < 1:
+            raise ValueError(f"data: the training part of the corpus has {self.train.size} bytes; "
+                             f"seq_len {self.seq_len} needs at least {self.seq_len + 1}")
+        self.start_step, self.start_position = int(start_step), int(start_position)
+        self._perms = {}
+
+    def position(self, step: int) -> int:
+        """Global samples consumed before step ``step`` (the stream position)."""
+        return self.start_position + (int(step) - self.start_step) * self.global_batch
+
+    def rank_positions(self, step: int) -> list:
+        """The first sample of each rank's slice at step ``step``."""
+        s = self.position(step)
+        return [s + r * self.batch for r in range(self.size)]
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        p = self._perms.get(epoch)
+        if p is None:
+            if len(self._perms) > 2:
+                self._perms.clear()
+            p = self._perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(
+                self.n_windows)
+        return p
+
+    def window_starts(self, samples) -> np.ndarray:
+        """Corpus offsets of the windows of global sample numbers ``samples``."""
+        samples = np.asarray(samples, dtype=np.int64)
+        epoch, idx = np.divmod(samples, self.n_windows)
+        starts = np.empty(samples.shape, np.int64)
+        for e in np.unique(epoch):
+            sel = epoch == e
+            starts[sel] = self._perm(int(e))[idx[sel]] * self.seq_len
+        return starts
+
+    def samples(self, step: int) -> np.ndarray:
+        """Global sample numbers of this rank's slice of step ``step``, (b,)."""
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+            raise TypeError(f"ShardedBatches: step: expected an integer, got {type(step).__name__}")
+        first = self.position(step) + self.rank * self.batch
+        if first < 0:
+            raise ValueError(f"ShardedBatches: step {step} lies before the stream start")
+        if first + self.batch > np.iinfo(np.int64).max:
+            raise ValueError(f"ShardedBatches: step {step} lies beyond the stream's int64 sample "
+                             f"numbers")
+        return np.arange(first, first + self.batch, dtype=np.int64)
+
+    def get(self, step: int):
+        """``(tokens, targets)`` int64 (b, L) of this rank at step ``step``."""
+        return self._split._windows(self.train, self.window_starts(self.samples(step)))
+
+    def __iter__(self):
+        """This rank's batches from ``start_step`` on, without end (``get`` of
+        each step in turn)."""
+        step = self.start_step
+        while True:
+            yield self.get(step)
+            step += 1
+
+    def val_batches(self, n_batches: int = 4):
+        return self._split.val_batches(n_batches)
+
+    def state(self, step: int) -> dict:
+        """The stream position a checkpoint written before step ``step`` stores (its
+        ``extra["distributed"]``, also for one process: the ranks' slices of it)."""
+        return {"world_size": self.size, "batch_per_rank": self.batch,
+                "global_batch": self.global_batch, "data_position": self.position(step),
+                "rank_positions": self.rank_positions(step), "data_order": "sharded-stream/1"}
+
+
+def stream_batches(corpus, seq_len: int, batch: int, seed: int, rank: int = 0, size: int = 1,
+                   start_step: int = 0, state: dict | None = None) -> ShardedBatches:
+    """Rank ``rank`` of ``size``'s :class:`ShardedBatches` of a run at step ``start_step``:
+    from the position of a checkpoint's ``state`` (``ShardedBatches.state``, any world
+    size) or, without one, ``start_step * size * batch`` (the stream's start for a new run).
+    """
+    position = int(state["data_position"]) if state is not None else start_step * size * batch
+    return ShardedBatches(corpus, seq_len, batch, seed, rank, size, start_step=start_step,
+                          start_position=position)

@@ -47,7 +47,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .data import ByteBatches
+from .data import ShardedBatches, stream_batches
 
 __all__ = ["Distributed", "DistributedError", "DivergenceError", "GradReducer", "ShardedBatches",
            "allreduce_grads", "reduce_flat", "launcher_world_size", "require_mpi",
@@ -101,103 +101,6 @@ def _float_dtype(what, dtype):
     if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
         raise TypeError(f"{what}: expected float32 or float64 arrays, got {dtype}")
     return dtype
-
-
-# --------------------------------------------------------------------- data
-
-class ShardedBatches:
-    """Per-rank batches of one global, deterministic stream of corpus windows.
-
-    The training part of the corpus (``ByteBatches``' split: the last 2% is
-    held out) is cut into ``W = (size - 1) // L`` disjoint windows of
-    ``L + 1`` bytes (window ``i`` starts at byte ``i*L``; its last byte is the
-    target of its last position). Epoch ``e`` visits all windows once, in the
-    order ``default_rng([seed, e]).permutation(W)``; global sample ``s`` is
-    window ``perm_{s // W}[s % W]``. Step ``k`` consumes the ``G = P*b``
-    samples ``[S_k, S_k + G)``, where ``S_k`` = ``position(k)``; rank ``r``
-    takes ``[S_k + r*b, S_k + (r+1)*b)`` in that order. So the ranks' samples
-    are disjoint, their union is what one process with batch ``G`` reads, and
-    a run resumed with another P (``start_step``, ``start_position`` from the
-    checkpoint) continues the very same stream at its first unread sample.
-
-    ``val_batches()``: the held-out batches of ``ByteBatches`` (batch ``b``).
-    """
-
-    def __init__(self, data, seq_len: int, batch: int, seed: int = 0, rank: int = 0,
-                 size: int = 1, start_step: int = 0, start_position: int = 0,
-                 val_fraction: float = 0.02):
-        for name, v, lo in (("size", size, 1), ("rank", rank, 0), ("start_step", start_step, 0),
-                            ("start_position", start_position, 0)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-                raise ValueError(f"ShardedBatches: {name}: expected an integer >= {lo}, got {v!r}")
-        if rank >= size:
-            raise ValueError(f"ShardedBatches: rank: expected 0 <= rank < size = {size}, got {rank}")
-        self._split = ByteBatches(data, seq_len, batch, seed, val_fraction)
-        self.seq_len, self.batch, self.seed = self._split.seq_len, self._split.batch, int(seed)
-        self.rank, self.size = int(rank), int(size)
-        self.global_batch = self.batch * self.size
-        self.train = self._split.train
-        self.n_windows = (self.train.size - 1) // self.seq_len
-        if self.n_windows < 1:
-            raise ValueError(f"data: the training part of the corpus has {self.train.size} bytes; "
-                             f"seq_len {self.seq_len} needs at least {self.seq_len + 1}")
-        self.start_step, self.start_position = int(start_step), int(start_position)
-        self._perms = {}
-
-    def position(self, step: int) -> int:
-        """Global samples consumed before step ``step`` (the stream position)."""
-        return self.start_position + (int(step) - self.start_step) * self.global_batch
-
-    def rank_positions(self, step: int) -> list:
-        """The first sample of each rank's slice at step ``step``."""
-        s = self.position(step)
-        return [s + r * self.batch for r in range(self.size)]
-
-    def _perm(self, epoch: int) -> np.ndarray:
-        p = self._perms.get(epoch)
-        if p is None:
-            if len(self._perms) > 2:
-                self._perms.clear()
-            p = self._perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(
-                self.n_windows)
-        return p
-
-    def window_starts(self, samples) -> np.ndarray:
-        """Corpus offsets of the windows of global sample numbers ``samples``."""
-        samples = np.asarray(samples, dtype=np.int64)
-        epoch, idx = np.divmod(samples, self.n_windows)
-        starts = np.empty(samples.shape, np.int64)
-        for e in np.unique(epoch):
-            sel = epoch == e
-            starts[sel] = self._perm(int(e))[idx[sel]] * self.seq_len
-        return starts
-
-    def samples(self, step: int) -> np.ndarray:
-        """Global sample numbers of this rank's slice of step ``step``, (b,)."""
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
-            raise TypeError(f"ShardedBatches: step: expected an integer, got {type(step).__name__}")
-        first = self.position(step) + self.rank * self.batch
-        if first < 0:
-            raise ValueError(f"ShardedBatches: step {step} lies before the stream start")
-        if first + self.batch > np.iinfo(np.int64).max:
-            raise ValueError(f"ShardedBatches: step {step} lies beyond the stream's int64 sample "
-                             f"numbers")
-        return np.arange(first, first + self.batch, dtype=np.int64)
-
-    def get(self, step: int):
-        """``(tokens, targets)`` int64 (b, L) of this rank at step ``step``."""
-        return self._split._windows(self.train, self.window_starts(self.samples(step)))
-
-    def __iter__(self):
-        """This rank's batches from ``start_step`` on, without end (``get`` of
-        each step in turn)."""
-        step = self.start_step
-        while True:
-            yield self.get(step)
-            step += 1
-
-    def val_batches(self, n_batches: int = 4):
-        return self._split.val_batches(n_batches)
 
 
 # --------------------------------------------------------------- gradients
@@ -547,24 +450,11 @@ class Distributed:
     # -- data -------------------------------------------------------------------
     def shard(self, corpus, seq_len: int, batch: int, seed: int, start_step: int = 0,
               state: dict | None = None) -> ShardedBatches:
-        """This rank's :class:`ShardedBatches`; ``state``: a checkpoint's
-        ``extra["distributed"]`` (the stream position to continue at), or None
-        (start of the stream, or ``start_step * P * batch`` for a checkpoint of
-        a run that was not distributed)."""
-        if state is not None:
-            position = int(state["data_position"])
-        else:
-            position = start_step * self.size * batch
-        self.data = ShardedBatches(corpus, seq_len, batch, seed, self.rank, self.size,
-                                   start_step=start_step, start_position=position)
+        """This rank's :class:`ShardedBatches` (data.stream_batches); ``state``: a
+        checkpoint's ``extra["distributed"]`` (the stream position to continue at), or None."""
+        self.data = stream_batches(corpus, seq_len, batch, seed, self.rank, self.size,
+                                   start_step, state)
         return self.data
-
-    def data_state(self, step: int) -> dict:
-        """What a checkpoint written before step ``step`` stores of the data order."""
-        d = self.data
-        return {"world_size": self.size, "batch_per_rank": d.batch, "global_batch": d.global_batch,
-                "data_position": d.position(step), "rank_positions": d.rank_positions(step),
-                "data_order": "sharded-stream/1"}
 
     # -- gradients ------------------------------------------------------------
     def flat_stream(self) -> FlatStream:

@@ -29,7 +29,7 @@ from ..io import checkpoint as ckpt_io
 from ..block import check_init
 from ..model import MAX_LAYERS, init_model_params, model_forward, model_loss_and_grads
 from . import hf_init
-from .data import DEFAULT_MAX_BYTES, VOCAB_SIZE, ByteBatches, ContiguousBatches, load_corpus
+from .data import DEFAULT_MAX_BYTES, VOCAB_SIZE, ContiguousBatches, load_corpus, stream_batches
 from .metrics import METRICS_NAME, MetricsFile
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
@@ -260,17 +260,19 @@ def evaluate(params, batches, eps=DEFAULT_EPS, n_threads=None, discretization="z
     return total / len(vals)
 
 
-def save_state(path, cfg, step, params, opt, scaler, losses, dist=None, carry=None) -> None:
+def save_state(path, cfg, step, params, opt, scaler, losses, dist=None, carry=None,
+               data=None) -> None:
     """``opt``: an AdamW or the GPU ResidentTrainer; both give the same
     ``state_dict()`` format, so CPU and GPU checkpoints hold the same keys.
-    ``dist``: distributed run; only its root writes, adding the data position
-    of every rank. ``carry``: the state carried into the next step (``--carry-state``),
+    ``dist``: distributed run; only its root writes. ``data``: the batch source; a
+    :class:`ShardedBatches` adds the stream position (and the ranks' slices of it).
+    ``carry``: the state carried into the next step (``--carry-state``),
     ``(h, conv)`` or None, stored as arrays ``carry.h0`` / ``carry.conv_state``."""
     if dist is not None and not dist.is_root:
         return
     extra = {"scaler": scaler.state_dict() if scaler is not None else None}
-    if dist is not None:
-        extra["distributed"] = dist.data_state(step)
+    if hasattr(data, "state"):
+        extra["distributed"] = data.state(step)
     opt_state = opt.state_dict() if opt is not None else None
     arrays = {"losses": np.asarray(losses, np.float64)}
     if carry is not None:
@@ -331,10 +333,10 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
             if trainer is not None:
                 if dist is None or dist.is_root:
                     save_state(path, cfg, step + 1, trainer.params(), trainer, scaler, losses,
-                               dist)
+                               dist, data=batches)
             else:
                 save_state(path, cfg, step + 1, params, opt, scaler, losses, dist,
-                           carry=None if carry is None else carry[0])
+                           carry=None if carry is None else carry[0], data=batches)
 
     pending = None            # (step, PendingStep) submitted by step_async, not read back
     for step in range(start, end):
@@ -492,7 +494,7 @@ def load_training_checkpoint(path) -> dict:
         raise ValueError(f"{fname}: tensor 'array.losses': expected {step} float64 values (one per "
                          f"step), got {losses.dtype} of shape {list(losses.shape)}")
     extra = ck["extra"]
-    known_extra = {"scaler", "distributed"}     # distributed: data positions of the ranks
+    known_extra = {"scaler", "distributed"}     # distributed: the data stream's position
     if set(extra) - known_extra:
         raise ValueError(f"{fname}: field '__metadata__.extra': unknown key(s) "
                          f"{sorted(set(extra) - known_extra)}")
@@ -526,7 +528,7 @@ def _checked_carry(fname, cfg, arrays):
 
 
 def _check_data_state(fname: str, state) -> None:
-    """``extra["distributed"]`` (Distributed.data_state) of a checkpoint: None or its exact
+    """``extra["distributed"]`` (ShardedBatches.state) of a checkpoint: None or its exact
     fields, with non-negative integer sizes and positions."""
     if state is None:
         return
@@ -615,11 +617,11 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
                          "(use --device cpu, or drop --amp)")
     if cfg.carry_state:
         batches = ContiguousBatches(corpus, cfg.seq_len, cfg.batch, cfg.seed)
-    elif dist is None:
-        batches = ByteBatches(corpus, cfg.seq_len, cfg.batch, cfg.seed)
-    else:
-        batches = dist.shard(corpus, cfg.seq_len, cfg.batch, cfg.seed, start,
-                             state["extra"].get("distributed") if state is not None else None)
+    else:   # one stream for one process and for P ranks
+        pos = state["extra"].get("distributed") if state is not None else None
+        batches = (stream_batches(corpus, cfg.seq_len, cfg.batch, cfg.seed, 0, 1, start, pos)
+                   if dist is None else dist.shard(corpus, cfg.seq_len, cfg.batch, cfg.seed,
+                                                   start, pos))
     if state is not None:
         params = state["params"]
     elif cfg.init_from is not None:
@@ -697,7 +699,7 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
                     float("nan"), "wall_s": wall, "steps": cfg.steps, "skipped_steps": skipped,
                     "checkpoint": path, "params": params}
     save_state(path, cfg, end, params, opt, scaler, losses, dist,
-               carry=None if carry is None else carry[0])
+               carry=None if carry is None else carry[0], data=batches)
     with np.errstate(all="ignore"):
         val = evaluate(params, batches, cfg.eps, cfg.threads, cfg.discretization)
         final = float(np.mean(losses[-50:])) if losses else float("nan")

@@ -115,7 +115,7 @@ def test_launcher_world_size_reads_the_launchers_variables(monkeypatch, env, exp
 
 # ------------------------------------------------------------ mpiexec -n 2
 
-def _mpiexec():
+def _mpiexec(n=2):
     """The launcher of the MPI that mpi4py loads, with its oversubscribe option."""
     optional("mpi4py.MPI", 'pip install "mamba_ext[mpi]" (mpi4py + the mpich wheel)')
     here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -123,7 +123,7 @@ def _mpiexec():
     if exe is None:
         optional("mamba_ext_no_mpiexec", 'no mpiexec found: pip install "mamba_ext[mpi]"')
     version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
-    cmd = [exe, "-n", "2"]
+    cmd = [exe, "-n", str(n)]
     if re.search(r"Open MPI|OpenRTE|open-mpi", version.stdout + version.stderr):
         cmd.append("--oversubscribe")                     # Hydra (MPICH) oversubscribes by itself
         if hasattr(os, "geteuid") and os.geteuid() == 0:
@@ -131,12 +131,12 @@ def _mpiexec():
     return cmd
 
 
-def _job(args, tmp_path, extra_env=None):
+def _job(args, tmp_path, extra_env=None, n=2):
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.update(extra_env or {})
     t0 = time.monotonic()
     try:
-        p = subprocess.run(_mpiexec() + args, capture_output=True, text=True, env=env,
+        p = subprocess.run(_mpiexec(n) + args, capture_output=True, text=True, env=env,
                            timeout=JOB_LIMIT, cwd=tmp_path, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"mpiexec job still running after {JOB_LIMIT} s (a hang): {e.stderr}")
@@ -203,6 +203,27 @@ def test_cli_auto_detects_mpiexec_and_resumes_with_another_world_size(corpus, tm
     assert q.returncode == 0, q.stderr
     d = load_checkpoint(tmp_path / "run" / "checkpoint.safetensors")["extra"]["distributed"]
     assert d["world_size"] == 1 and d["data_position"] == 24 + 2 * 3
+
+
+def test_one_process_and_one_rank_read_the_same_stream(corpus, tmp_path):
+    """``train`` and ``mpiexec -n 1 train --distributed`` read the same windows in the same
+    order (one data stream, training.data.ShardedBatches) and end with the same weights,
+    bit for bit; both checkpoints hold the stream position."""
+    common = ["--data", corpus, "--d-model", "16", "--n-layers", "1", "--d-state", "4",
+              "--seq-len", "16", "--batch", "3", "--steps", "5", "--threads", "1", "--quiet"]
+    plain = subprocess.run([sys.executable, "-m", "mamba_ext", "train", *common, "--out", "plain"],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=JOB_LIMIT,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert plain.returncode == 0, plain.stderr
+    p, _ = _job([sys.executable, "-m", "mamba_ext", "train", "--distributed", *common,
+                 "--out", "rank"], tmp_path, n=1)
+    assert p.returncode == 0, p.stdout + p.stderr
+    a, b = (load_checkpoint(tmp_path / d / "checkpoint.safetensors") for d in ("plain", "rank"))
+    assert a["params"].keys() == b["params"].keys()
+    assert all(np.array_equal(a["params"][k], b["params"][k]) for k in a["params"])
+    for st in (a, b):
+        d = st["extra"]["distributed"]
+        assert d["world_size"] == 1 and d["data_position"] == 5 * 3
 
 
 @pytest.mark.parametrize("mode,blocking", [("kill", "1"), ("hang", "1"), ("hang", "0")])
