@@ -18,7 +18,7 @@ the shapes; every layer must have the same sizes.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -205,7 +205,8 @@ def model_loss_and_grads(tokens: ArrayLike, targets: ArrayLike, params: Mapping[
                          conv_state: ArrayLike | None = None, return_state: bool = False,
                          eps: float = DEFAULT_EPS, discretization: str = "zoh",
                          loss_scale: float = 1.0,
-                         n_threads: int | None = None) -> tuple:
+                         n_threads: int | None = None,
+                         grads_ready: Callable | None = None) -> tuple:
     """Mean cross-entropy and its gradient with respect to every parameter.
 
     Returns ``(loss, grads)``: ``loss`` a Python float (accumulated in double,
@@ -226,6 +227,15 @@ def model_loss_and_grads(tokens: ArrayLike, targets: ArrayLike, params: Mapping[
     through time. The loss still depends on everything before (through the state), but
     no gradient flows back into earlier windows, and none is returned for ``h0`` /
     ``conv_state``.
+
+    ``grads_ready(names, grads)``, when given, is called on the calling thread as soon as
+    gradients are final, with their names and the dict being filled (the one returned):
+    ``final_norm`` and ``lm_head_bias`` after the head's backward, each layer's 13 from the
+    last layer to the first, ``embedding`` (the tied head's and the lookup's sum) last; every
+    name once. Data parallelism starts each all-reduce there, during the backward
+    (mamba_ext.distributed.GradReducer.add). The other entries must not be read or
+    written before they are reported; an exception from it is raised once the backward
+    has finished.
     """
     from .cpu import model as _model
     disc = check_discretization(discretization)
@@ -241,13 +251,26 @@ def model_loss_and_grads(tokens: ArrayLike, targets: ArrayLike, params: Mapping[
         raise ValueError(f"tokens: shape {tok.shape} has no positions; the mean cross-entropy "
                          f"needs batch >= 1 and seqLen >= 1")
     states = _model_state(arrays, dims, B, h0, conv_state, return_state)
+    if grads_ready is not None and not callable(grads_ready):
+        raise TypeError(f"grads_ready: expected a callable or None, got "
+                        f"{type(grads_ready).__name__}")
     grads = {k: np.zeros_like(a) for k, a in arrays.items()}
+    done = None
+    if grads_ready is not None:
+        nl = dims.n_layers
+
+        def done(i):        # model.pyx's grads_done index -> the names now final
+            names = (["final_norm", "lm_head_bias"] if i == nl
+                     else [f"layer{i}.{n}" for n in BLOCK_PARAM_NAMES])
+            grads_ready(names, grads)
     loss = _model.loss_and_grads(tok, tgt, arrays["embedding"], arrays["final_norm"],
                                  arrays["lm_head_bias"], _layer_lists(arrays, dims.n_layers),
                                  grads["embedding"], grads["final_norm"], grads["lm_head_bias"],
                                  _layer_lists(grads, dims.n_layers), _sizes(dims, B, L), eps,
                                  disc, scale, bool(checkpointing), check_n_threads(n_threads),
-                                 states=states)
+                                 states=states, grads_done=done)
+    if grads_ready is not None:
+        grads_ready(["embedding"], grads)
     if return_state:
         return float(loss), grads, (states[2], states[3])
     return float(loss), grads

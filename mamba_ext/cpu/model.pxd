@@ -84,6 +84,12 @@ cdef int model_forward_state(floating* logits, const int64_t* tokens,
                              const floating* lm_head_bias, const floating** layer_params,
                              void** states, const model_dims* d, int n_threads) noexcept nogil
 
+# grads_done(ctx, i), when not NULL, is called on the calling thread (outside any parallel
+# region) as soon as gradients are final: i = n_layers for g_final_norm and g_lm_head_bias
+# (after the head's backward), then i = n_layers-1 .. 0 for layer i's; g_embedding is final
+# when the function returns. E.g. data parallelism starts each all-reduce then.
+ctypedef void (*grads_done_fn)(void* ctx, idx_t i) noexcept nogil
+
 cdef int model_loss_and_grads_state(double* loss,
                                     floating* g_embedding, floating* g_final_norm,
                                     floating* g_lm_head_bias, floating** g_layer_params,
@@ -91,4 +97,5 @@ cdef int model_loss_and_grads_state(double* loss,
                                     const floating* embedding, const floating* final_norm,
                                     const floating* lm_head_bias, const floating** layer_params,
                                     void** states, const model_dims* d, double loss_scale,
-                                    int checkpointing, int n_threads) noexcept nogil
+                                    int checkpointing, int n_threads,
+                                    grads_done_fn grads_done, void* ctx) noexcept nogil

@@ -4,7 +4,7 @@ sizes = (V, n_layers, B, L, Dm, D, N, K, R); layers / g_layers: per layer, 13 ar
 states: None or (h0, conv_state, h_last, conv_tail), each None or a C-contiguous array
 (n_layers, B, D, N) / (n_layers, B, D, K-1); h_last and conv_tail are written.
 """
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -19,4 +19,5 @@ def loss_and_grads(tokens: np.ndarray, targets: np.ndarray, embedding: np.ndarra
                    g_embedding: np.ndarray, g_final_norm: np.ndarray,
                    g_lm_head_bias: np.ndarray, g_layers: list, sizes: Sequence[int],
                    eps: float, discretization: int, loss_scale: float, checkpointing: bool,
-                   n_threads: int, states: tuple | None = None) -> float: ...
+                   n_threads: int, states: tuple | None = None,
+                   grads_done: Callable[[int], None] | None = None) -> float: ...

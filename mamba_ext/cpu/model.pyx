@@ -212,7 +212,7 @@ cdef int model_loss_and_grads(double* loss,
     return model_loss_and_grads_state(loss, g_embedding, g_final_norm, g_lm_head_bias,
                                       g_layer_params, tokens, targets, embedding, final_norm,
                                       lm_head_bias, layer_params, NULL, d, loss_scale,
-                                      checkpointing, n_threads)
+                                      checkpointing, n_threads, NULL, NULL)
 
 
 cdef int model_loss_and_grads_state(double* loss,
@@ -222,9 +222,11 @@ cdef int model_loss_and_grads_state(double* loss,
                                     const floating* embedding, const floating* final_norm,
                                     const floating* lm_head_bias, const floating** layer_params,
                                     void** states, const model_dims* d, double loss_scale,
-                                    int checkpointing, int n_threads) noexcept nogil:
+                                    int checkpointing, int n_threads,
+                                    grads_done_fn grads_done, void* ctx) noexcept nogil:
     # states: as _forward_trunk; the gradients treat the carried state as a constant
-    # (truncated backpropagation through time: no dLoss/dh0 is formed)
+    # (truncated backpropagation through time: no dLoss/dh0 is formed); grads_done: see
+    # model.pxd
     cdef idx_t M = d.block.B * d.block.L
     cdef idx_t Dm = d.block.Dm
     cdef idx_t V = d.V
@@ -275,6 +277,8 @@ cdef int model_loss_and_grads_state(double* loss,
         flat_op(FLAT_ZERO, da, <floating*>NULL, M * Dm, n_threads)
         rmsnorm_backward(da, g_final_norm, scratch, hs + nl * M * Dm, final_norm, rstd, M, Dm,
                          n_threads)
+        if grads_done != NULL:
+            grads_done(ctx, nl)
 
         i = nl - 1
         while i >= 0:
@@ -295,6 +299,8 @@ cdef int model_loss_and_grads_state(double* loss,
                                     &d.block, n_threads) != 0:
                 status = MODEL_ERR_NOMEM
                 break
+            if grads_done != NULL:
+                grads_done(ctx, i)
             tmp = da
             da = db
             db = tmp
@@ -407,14 +413,28 @@ def forward(cnp.ndarray logits, cnp.ndarray tokens, cnp.ndarray embedding,
     _raise_status(status)
 
 
+cdef void _grads_done(void* ctx, idx_t i) noexcept nogil:
+    # ctx: a list [callback, error]; an exception of the callback is kept (and later
+    # calls skipped) for loss_and_grads to raise once the kernel has returned
+    with gil:
+        holder = <list>ctx
+        if holder[1] is None:
+            try:
+                holder[0](i)
+            except BaseException as e:
+                holder[1] = e
+
+
 def loss_and_grads(cnp.ndarray tokens, cnp.ndarray targets, cnp.ndarray embedding,
                    cnp.ndarray final_norm, cnp.ndarray lm_head_bias, list layers,
                    cnp.ndarray g_embedding, cnp.ndarray g_final_norm,
                    cnp.ndarray g_lm_head_bias, list g_layers,
                    sizes, double eps, int discretization, double loss_scale,
-                   bint checkpointing, int n_threads, states=None):
+                   bint checkpointing, int n_threads, states=None, grads_done=None):
     """Returns the mean loss; the g_* arrays (zeroed by the caller) accumulate;
-    states: see _state_table (h_last, conv_tail written)."""
+    states: see _state_table (h_last, conv_tail written); grads_done: None or a callable
+    called with i as model.pxd's grads_done (an exception it raises is raised here, after
+    the kernel has finished)."""
     cdef model_dims d = _dims(sizes, eps, discretization)
     cdef void** t = _ptr_table(layers)
     cdef void** gt
@@ -441,21 +461,28 @@ def loss_and_grads(cnp.ndarray tokens, cnp.ndarray targets, cnp.ndarray embeddin
     cdef void* gemb = _ptr(g_embedding)
     cdef void* gfn = _ptr(g_final_norm)
     cdef void* gbias = _ptr(g_lm_head_bias)
+    cdef list holder = [grads_done, None]
+    cdef grads_done_fn done = NULL
+    if grads_done is not None:
+        done = _grads_done
+    cdef void* ctx = <void*>holder
     with nogil:
         if is32:
             status = model_loss_and_grads_state(&loss, <float*>gemb, <float*>gfn, <float*>gbias,
                                                 <float**>gt, tok, tgt, <const float*>emb,
                                                 <const float*>fn, <const float*>bias,
                                                 <const float**>t, st, &d, loss_scale,
-                                                checkpointing, n_threads)
+                                                checkpointing, n_threads, done, ctx)
         else:
             status = model_loss_and_grads_state(&loss, <double*>gemb, <double*>gfn,
                                                 <double*>gbias, <double**>gt, tok, tgt,
                                                 <const double*>emb, <const double*>fn,
                                                 <const double*>bias, <const double**>t, st, &d,
-                                                loss_scale, checkpointing, n_threads)
+                                                loss_scale, checkpointing, n_threads, done, ctx)
     free(t)
     free(gt)
     free(st)
     _raise_status(status)
+    if holder[1] is not None:
+        raise holder[1]
     return loss

@@ -177,24 +177,69 @@ class GradReducer:
 
         Returns ``(views, loss, overflow)``: ``views`` holds the reduced
         gradients (identical on every rank), ``loss`` the mean of the ranks'
-        losses and ``overflow`` True if any rank passed True.
+        losses and ``overflow`` True if any rank passed True. The same as
+        :meth:`begin`, :meth:`add` of every gradient, :meth:`finish`.
         """
-        from mpi4py import MPI
         self._check(grads)
-        P = self.comm.Get_size()
+        self.begin(average=average)
+        for names in self.groups:
+            self.add(names, grads)
+        return self.finish(loss, overflow, what=what)
+
+    def begin(self, *, average: bool = True) -> "GradReducer":
+        """Start a reduction whose gradients arrive in parts (:meth:`add`), e.g. from
+        ``model_loss_and_grads(grads_ready=reducer.add)`` during the backward; then
+        :meth:`finish`. Returns the reducer."""
         # the mean: every rank scales by 1/P while it copies into the bucket (one pass),
         # then the all-reduce sums; for P a power of two this equals (sum)/P exactly
-        inv = self.dtype.type(1.0 / P if average else 1.0)
+        self._inv = self.dtype.type(1.0 / self.comm.Get_size() if average else 1.0)
+        self._missing = [len(names) for names in self.groups]    # per bucket: not yet added
+        self._added = set()
+        self._reqs = []
+        return self
+
+    def add(self, names, grads: Mapping) -> None:
+        """Copy the gradients ``names`` (final from now on) into their buckets, scaled, and
+        start the all-reduce of every bucket that is then complete (non-blocking, in
+        place). Every rank adds the same names in the same order."""
+        from mpi4py import MPI
+        if getattr(self, "_missing", None) is None:
+            raise RuntimeError("GradReducer.add: call begin() first")
+        for k in names:
+            if k not in self.shapes or k in self._added:
+                why = "added twice" if k in self._added else "not a gradient of this reducer"
+                raise ValueError(f"GradReducer.add: {k!r} is {why}")
+            g = grads[k]
+            if not isinstance(g, np.ndarray) or g.dtype != self.dtype or g.shape != self.shapes[k]:
+                raise TypeError(f"allreduce_grads: grads[{k!r}]: expected a {self.dtype} array of "
+                                f"shape {self.shapes[k]}, got {getattr(g, 'dtype', type(g).__name__)} "
+                                f"{getattr(g, 'shape', '')}")
+            if self._inv != 1:
+                np.multiply(g, self._inv, out=self.views[k])
+            elif g is not self.views[k]:
+                np.copyto(self.views[k], g)
+            self._added.add(k)
+            i = self.bucket_of[k]
+            self._missing[i] -= 1
+            if self._missing[i] == 0:
+                self._reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, self.buckets[i], op=MPI.SUM))
+        if self._reqs:
+            MPI.Request.Testall(self._reqs)      # let MPI progress the buckets started so far
+
+    def finish(self, loss: float = 0.0, overflow: bool = False, *, what: str = "gradients"):
+        """Wait for every bucket (all must have been added) and all-reduce ``loss`` and
+        ``overflow``: ``(views, mean loss, any overflow)`` as :meth:`reduce`."""
+        from mpi4py import MPI
+        if getattr(self, "_missing", None) is None:
+            raise RuntimeError("GradReducer.finish: call begin() first")
+        if any(self._missing):
+            missing = sorted(set(self.shapes) - self._added)
+            raise ValueError(f"GradReducer.finish: gradients never added: {missing[:5]}"
+                             f"{' ...' if len(missing) > 5 else ''}")
+        P = self.comm.Get_size()
         self.scalars[:] = (float(loss), 1.0 if overflow else 0.0)
-        reqs = [self.comm.Iallreduce(MPI.IN_PLACE, self.scalars, op=MPI.SUM)]
-        for buf, names in zip(self.buckets, self.groups):
-            for k in names:                      # flatten (and scale) into the bucket
-                if inv != 1:
-                    np.multiply(grads[k], inv, out=self.views[k])
-                elif grads[k] is not self.views[k]:
-                    np.copyto(self.views[k], grads[k])
-            reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM))
-            MPI.Request.Testall(reqs)            # let MPI progress before we fill the next bucket
+        reqs = self._reqs + [self.comm.Iallreduce(MPI.IN_PLACE, self.scalars, op=MPI.SUM)]
+        self._missing = self._reqs = None
         self._wait(reqs, what)
         return self.views, float(self.scalars[0]) / P, bool(self.scalars[1] > 0)
 
@@ -468,12 +513,19 @@ class Distributed:
         if isinstance(grads, np.ndarray):
             return reduce_flat(self.comm, grads, loss, overflow, bucket_bytes=self.bucket_bytes,
                                waiter=self.wait, what=what)
+        return self.reducer(grads).reduce(grads, loss, overflow, what=what)
+
+    def reducer(self, template: Mapping) -> GradReducer:
+        """The job's :class:`GradReducer` for gradients like ``template`` (built on first
+        use, under the job's deadline): ``reducer(params).begin()``, then
+        ``model_loss_and_grads(..., grads_ready=r.add)`` starts each bucket's all-reduce
+        during the backward, and ``r.finish(loss, overflow)`` waits for the rest."""
         if self._reducer is None:
-            dtypes = {g.dtype for g in grads.values()}
-            self._reducer = GradReducer(self.comm, grads, dtype=dtypes.pop() if len(dtypes) == 1
+            dtypes = {np.asarray(g).dtype for g in template.values()}
+            self._reducer = GradReducer(self.comm, template, dtype=dtypes.pop() if len(dtypes) == 1
                                         else np.float32, bucket_bytes=self.bucket_bytes,
                                         waiter=self.wait)
-        return self._reducer.reduce(grads, loss, overflow, what=what)
+        return self._reducer
 
     def _node(self):
         """This node's ranks (a communicator; collective on first use)."""

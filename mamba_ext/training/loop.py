@@ -298,7 +298,7 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
     skipped = 0
     skipped_before = trainer.skipped if trainer is not None else 0
     reduce = None if dist is None else dist.reduce
-    frozen = hf_init.frozen_names(params) if cfg.init_from is not None else []
+    frozen = set(hf_init.frozen_names(params)) if cfg.init_from is not None else set()
     pipelined = trainer is not None and dist is None
     n_elements = sum(int(a.size) for a in params.values())
     seen_nonfinite = [opt.nonfinite if opt is not None else 0]
@@ -374,15 +374,15 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
                     carry[0] = None
                 h0, conv = carry[0] if carry[0] is not None else (None, None)
                 kw = {"h0": h0, "conv_state": conv, "return_state": True}
+            red = None if dist is None else dist.reducer(params).begin()
             loss, grads, *new_state = model_loss_and_grads(
                 tok, tgt, params, checkpointing=cfg.checkpointing, eps=cfg.eps,
-                discretization=cfg.discretization, n_threads=cfg.threads, **kw)
+                discretization=cfg.discretization, n_threads=cfg.threads,
+                grads_ready=_grads_ready(frozen, red), **kw)
             if carry is not None:
                 carry[0] = new_state[0]
-            for name in frozen:          # no Hugging Face counterpart: kept at 0 (hf_init.py)
-                grads[name][...] = 0
-            if reduce is not None:
-                grads, loss, _ = reduce(grads, loss, False)
+            if red is not None:
+                grads, loss, _ = red.finish(loss, False)
             if cfg.grad_clip:
                 grad_norm[0] = clip_grad_norm(grads, cfg.grad_clip)
             skipped += (not opt.step(grads)) or void()
@@ -390,6 +390,20 @@ def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, 
     if trainer is not None:
         skipped += trainer.skipped - skipped_before
     return skipped
+
+
+def _grads_ready(frozen, red):
+    """model_loss_and_grads's ``grads_ready`` in a CPU step: the ``frozen`` gradients
+    zeroed (parameters without a Hugging Face counterpart, hf_init.py), then each bucket
+    of ``red`` (a begun GradReducer, or None) all-reduced as soon as it is complete,
+    during the backward of the layers below."""
+    def ready(names, grads):
+        for name in names:
+            if name in frozen:
+                grads[name][...] = 0
+        if red is not None:
+            red.add(names, grads)
+    return ready
 
 
 class TrainingFailed(RuntimeError):

@@ -219,3 +219,38 @@ def test_model_param_names_keeps_its_earlier_spelling():
                                                   "layer0.wInProj")
     with pytest.raises(ValueError, match="n_layers"):
         mamba_ext.model_param_names(-1)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_grads_ready_reports_each_gradient_once_when_final(checkpointing):
+    """grads_ready(names, grads): the head's two, then each layer's 13 from the last layer
+    to the first, the embedding last; at each call the reported entries already hold their
+    final values (those returned) and the layers not yet reported are still zero; the
+    results equal a call without it, bit for bit. An exception from the callback is
+    raised after the backward; a non-callable is refused."""
+    params = _model(np.float32, n_layers=3)
+    tok, tgt = _batch()
+    want_loss, want = mamba_ext.model_loss_and_grads(tok, tgt, params, checkpointing)
+    calls = []
+
+    def ready(names, grads):
+        calls.append(list(names))
+        for k in names:
+            assert np.array_equal(grads[k], want[k]), k
+        if names[0].startswith("layer"):
+            i = int(names[0][5:names[0].index(".")])
+            assert not grads[f"layer{i - 1}.wInProj"].any() if i > 0 else True
+    loss, grads = mamba_ext.model_loss_and_grads(tok, tgt, params, checkpointing,
+                                                 grads_ready=ready)
+    assert loss == want_loss and all(np.array_equal(grads[k], want[k]) for k in want)
+    names = mamba_ext.model_param_names(3)
+    assert calls[0] == ["final_norm", "lm_head_bias"] and calls[-1] == ["embedding"]
+    assert [c[0] for c in calls[1:-1]] == [f"layer{i}.wInProj" for i in (2, 1, 0)]
+    assert sorted(k for c in calls for k in c) == sorted(names)
+
+    def fails(names, grads):
+        raise KeyError("from the callback")
+    with pytest.raises(KeyError, match="from the callback"):
+        mamba_ext.model_loss_and_grads(tok, tgt, params, grads_ready=fails)
+    with pytest.raises(TypeError, match="grads_ready"):
+        mamba_ext.model_loss_and_grads(tok, tgt, params, grads_ready=3)

@@ -18,7 +18,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from mamba_ext.distributed import Distributed, DivergenceError, allreduce_grads
+from mamba_ext.distributed import Distributed, DivergenceError, GradReducer, allreduce_grads
 from mamba_ext.training.loop import TrainConfig, train
 
 COMM = MPI.COMM_WORLD
@@ -91,6 +91,19 @@ def api(corpus, out):
     res["stream_max_err"] = float(np.max(np.abs(flat - (both[0].astype(np.float64) + both[1]) / 2)))
     res["stream_scalars"] = [loss, overflow]
 
+    # 2c. the all-reduce overlapped with the backward (grads_ready -> GradReducer.add):
+    # the same buckets and sums as the reduction after it, so the same bits
+    import mamba_ext
+    params = mamba_ext.init_model_params(64, 32, 3, seed=1)
+    tok = np.random.default_rng(20 + RANK).integers(0, 64, (2, 32))
+    red = GradReducer(COMM, params, bucket_bytes=20000)
+    loss, grads = mamba_ext.model_loss_and_grads(tok, tok, params, grads_ready=red.begin().add)
+    after = {k: v.copy() for k, v in red.finish(loss, False)[0].items()}
+    loss, grads = mamba_ext.model_loss_and_grads(tok, tok, params)
+    views = red.reduce(grads, loss)[0]
+    res["overlap_buckets"] = len(red.buckets)
+    res["overlap_bitwise"] = all(np.array_equal(after[k], views[k]) for k in views)
+
     # 3. P=2, per-rank batch b=4, k=6 steps vs P=1 batch 8 on the same samples
     p2 = train(tiny(corpus), os.path.join(out, "p2"), dist=Distributed(COMM, check_every=1),
                **QUIET)
@@ -148,12 +161,12 @@ class _Fault(Distributed):
     """Rank 1 fails at step 3: killed (SIGKILL) or hung (stops answering)."""
     mode = None
 
-    def reduce(self, grads, loss=0.0, overflow=False):
+    def reducer(self, template):     # the CPU step's all-reduce starts here
         if self.rank == 1 and self.step == 3:
             if self.mode == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(600)
-        return super().reduce(grads, loss, overflow)
+        return super().reducer(template)
 
 
 def fault(mode, corpus, out):
