@@ -1,4 +1,6 @@
-"""Data-parallel training over MPI: the public import path.
+"""Data-parallel training over MPI: the public import path (re-exports; the code is in
+mamba_ext.training.distributed, the command line's options in mamba_ext.cli.distributed,
+the scaling benchmark in mamba_ext.bench.distributed).
 
 ``from mamba_ext.distributed import allreduce_grads, ShardedBatches`` for a
 training loop of your own; ``Distributed`` is the object

@@ -1,10 +1,12 @@
-"""``mpiexec -n P python -m mamba_ext.bench.distributed``: data-parallel
-scaling of one training configuration (docs/distributed.md).
+"""The data-parallel scaling benchmark (``mpiexec -n P python -m mamba_ext.bench.distributed``;
+the training code it measures is mamba_ext.training.distributed): one training
+configuration, docs/distributed.md.
 
 Every rank runs ``--warmup`` + ``--steps`` training steps of the model
 ``--model LAYERSxDMODEL`` on random bytes, timing per step: compute (loss and
-gradients; on the GPU also the read-back of the gradient arena), the
-gradient all-reduce (``mamba_ext.distributed``: buckets + Iallreduce) and the
+gradients, with each bucket's all-reduce started during the backward; on the GPU also
+the read-back of the gradient arena), the wait for the gradient all-reduce after it
+(``mamba_ext.distributed``: buckets + Iallreduce) and the
 optimizer (CPU: clip + AdamW; GPU: write-back + grad norm + AdamW). With
 P = 1 the step is the plain single-process one (no buckets, no staging): the
 baseline of the speed-ups. Then the
@@ -54,6 +56,9 @@ def build_parser():
                    help="CPU threads per rank (default: the node's cores / its ranks)")
     p.add_argument("--comm-reps", type=int, default=5)
     p.add_argument("--bucket-mib", type=float, default=16.0)
+    p.add_argument("--wait", choices=("auto", "block", "poll"), default="auto",
+                   help="how a rank waits for the all-reduce (Distributed's blocking: auto, True, "
+                        "False)")
     p.add_argument("--label", default="", help="free text for the table row (e.g. weak/strong)")
     p.add_argument("--json", default=None, metavar="FILE", help="append the result as a JSON line")
     return p
@@ -62,7 +67,8 @@ def build_parser():
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from ..distributed import Distributed
-    dist = Distributed(check_every=0, bucket_bytes=int(args.bucket_mib * 2 ** 20))
+    dist = Distributed(check_every=0, bucket_bytes=int(args.bucket_mib * 2 ** 20),
+                       blocking={"auto": None, "block": True, "poll": False}[args.wait])
     P, rank = dist.size, dist.rank
     if args.global_batch is not None:
         if args.batch is not None:
@@ -78,7 +84,7 @@ def main(argv=None) -> int:
         use_adapter(dist.gpu_index())
     from ..model import init_model_params, model_loss_and_grads
     from ..optim import AdamW, clip_grad_norm
-    from ..training.distributed import ShardedBatches
+    from ..training.data import ShardedBatches
 
     layers, dm = args.model
     L = args.seq_len
@@ -117,10 +123,14 @@ def main(argv=None) -> int:
         def step(k):
             tok, tgt = shard.get(k)
             t0 = time.perf_counter()
-            loss, grads = model_loss_and_grads(tok, tgt, params, n_threads=threads)
+            # P = 1: the plain single-process step is the baseline; P > 1: each bucket's
+            # all-reduce started during the backward (as train runs), comm = the wait after it
+            red = dist.reducer(params).begin() if P > 1 else None
+            loss, grads = model_loss_and_grads(tok, tgt, params, n_threads=threads,
+                                               grads_ready=None if red is None else red.add)
             t1 = time.perf_counter()
-            if P > 1:                   # P = 1: the plain single-process step is the baseline
-                grads, loss, _ = dist.reduce(grads, loss)
+            if red is not None:
+                grads, loss, _ = red.finish(loss)
             t2 = time.perf_counter()
             clip_grad_norm(grads, 1.0, n_threads=threads)
             opt.step(grads)

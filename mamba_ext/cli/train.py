@@ -13,7 +13,7 @@ import re
 import sys
 import time
 
-from ..training import distributed
+from . import distributed
 from ..training.loop import CHECKPOINT_NAME, TrainConfig, train
 from ._common import parser
 

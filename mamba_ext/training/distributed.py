@@ -1,5 +1,6 @@
-"""Data-parallel training over MPI (``mpi4py``): P processes ("ranks"), one
-model replica each, one global batch per step.
+"""Data-parallel training over MPI, the implementation (``mpi4py``; imported through
+mamba_ext.distributed): P processes ("ranks"), one model replica each, one global batch
+per step.
 
 Install: ``pip install "mamba_ext[mpi]"`` (mpi4py and the ``mpich`` wheel, which
 brings ``libmpi`` and ``mpiexec``); a system Open MPI / MPICH or Slurm's
@@ -56,6 +57,8 @@ __all__ = ["Distributed", "DistributedError", "DivergenceError", "GradReducer", 
 DEFAULT_BUCKET_BYTES = 16 * 1024 * 1024   # 4 Mi float32 per bucket: a few buckets for 10^7..10^8 params
 DEFAULT_TIMEOUT = 300.0                    # s a rank waits in one collective before aborting the job
 DEFAULT_CHECK_EVERY = 100                  # steps between weight-checksum comparisons
+POLL_YIELD_S = 2.0                         # s a polling wait yields the core between polls
+                                           # before it sleeps (sleeps slow the all-reduce)
 
 # Environment variables by which launchers announce the number of processes:
 # Open MPI's mpirun/mpiexec, MPICH's Hydra (and Intel MPI), MVAPICH2, Slurm's srun
@@ -420,8 +423,9 @@ class Distributed:
         ``Waitall``, where every MPI library progresses its collectives best
         (Open MPI's non-blocking collectives advance only inside MPI calls), while
         a watchdog timer thread aborts the job at the deadline. Otherwise poll
-        ``Testall`` (which drives the progress too), backing off to 1 ms sleeps
-        so that a waiting rank leaves oversubscribed cores to ranks still computing.
+        ``Testall`` (which drives the progress too), giving the core away between polls
+        (``sched_yield``) for the first :data:`POLL_YIELD_S` seconds, then backing off to
+        1 ms sleeps, so that a waiting rank leaves the cores to ranks still computing.
         """
         MPI = self.MPI
         if self.blocking:
@@ -433,11 +437,15 @@ class Distributed:
             finally:
                 timer.cancel()
             return
-        deadline = time.monotonic() + self.timeout
+        start = time.monotonic()
         delay = 0.0
         while not MPI.Request.Testall(reqs):
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > start + self.timeout:
                 self._expired(what, self.step)
+            if now < start + POLL_YIELD_S:
+                os.sched_yield() if hasattr(os, "sched_yield") else time.sleep(0)
+                continue
             if delay:
                 time.sleep(delay)
             delay = min(delay * 2 if delay else 1e-5, 1e-3)
@@ -552,50 +560,3 @@ class Distributed:
         from ..gpu.device import adapter_count
         local_rank = self._node().Get_rank()
         return local_rank % max(1, adapter_count())
-
-
-# ------------------------------------------------------------ command line
-
-def add_arguments(parser) -> None:
-    """The distributed options of ``python -m mamba_ext train``."""
-    g = parser.add_argument_group("distributed (MPI; docs/distributed.md)")
-    g.add_argument("--distributed", action="store_true",
-                   help="data-parallel over the MPI ranks: run as  mpiexec -n P python -m mamba_ext "
-                        "train --distributed ...  (automatic when mpiexec/mpirun/srun started "
-                        "more than one process); --batch is then the per-rank batch")
-    g.add_argument("--check-every", type=int, default=DEFAULT_CHECK_EVERY, metavar="N",
-                   help="compare a checksum of the weights across ranks every N steps (0: only "
-                        "at the start and the end)")
-    g.add_argument("--dist-timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
-                   help="seconds a rank waits in one all-reduce before it aborts the job "
-                        "(a rank died or hung)")
-    g.add_argument("--gpu-index", type=int, default=None, metavar="I",
-                   help="with --device gpu: the adapter to use (default: the rank on its node "
-                        "modulo the adapters found)")
-
-
-def from_args(args, log) -> Distributed | None:
-    """The :class:`Distributed` of the parsed command line, or None for a
-    single-process run; also chooses this rank's GPU adapter (``gpu.device.use_adapter``)
-    and CPU threads."""
-    n = launcher_world_size()
-    if args.gpu_index is not None and args.gpu_index < 0:
-        raise ValueError(f"--gpu-index: expected an adapter index >= 0, got {args.gpu_index}")
-    if not args.distributed and n <= 1:
-        if args.gpu_index is not None:
-            from ..gpu.device import use_adapter
-            use_adapter(args.gpu_index)
-        return None
-    if args.check_every < 0:
-        raise ValueError(f"--check-every: expected an integer >= 0, got {args.check_every}")
-    if not (math.isfinite(args.dist_timeout) and args.dist_timeout > 0):
-        raise ValueError(f"--dist-timeout: expected a number of seconds > 0, got {args.dist_timeout}")
-    dist = Distributed(timeout=args.dist_timeout, check_every=args.check_every)
-    if not args.distributed and dist.is_root:
-        log(f"distributed: {dist.size} processes started by an MPI launcher (--distributed implied)")
-    if args.threads is None:
-        args.threads = dist.default_threads()
-    if args.device == "gpu":
-        from ..gpu.device import use_adapter
-        use_adapter(dist.gpu_index(args.gpu_index))
-    return dist

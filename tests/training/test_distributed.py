@@ -378,7 +378,7 @@ def test_gpu_index_chosen_without_touching_the_environment(monkeypatch):
     from types import SimpleNamespace
     from mamba_ext.cli.train import build_parser
     from mamba_ext.gpu import device
-    from mamba_ext.training import distributed
+    from mamba_ext.cli import distributed
     monkeypatch.setattr(device, "_ADAPTER_INDEX", None)
     monkeypatch.setattr(device, "_GPU", None)
     before = dict(os.environ)
