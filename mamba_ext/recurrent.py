@@ -78,9 +78,9 @@ class RecurrentState:
         self.conv: list[np.ndarray] = []
         self.position = 0
         # (the caller's arrays, per-layer validated dicts, all arrays, prepared weights
-        # per weights_dtype): see _validated
+        # per weights_dtype): see validated_layers
         self._seen = None
-        self._stepper = None  # (key, compiled Stepper over these very h / conv arrays)
+        self.stepper = None  # (key, compiled Stepper over these very h / conv arrays)
 
     @property
     def batch(self) -> int:
@@ -136,7 +136,7 @@ def _check_state_arrays(state: RecurrentState, layers: list, dtype) -> None:
                                  f"or a copy")
 
 
-def _validated(params: Mapping[str, ArrayLike], state: RecurrentState) -> tuple[list, dict]:
+def validated_layers(params: Mapping[str, ArrayLike], state: RecurrentState) -> tuple[list, dict]:
     """``(layers, arrays)`` for ``params``: a validated dict per layer and the whole dict.
 
     Validation runs once; later calls only check that the caller still passes the same
@@ -159,7 +159,7 @@ def _validated(params: Mapping[str, ArrayLike], state: RecurrentState) -> tuple[
               for i in range(n_layers)]
     # hold the caller's objects, so the identity test above cannot be fooled by id reuse
     state._seen = (dict(params), layers, arrays, {})
-    state._stepper = None
+    state.stepper = None
     return layers, arrays
 
 
@@ -208,11 +208,11 @@ def _prepared(layers: list, arrays: dict, half: bool) -> tuple:
             arrays["lm_head_bias"], out)
 
 
-def _stepper(params: Mapping[str, ArrayLike], state: RecurrentState, weights_dtype,
-             n_threads) -> tuple[Stepper, dict]:
+def stepper(params: Mapping[str, ArrayLike], state: RecurrentState, weights_dtype: DTypeLike,
+            n_threads: int | None) -> tuple[Stepper, dict]:
     """The compiled stepper of ``params`` over ``state``'s arrays (built once, reused while
     the params, the weights dtype and the thread count stay the same); and ``arrays``."""
-    layers, arrays = _validated(params, state)
+    layers, arrays = validated_layers(params, state)
     half = _check_weights_dtype(weights_dtype, arrays["embedding"].dtype)
     nt = check_n_threads(n_threads)
     _check_state_arrays(state, layers, arrays["embedding"].dtype)
@@ -220,15 +220,15 @@ def _stepper(params: Mapping[str, ArrayLike], state: RecurrentState, weights_dty
     # their ids stay unique): a replaced array or a changed setting builds a new one
     key = (half, nt, state.eps, state.discretization,
            tuple(id(a) for a in state.h), tuple(id(a) for a in state.conv))
-    if state._stepper is not None and state._stepper[0] == key:
-        return state._stepper[1], arrays
+    if state.stepper is not None and state.stepper[0] == key:
+        return state.stepper[1], arrays
     cache = state._seen[3]
     if half not in cache:
         cache[half] = _prepared(layers, arrays, half)
     emb, final_norm, bias, layer_arrays = cache[half]
     st = Stepper(state.batch, emb, final_norm, bias, layer_arrays, state.h, state.conv,
                  state.eps, state.discretization == "zoh", half, nt)
-    state._stepper = (key, st)
+    state.stepper = (key, st)
     return st, arrays
 
 
@@ -239,7 +239,7 @@ def init_state(params: Mapping[str, ArrayLike], batch: int, *, eps: float = DEFA
     check_discretization(discretization)
     eps = check_eps(eps)
     state = RecurrentState(batch, eps, discretization)
-    layers, arrays = _validated(params, state)
+    layers, arrays = validated_layers(params, state)
     # the state, and what each step allocates: the logits (B, V) and the stepper's scratch
     V, Dm = arrays["embedding"].shape
     per_seq = V + 3 * Dm + 1 + sum(p["wConv"].shape[0] * (p["A_log"].shape[1] + p["wConv"].shape[1] + 6)
@@ -265,7 +265,7 @@ def step(token_ids: ArrayLike, params: Mapping[str, ArrayLike], state: Recurrent
     state and params). ``n_threads``: None (OpenMP default) or the thread count of the
     step's kernels, its products included (one thread pool: docs/api.md, Threads).
     """
-    st, arrays = _stepper(params, state, weights_dtype, n_threads)
+    st, arrays = stepper(params, state, weights_dtype, n_threads)
     V = arrays["embedding"].shape[0]
     ids = np.asarray(token_ids)
     if ids.ndim != 1 or ids.shape[0] != state.batch:
@@ -278,8 +278,8 @@ def step(token_ids: ArrayLike, params: Mapping[str, ArrayLike], state: Recurrent
     return logits, state
 
 
-def _prefill(tokens: np.ndarray, hs: list, convs: list, layers: list, arrays: dict, eps: float,
-             discretization: str, n_threads: int) -> np.ndarray:
+def prefill_state(tokens: np.ndarray, hs: list, convs: list, layers: list, arrays: dict,
+                  eps: float, discretization: str, n_threads: int) -> np.ndarray:
     """Feed ``tokens`` (B, L) through the chunked block forward, from and to the state
     ``hs`` (B, D, N) / ``convs`` (B, D, K-1) per layer (updated in place); returns the
     logits (B, V) of the last position. One GEMM per projection over all B*L rows, so
@@ -436,10 +436,10 @@ def generate(params: Mapping[str, ArrayLike], prompt: ArrayLike | Sequence[Array
         rng = np.random.default_rng()
     state = init_state(params, B, eps=eps, discretization=discretization)
     if device == "gpu":            # refused before the prefill; the stepper is built after it
-        st, arrays = None, _validated(params, state)[1]
+        st, arrays = None, validated_layers(params, state)[1]
         _check_gpu_weights(arrays, weights_dtype)
     else:
-        st, arrays = _stepper(params, state, weights_dtype, n_threads)
+        st, arrays = stepper(params, state, weights_dtype, n_threads)
     V = arrays["embedding"].shape[0]
     if len({p.size for p in prompts}) == 1 and not _is_ragged(prompt):
         check_tokens("prompt", np.stack(prompts), vocab_size=V)     # names (batch, time)
@@ -453,16 +453,17 @@ def generate(params: Mapping[str, ArrayLike], prompt: ArrayLike | Sequence[Array
     out = np.full((B, n_tokens), STOPPED, np.int64)
     if n_tokens == 0:
         return out
-    layers, _ = _validated(params, state)
+    layers, _ = validated_layers(params, state)
     nt = check_n_threads(n_threads)
     with np.errstate(over="ignore", invalid="ignore"):   # overflow is reported below, once
         if len({p.size for p in prompts}) == 1:           # one batched prefill
-            logits = _prefill(np.stack(prompts), state.h, state.conv, layers, arrays, state.eps,
-                              discretization, nt)
+            logits = prefill_state(np.stack(prompts), state.h, state.conv, layers, arrays,
+                                   state.eps, discretization, nt)
         else:                                            # ragged: one prefill per row
             logits = np.concatenate([
-                _prefill(p[None], [h[b:b + 1] for h in state.h], [c[b:b + 1] for c in state.conv],
-                         layers, arrays, state.eps, discretization, nt)
+                prefill_state(p[None], [h[b:b + 1] for h in state.h],
+                              [c[b:b + 1] for c in state.conv], layers, arrays, state.eps,
+                              discretization, nt)
                 for b, p in enumerate(prompts)])
         logits = np.ascontiguousarray(logits, arrays["final_norm"].dtype)   # (B, V)
         state.position = max(p.size for p in prompts)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..model import init_model_params, model_forward
-from ..recurrent import _prefill, _stepper, _validated, init_state, step
+from ..recurrent import init_state, prefill_state, step, stepper, validated_layers
 
 # name -> (vocab, d_model, n_layers, d_state); dInner = 2 dModel, dtRank = ceil(dModel/16)
 MODELS = {"tiny": (512, 64, 2, 16), "130m": (50280, 768, 24, 16)}
@@ -78,7 +78,7 @@ def bench_model(name: str, *, n_tokens: int, batches=(1, 4, 16), prefill: int = 
         row = {"weight_MB": wb / 1e6, "cap_tok_s": cap}
         for B in batches:
             state = init_state(params, B)
-            st, arrays = _stepper(params, state, "float16" if half else None, n_threads)
+            st, arrays = stepper(params, state, "float16" if half else None, n_threads)
             logits = np.empty((B, V), np.float32)
             st.step(np.zeros(B, np.int64), logits)            # warm: page in every weight
             out = np.empty((B, n_tokens), np.int64)
@@ -86,12 +86,12 @@ def bench_model(name: str, *, n_tokens: int, batches=(1, 4, 16), prefill: int = 
             # greedy() feeds n_tokens - 1 tokens (the last one is not fed)
             row[f"tok_s_b{B}"] = B * max(1, n_tokens - 1) / t
         state = init_state(params, 1)
-        layers, arrays = _validated(params, state)
+        layers, arrays = validated_layers(params, state)
         prompt = np.random.default_rng(0).integers(0, V, (1, prefill))
 
         def run_prefill(prompt=prompt, layers=layers, arrays=arrays):
             s = init_state(params, 1)
-            _prefill(prompt, s.h, s.conv, layers, arrays, s.eps, "zoh", n_threads or 0)
+            prefill_state(prompt, s.h, s.conv, layers, arrays, s.eps, "zoh", n_threads or 0)
         row["prefill_tok_s"] = prefill / _median_time(run_prefill, repeats)
         res[wd] = row
         gen = ", ".join(f"batch {B}: {row[f'tok_s_b{B}']:,.0f}" for B in batches)

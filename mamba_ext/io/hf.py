@@ -65,7 +65,7 @@ _MIXER = {  # our block name -> HF mixer tensor name (the ones without a layout 
 _OPTIONAL_HF = {"bInProj", "bOutProj", "bConv"}   # absent in HF when use_bias / use_conv_bias is off
 
 
-def _hf_dims(hf_config: Mapping) -> dict:
+def hf_dims(hf_config: Mapping) -> dict:
     """Our model config from an HF MambaConfig dict, refusing what we cannot run."""
     cfg = dict(hf_config)
     model_type = cfg.get("model_type", "mamba")
@@ -112,7 +112,7 @@ def params_from_hf(tensors: Mapping[str, ArrayLike], hf_config: Mapping[str, Any
     ``layer{i}.<block name>``) of C-contiguous ``dtype`` arrays; ``config`` holds the sizes,
     ``eps`` (from ``layer_norm_epsilon``) and ``discretization="euler"``.
     """
-    cfg = _hf_dims(hf_config)
+    cfg = hf_dims(hf_config)
     # Old checkpoints say "backbone.embedding."; transformers renames it on load, so do we.
     t = {k.replace("backbone.embedding.", "backbone.embeddings."): v for k, v in tensors.items()}
     used = set()
@@ -249,13 +249,13 @@ def load_hf(path: StrPath, dtype: DTypeLike = np.float32) -> tuple[dict[str, np.
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
         raise FileNotFoundError(f"{path}: no config.json; expected a Hugging Face save_pretrained folder")
-    hf_config = _read_json(cfg_path)
+    hf_config = read_json(cfg_path)
     single = os.path.join(path, "model.safetensors")
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(single):
         files = [single]
     elif os.path.isfile(index):
-        weight_map = _read_json(index).get("weight_map")
+        weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map or not all(
                 isinstance(s, str) and s == os.path.basename(s) and s not in ("", ".", "..")
                 for s in weight_map.values()):
@@ -334,7 +334,7 @@ def text_ids(text: bytes | str, tokenizer: Any = None) -> np.ndarray:
                          f"without an unknown token such as [UNK]?)") from None
 
 
-def _read_json(fname: str) -> dict[str, Any]:
+def read_json(fname: str) -> dict[str, Any]:
     """A JSON object from a file: one ValueError naming the file when it is not one."""
     try:
         value = checkpoint.strict_json(read_regular(fname, "a JSON file", limit=1 << 26)

@@ -28,12 +28,12 @@ HF_DIR = "hf"          # OUT/hf: the exported folder of a run started with --ini
 
 def config_from_hf(cfg):
     """``cfg`` (a TrainConfig with ``init_from``) with the model fields of the checkpoint."""
-    from ..io.hf import _hf_dims, _read_json      # the sizes only: config.json, no weights
+    from ..io.hf import hf_dims, read_json      # the sizes only: config.json, no weights
     fname = os.path.join(cfg.init_from, "config.json")
     if not os.path.isfile(fname):
         raise FileNotFoundError(f"{cfg.init_from}: no config.json; expected a Hugging Face "
                                 f"save_pretrained folder")
-    hc = _hf_dims(_read_json(fname))
+    hc = hf_dims(read_json(fname))
     if hc["d_inner"] % hc["d_model"]:
         raise ValueError(f"{cfg.init_from}: d_inner {hc['d_inner']} is not a multiple of d_model "
                          f"{hc['d_model']}")
