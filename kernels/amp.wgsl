@@ -82,19 +82,6 @@ fn f16_bits(x: f32) -> u32 {
     return sign | u32(bitcast<f32>(a) * 16777216.0);                  // subnormal, exact
 }
 
-// the f32 value of float16 bits (exact: every f16 value is an f32; subnormals decoded
-// here, as unpack2x16float may flush them)
-fn f16_value(h: u32) -> f32 {
-    let sign = (h & 0x8000u) << 16u;
-    let e = (h >> 10u) & 0x1fu;
-    let m = h & 0x3ffu;
-    if (e == 0x1fu) { return bitcast<f32>(sign | 0x7f800000u | (m << 13u)); }   // inf, NaN
-    if (e == 0u) {                                                              // subnormal, 0
-        return bitcast<f32>(sign | bitcast<u32>(f32(m) * (1.0 / 16777216.0)));
-    }
-    return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
-}
-
 @compute @workgroup_size(WG)
 fn amp_unpack_f16(@builtin(local_invocation_index) li: u32,
                   @builtin(workgroup_id) wid: vec3<u32>,

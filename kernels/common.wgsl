@@ -102,3 +102,17 @@ fn zoh_dfactor(x: f32) -> f32 {
 fn not_finite(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u;
 }
+
+// The f32 value of the float16 bits h (the low 16 bits), exactly: every f16 value is an
+// f32; subnormals decoded here (unpack2x16float may flush them). amp.wgsl's unpack and the
+// reference f16 product read f16 operands through it.
+fn f16_value(h : u32) -> f32 {
+    let sign = (h & 0x8000u) << 16u;
+    let e = (h >> 10u) & 0x1fu;
+    let m = h & 0x3ffu;
+    if (e == 0u) {                                   // zero, subnormal: m * 2^-24
+        return bitcast<f32>(sign | bitcast<u32>(f32(m) * (1.0 / 16777216.0)));
+    }
+    if (e == 31u) { return bitcast<f32>(sign | 0x7f800000u | (m << 13u)); }   // inf, NaN
+    return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
+}

@@ -32,18 +32,6 @@ struct Params {
 @group(0) @binding(2) var<storage, read> b : array<u32>;
 @group(0) @binding(3) var<storage, read_write> c : array<f32>;
 
-// the f32 value of the float16 bits h (exact)
-fn f16_value(h : u32) -> f32 {
-    let sign = (h & 0x8000u) << 16u;
-    let e = (h >> 10u) & 0x1fu;
-    let m = h & 0x3ffu;
-    if (e == 0u) {                                   // zero, subnormal: m * 2^-24
-        return bitcast<f32>(sign | bitcast<u32>(f32(m) / 16777216.0));
-    }
-    if (e == 31u) { return bitcast<f32>(sign | 0x7f800000u | (m << 13u)); }   // inf, NaN
-    return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
-}
-
 fn a_at(e : u32) -> f32 { return f16_value((a[e / 2u] >> (16u * (e % 2u))) & 0xffffu); }
 fn b_at(e : u32) -> f32 { return f16_value((b[e / 2u] >> (16u * (e % 2u))) & 0xffffu); }
 
