@@ -281,19 +281,50 @@ def save_state(path, cfg, step, params, opt, scaler, losses, dist=None, carry=No
                             optimizer_state=opt_state, extra=extra, arrays=arrays)
 
 
-def _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, bar,
-          dist=None, carry=None, metrics=None) -> int:
-    """Steps ``start .. end-1``; appends to ``losses``; returns the number of steps
-    skipped (AMP overflow, the optimizer's NaN guard: a non-finite gradient, or a step
-    whose every element update was not finite and so left unchanged, e.g. an lr of 1e300).
-    ``carry`` (``--carry-state``): a one-element list holding the state ``(h, conv)`` the
-    next step starts from (None: zeros), updated after every step. The GPU trainer
-    without MPI submits each step before reading back the one before
-    (``ResidentTrainer.step_async``: the same steps, the GPU not waiting for the host in
-    between); a step after which a checkpoint is due is read back before the next one
-    is submitted, so the checkpoint holds exactly the steps it counts. ``metrics``: a
-    ``MetricsFile`` that gets a line per step."""
+@dataclass
+class Run:
+    """A training run as :func:`prepare` sets it up, for :func:`_loop` and :func:`finish`.
+
+    ``start``/``end``: the steps of this call (``end`` may stop short of ``cfg.steps``);
+    ``batches``: the batch source; ``opt`` (CPU AdamW) or ``trainer`` (the GPU's
+    ResidentTrainer); ``scaler``: the AMP loss scaler or None; ``losses``: every step's
+    loss from step 0 (appended to); ``path``: the checkpoint; ``dist``: the distributed
+    run or None; ``carry`` (``--carry-state``): a one-element list holding the state
+    ``(h, conv)`` the next step starts from (None: zeros); ``metrics``: the per-step
+    MetricsFile (None on ranks other than the root); ``skipped``/``wall``: filled in by
+    :func:`train` after the loop."""
+    cfg: TrainConfig
+    out_dir: str
+    start: int
+    end: int
+    batches: object
+    params: dict
+    opt: object
+    scaler: object
+    trainer: object
+    losses: list
+    path: str
+    dist: object = None
+    carry: list | None = None
+    metrics: MetricsFile | None = None
+    log: object = print
+    skipped: int = 0
+    wall: float = 0.0
+
+
+def _loop(run: Run, bar) -> int:
+    """Steps ``run.start .. run.end-1``; appends to ``run.losses``; returns the number of
+    steps skipped (AMP overflow, the optimizer's NaN guard: a non-finite gradient, or a
+    step whose every element update was not finite and so left unchanged, e.g. an lr of
+    1e300). ``run.carry`` is updated after every step. The GPU trainer without MPI
+    submits each step before reading back the one before (``ResidentTrainer.step_async``:
+    the same steps, the GPU not waiting for the host in between); a step after which a
+    checkpoint is due is read back before the next one is submitted, so the checkpoint
+    holds exactly the steps it counts. ``run.metrics`` gets a line per step."""
     from ..optim import clip_grad_norm
+    cfg, start, end, batches, params = run.cfg, run.start, run.end, run.batches, run.params
+    opt, scaler, trainer, losses, path = run.opt, run.scaler, run.trainer, run.losses, run.path
+    dist, carry, metrics = run.dist, run.carry, run.metrics
     tokens_per_step = cfg.batch * cfg.seq_len * (1 if dist is None else dist.size)
     skipped = 0
     skipped_before = trainer.skipped if trainer is not None else 0
@@ -573,27 +604,12 @@ def _finite_or_none(v):
     return v if v is not None and math.isfinite(v) else None
 
 
-def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=None,
-          stop_after=None, dist=None) -> dict:
-    """Run (or continue, with ``resume`` = a checkpoint path) a training run.
-
-    ``stop_after``: stop after that many total steps as an interrupted run
-    would (checkpoint written; the learning-rate schedule still targets
-    ``cfg.steps``), e.g. to continue later with ``resume``. On Ctrl-C the last
-    periodic checkpoint is kept. Temporary files a killed run left in ``out_dir``
-    (``.checkpoint.safetensors.*.tmp`` and the like) are removed at the start.
-
-    ``dist``: a ``mamba_ext.training.distributed.Distributed`` for data-parallel
-    training (``cfg.batch`` is then the per-rank batch; only its root writes
-    files; docs/distributed.md).
-
-    Returns a summary dict: ``losses`` (every step's training loss, from step 0),
-    ``final_loss`` (mean of the last 50 steps), ``val_loss``, ``tokens_per_s``,
-    ``wall_s``, ``skipped_steps`` (of this call), ``checkpoint`` and ``plot`` paths,
-    ``params``; summary.json in ``out_dir`` holds the scalars (valid JSON: null for a
-    missing or non-finite loss). Raises :class:`TrainingFailed` after writing every file
-    when the steps run were all skipped or the final loss is not finite.
-    """
+def prepare(cfg: TrainConfig, out_dir, *, resume=None, log=None, stop_after=None,
+            dist=None) -> Run:
+    """Everything a run needs before its first step (:func:`train`'s arguments): stale
+    temporaries removed, the checkpoint to resume read and checked, the configuration
+    validated, the corpus, the batch source, the parameters, the optimizer or GPU trainer
+    with their restored state, the metrics file."""
     log = log or (lambda s: print(s, file=sys.stderr))
     if dist is None or dist.is_root:
         os.makedirs(out_dir, exist_ok=True)
@@ -685,24 +701,61 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
     carry = [state["carry"] if state is not None else None] if cfg.carry_state else None
     metrics = (MetricsFile(os.path.join(out_dir, METRICS_NAME), start)
                if dist is None or dist.is_root else None)
-    bar = _Progress(progress, cfg.steps, start)
-    t0 = time.perf_counter()
-    skipped = 0
     end = max(start, cfg.steps if stop is None else min(cfg.steps, stop))
+    return Run(cfg=cfg, out_dir=out_dir, start=start, end=end, batches=batches, params=params,
+               opt=opt, scaler=scaler, trainer=trainer, losses=losses, path=path, dist=dist,
+               carry=carry, metrics=metrics, log=log)
+
+
+def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=None,
+          stop_after=None, dist=None) -> dict:
+    """Run (or continue, with ``resume`` = a checkpoint path) a training run.
+
+    ``stop_after``: stop after that many total steps as an interrupted run
+    would (checkpoint written; the learning-rate schedule still targets
+    ``cfg.steps``), e.g. to continue later with ``resume``. On Ctrl-C the last
+    periodic checkpoint is kept. Temporary files a killed run left in ``out_dir``
+    (``.checkpoint.safetensors.*.tmp`` and the like) are removed at the start.
+
+    ``dist``: a ``mamba_ext.training.distributed.Distributed`` for data-parallel
+    training (``cfg.batch`` is then the per-rank batch; only its root writes
+    files; docs/distributed.md).
+
+    Returns a summary dict: ``losses`` (every step's training loss, from step 0),
+    ``final_loss`` (mean of the last 50 steps), ``val_loss``, ``tokens_per_s``,
+    ``wall_s``, ``skipped_steps`` (of this call), ``checkpoint`` and ``plot`` paths,
+    ``params``; summary.json in ``out_dir`` holds the scalars (valid JSON: null for a
+    missing or non-finite loss). Raises :class:`TrainingFailed` after writing every file
+    when the steps run were all skipped or the final loss is not finite.
+    """
+    log = log or (lambda s: print(s, file=sys.stderr))
+    run = prepare(cfg, out_dir, resume=resume, log=log, stop_after=stop_after, dist=dist)
+    bar = _Progress(progress, run.cfg.steps, run.start)
+    t0 = time.perf_counter()
     try:
-        skipped = _loop(cfg, start, end, batches, params, opt, scaler, trainer, losses, path, bar,
-                        dist, carry, metrics)
+        run.skipped = _loop(run, bar)
     except BaseException as e:
-        if metrics is not None:      # the lines written so far stay; a resume continues them
-            metrics.close()
+        if run.metrics is not None:      # the lines written so far stay; a resume continues them
+            run.metrics.close()
         if isinstance(e, KeyboardInterrupt):
             # the step in flight may have half-updated the weights: keep the last
             # complete checkpoint rather than saving this state
             bar.close()
-            log(f"interrupted; {path} holds the last checkpoint (resume with --resume)")
+            log(f"interrupted; {run.path} holds the last checkpoint (resume with --resume)")
         raise
-    wall = time.perf_counter() - t0
+    run.wall = time.perf_counter() - t0
     bar.close()
+    return finish(run)
+
+
+def finish(run: Run) -> dict:
+    """After the loop: the final checkpoint, the held-out loss, the metrics' last line,
+    loss.png, summary.json and the closing log lines; :func:`train`'s summary (or
+    :class:`TrainingFailed`)."""
+    cfg, out_dir, start, end, batches = run.cfg, run.out_dir, run.start, run.end, run.batches
+    params, opt, scaler, trainer, losses = run.params, run.opt, run.scaler, run.trainer, run.losses
+    path, dist, carry, metrics, log = run.path, run.dist, run.carry, run.metrics, run.log
+    skipped, wall = run.skipped, run.wall
     if trainer is not None:
         params, opt = trainer.params(), trainer
     done = end - start
