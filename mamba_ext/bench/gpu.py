@@ -467,7 +467,8 @@ def run_f16_gemm(repeat: int = 10) -> int:
         # the fp32 kernel of linear.wgsl, same forward product
         x32, w32 = g.buffer(M * I, "x32"), g.buffer(O * I, "w32")
         y32 = g.buffer(M * O, "y32")
-        ops = lin.gemm(g, "linear_forward", M, O, I, x32, 0, I, 1, w32, 0, 1, I, y32, 0, O)
+        ops = lin.gemm(g, "linear_forward", M, O, I, lin.Mat(x32, 0, I), lin.Mat(w32, 0, 1, I),
+                       lin.Mat(y32, 0, O))
         gpu_ms, wall_ms = _time_ops(g, ops * reps, (), repeat)
         ms = (gpu_ms if gpu_ms is not None else wall_ms) / reps
         print(f"fp32 {name} forward (linear.wgsl, same device): {ms:.3f} ms = "

@@ -13,6 +13,7 @@ Size letters: M = B*L rows, I inputs, O outputs of the layer; S split-K slices.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 GEMM_TILE = (128, 128)   # rows x columns of C per workgroup of kernels/linear.wgsl
 GEMM_BK = 16             # contraction step of the tile loop
@@ -70,16 +71,31 @@ def split_scratch_len(M, N, S):
     return S * M * N + S * M
 
 
-def gemm(g, entry, M, N, K, a, a_off, a_rs, a_cs, b, b_off, b_rs, b_cs, c, c_off, c_rs,
-         bias=None, bias_off=0, beta=0, res=None, dbias=None, db_off=0, part=None):
-    """Ops for C = beta*C + A @ B (+ bias) (+ res), see kernels/linear.wgsl for the
-    strides; ``dbias`` =
-    buffer whose [db_off, db_off + M) gets += the row sums of A. A product of few
-    tiles runs as S split-K slices into a scratch buffer, then one fixed-order sum
+class Mat(NamedTuple):
+    """An f32 matrix inside a buffer: element (i, j) at ``buf[off + i*rs + j*cs]`` (so a
+    column slice or a transpose of a stored matrix needs no copy)."""
+    buf: object
+    off: int
+    rs: int
+    cs: int = 1
+
+
+def gemm(g, entry, M, N, K, A: Mat, B: Mat, C: Mat, *, bias=None, bias_off=0, beta=0,
+         res=None, dbias=None, db_off=0, part=None):
+    """Ops for C (M, N) = beta*C + A (M, K) @ B (K, N) (+ bias[bias_off + j]) (+ res, at C's
+    place with C's row stride), see kernels/linear.wgsl; C's columns are contiguous
+    (``C.cs`` 1), each of A and B contiguous along k or along its rows/columns.
+    ``dbias``: a buffer whose [db_off, db_off + M) gets += the row sums of A. A product of
+    few tiles runs as S split-K slices into a scratch buffer, then one fixed-order sum
     that applies the same epilogue. The scratch is ``part`` when given and large
     enough for all S slices (a buffer that is free while these ops run, e.g. a dead
     backward temporary, so the partials cost no memory of their own), else the
     device's scratch buffer."""
+    a, a_off, a_rs, a_cs = A
+    b, b_off, b_rs, b_cs = B
+    c, c_off, c_rs, c_cs = C
+    if c_cs != 1:
+        raise ValueError("linear gemm: C's columns must be contiguous (cs 1)")
     a_kfast = a_cs == 1
     b_kfast = b_rs == 1
     if not a_kfast and a_rs != 1 or not b_kfast and b_cs != 1:
@@ -128,8 +144,8 @@ def linear_forward(g, M, I, O, x, x_off, x_rs, w, w_off, b_off, y, y_off, y_rs, 
     (+ res (M, O), e.g. the block's residual input); W (O, I) at ``w_off`` and b (O,) at
     ``b_off`` of the parameter arena ``w`` (split-K partials in ``part`` when given: a
     buffer none of these ops touches)."""
-    return gemm(g, "linear_forward", M, O, I, x, x_off, x_rs, 1, w, w_off, 1, I, y, y_off, y_rs,
-                bias=w, bias_off=b_off, res=res, part=part)
+    return gemm(g, "linear_forward", M, O, I, Mat(x, x_off, x_rs), Mat(w, w_off, 1, I),
+                Mat(y, y_off, y_rs), bias=w, bias_off=b_off, res=res, part=part)
 
 
 def bias_fill(g, M, O, w, b_off, y, y_off, y_rs, res=None):
@@ -166,8 +182,10 @@ def linear_backward(g, M, I, O, dy, dy_off, dy_rs, x, x_off, x_rs, w, w_off, b_o
     touches)."""
     ops = []
     if dx is not None:
-        ops += gemm(g, "linear_backward", M, I, O, dy, dy_off, dy_rs, 1, w, w_off, I, 1,
-                    dx, dx_off, dx_rs, beta=dx_beta, part=part)
-    ops += gemm(g, "linear_backward", O, I, M, dy, dy_off, 1, dy_rs, x, x_off, x_rs, 1,
-                gr, w_off, I, beta=1, dbias=gr, db_off=b_off, part=part)
+        # dx (M, I) = dy (M, O) @ W (O, I)
+        ops += gemm(g, "linear_backward", M, I, O, Mat(dy, dy_off, dy_rs), Mat(w, w_off, I),
+                    Mat(dx, dx_off, dx_rs), beta=dx_beta, part=part)
+    # dW (O, I) += dy^T (O, M) @ x (M, I); db += the row sums of dy^T
+    ops += gemm(g, "linear_backward", O, I, M, Mat(dy, dy_off, 1, dy_rs), Mat(x, x_off, x_rs),
+                Mat(gr, w_off, I), beta=1, dbias=gr, db_off=b_off, part=part)
     return ops

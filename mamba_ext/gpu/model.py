@@ -17,7 +17,7 @@ from ..constants import DEFAULT_EPS
 from . import scan as _scan
 from .block import F16_WEIGHTS, BlockLayer, BlockScratch, require_float32
 from .device import arena_layout, elementwise, gpu, slices
-from .linear import gemm, linear_backward
+from .linear import Mat, gemm, linear_backward
 from .rmsnorm import rmsnorm_backward, rmsnorm_forward
 
 
@@ -49,8 +49,8 @@ def head_forward(g, M, V, Dm, x, w, o, xn, rstd, logits, eps):
     """Ops: xn (M, Dm), rstd (M,) = final RMSNorm of x; logits (M, V) = xn @ embedding^T +
     lm_head_bias (the tied head)."""
     return [rmsnorm_forward(g, M, Dm, x, w, o["final_norm"], xn, rstd, eps),
-            *gemm(g, "linear_forward", M, V, Dm, xn, 0, Dm, 1, w, o["embedding"], 1, Dm,
-                  logits, 0, V, bias=w, bias_off=o["lm_head_bias"])]
+            *gemm(g, "linear_forward", M, V, Dm, Mat(xn, 0, Dm), Mat(w, o["embedding"], 1, Dm),
+                  Mat(logits, 0, V), bias=w, bias_off=o["lm_head_bias"])]
 
 
 class ModelPlan:

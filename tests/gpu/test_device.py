@@ -56,14 +56,14 @@ def _accumulating_product(seed, c0=99.0):
     """A small integer product C (5, 7) += A (5, 6) @ B (6, 7) (exact in float32): (A, B,
     the buffers a, b, c (C starts at c0) and its ops)."""
     import numpy as np
-    from mamba_ext.gpu.linear import gemm
+    from mamba_ext.gpu.linear import Mat, gemm
     rng = np.random.default_rng(seed)
     A = rng.integers(-3, 4, (5, 6)).astype(np.float32)
     B = rng.integers(-3, 4, (6, 7)).astype(np.float32)
     a, b = g.buffer(A.size, "t_a", A), g.buffer(B.size, "t_b", B)
     c = g.buffer(35, "t_c", np.full(35, c0, np.float32))
-    return A, B, a, b, c, gemm(g, "linear_forward", 5, 7, 6, a, 0, 6, 1, b, 0, 7, 1, c, 0, 7,
-                               beta=1)
+    return A, B, a, b, c, gemm(g, "linear_forward", 5, 7, 6, Mat(a, 0, 6), Mat(b, 0, 7),
+                               Mat(c, 0, 7), beta=1)
 
 
 def test_submit_in_several_command_buffers_runs_every_op_after_the_clears():
@@ -254,14 +254,14 @@ def test_writable_binding_aliasing_refused():
     # placeholders of one dispatch are distinct buffers
     assert g.dummy(0) is not g.dummy(1) and g.dummy(1) is g.dummy(1)
     # dW and db in one gradient arena: the bias gradient goes through c's binding
-    from mamba_ext.gpu.linear import gemm
+    from mamba_ext.gpu.linear import Mat, gemm
     rng = np.random.default_rng(0)
     A = rng.integers(-3, 4, (3, 4)).astype(np.float32)      # dY^T (3 out, 4 rows)
     X = rng.integers(-3, 4, (4, 5)).astype(np.float32)      # X (4 rows, 5 in)
     a, x = g.buffer(A.size, "t_dy", A.T.copy()), g.buffer(X.size, "t_x", X)
     arena = g.buffer(3 * 5 + 3, "t_arena")
-    ops = gemm(g, "linear_backward", 3, 5, 4, a, 0, 1, 3, x, 0, 5, 1, arena, 0, 5, beta=1,
-               dbias=arena, db_off=15)
+    ops = gemm(g, "linear_backward", 3, 5, 4, Mat(a, 0, 1, 3), Mat(x, 0, 5), Mat(arena, 0, 5),
+               beta=1, dbias=arena, db_off=15)
     g.submit(ops)
     got = g.read(arena, 18)
     np.testing.assert_array_equal(got[:15].reshape(3, 5), A @ X)
