@@ -173,7 +173,7 @@ def torch_bench(x, params, dout, ref_out, ref_dx, repeat, loops):
 
 def bench_size(size, repeat, use_torch, loops, profile=False, discretization="zoh", amp=False):
     from ..gpu import linear, scan
-    from ..gpu.block import _Plan
+    from ..gpu.block import BlockPlan
     Dm, D, N, K, R, B, L = SIZES[size]
     g = gpu()
     dims = BlockDims(Dm=Dm, D=D, N=N, K=K, R=R)
@@ -182,7 +182,7 @@ def bench_size(size, repeat, use_torch, loops, profile=False, discretization="zo
     x = rng.standard_normal((B, L, Dm)).astype(np.float32)
     dout = rng.standard_normal((B, L, Dm)).astype(np.float32)
     before = g.bytes_allocated
-    plan = _Plan(dims, B, L, DEFAULT_EPS, discretization, scan.layout_key(), f16=amp)
+    plan = BlockPlan(dims, B, L, DEFAULT_EPS, discretization, scan.layout_key(), f16=amp)
     mem = g.bytes_allocated - before
     from .._validate import BLOCK_PARAM_NAMES
     plan.upload_params({k: params[k] for k in BLOCK_PARAM_NAMES})

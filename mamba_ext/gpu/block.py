@@ -308,7 +308,7 @@ class BlockLayer:
         return [getattr(self, name) for name in self.CACHE]
 
 
-class _Plan:
+class BlockPlan:
     """Buffers and recorded ops of one block for one (dims, B, L, eps, disc, scan
     layout_key()). ``f16``: in_proj and out_proj on tensor cores, from f16 copies of
     their weights made at the start of the forward (BlockLayer's f16 mode; the bench's
@@ -343,7 +343,7 @@ def _acquire(key):
     free = _POOL.get(key)
     if free:
         return free.pop()
-    return _Plan(*key)
+    return BlockPlan(*key)
 
 
 def _release(plan):
