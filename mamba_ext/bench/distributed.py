@@ -56,6 +56,9 @@ def build_parser():
                    help="CPU threads per rank (default: the node's cores / its ranks)")
     p.add_argument("--comm-reps", type=int, default=5)
     p.add_argument("--bucket-mib", type=float, default=16.0)
+    p.add_argument("--amp", action="store_true",
+                   help="--device gpu: mixed precision (a DynamicLossScaler; the tensor-core "
+                        "products where the device has them)")
     p.add_argument("--wait", choices=("auto", "block", "poll"), default="auto",
                    help="how a rank waits for the all-reduce (Distributed's blocking: auto, True, "
                         "False)")
@@ -78,6 +81,8 @@ def main(argv=None) -> int:
         b = args.global_batch // P
     else:
         b = args.batch or 16
+    if args.amp and args.device != "gpu":
+        raise SystemExit("--amp: with --device gpu only (the CPU's AMP step is train --amp)")
     threads = args.threads or dist.default_threads()
     if args.device == "gpu" and not os.environ.get("MAMBA_EXT_GPU_INDEX"):
         from ..gpu.device import use_adapter
@@ -97,8 +102,10 @@ def main(argv=None) -> int:
     if args.device == "gpu":
         from ..gpu import ResidentTrainer
         from ..gpu.device import gpu
-        trainer = ResidentTrainer(params, lr=1e-3, clip=1.0)
-        adapter = gpu().info.get("device", "?")
+        from ..amp import DynamicLossScaler
+        trainer = ResidentTrainer(params, lr=1e-3, clip=1.0,
+                                  scaler=DynamicLossScaler() if args.amp else None)
+        adapter = gpu().info.get("device", "?") + (", AMP" if args.amp else "")
         phases = []
 
         def step(k):

@@ -139,12 +139,14 @@ class ResidentTrainer:
           read back and its all-reduce started; finish: the last all-reduces; write:
           the write-back);
         - a function ``reduce(flat, loss, False) -> (flat, loss, _)``: the whole arena
-          is read back after the backward and all-reduced in place, then as above."""
+          is read back after the backward and all-reduced in place, then as above.
+
+        With a ``scaler`` each rank's gradients are rounded to fp16 and unscaled before
+        the all-reduce (the streamed parts on the host, with the rounding of
+        kernels/amp.wgsl, which is NumPy's), so an overflow on any rank makes the reduced
+        gradients non-finite on every rank: all skip the step and back off alike."""
         if reduce is None:
             return self.step_async(tokens, targets).result()
-        if self._amp is not None:
-            raise ValueError("ResidentTrainer: mixed precision (scaler) does not run with "
-                             "a distributed reduce yet")
         self.finish()
         plan, ops = self._prepare(tokens, targets)
         g = gpu()
@@ -153,7 +155,8 @@ class ResidentTrainer:
             loss = self._streamed_reduce(plan, ops, reduce.flat_stream())
         else:
             g.submit(ops, plan.clears)
-            flat, loss, _ = reduce(g.read(self.gr, self.n), plan.loss(), False)
+            flat = g.read(self.gr, self.n)
+            flat, loss, _ = reduce(flat, plan.loss(), not np.isfinite(flat).all())
             g.write(self.gr, flat)
         g.submit(self._adamw.ops)
         self._account(g.read(self._adamw.stat, 2))
@@ -327,6 +330,15 @@ class ResidentTrainer:
         if self._host is None:
             self._host = np.empty(self.n, np.float32)
         host, parts = self._host, self._stream_parts(plan)
+        inv = None
+        if self._amp is not None:
+            # ops = [weights_op, *the model's ops, grads_op]: the f16 weights go with the
+            # first segment, and the rounding and unscaling of grads_op is done to each
+            # part on the host as it arrives (the same arithmetic, bit for bit)
+            ops = ops[:-1]
+            parts = [(end + 1, ranges, stagings) for end, ranges, stagings in parts]
+            inv = np.float32(1.0 / self.scaler.scale)
+        overflow = False
         flat = [(lo, hi, st) for _, ranges, stagings in parts
                 for (lo, hi), st in zip(ranges, stagings)]
         promises = [None] * len(flat)                 # the map of each staging buffer
@@ -365,6 +377,8 @@ class ResidentTrainer:
                     raise item
                 g.wait_for(promises[item], idle=stream.progress)
                 g.copy_mapped(st, host[lo:hi])
+                if inv is not None:
+                    overflow |= _round_unscale(host[lo:hi], inv)
                 stream.add(host[lo:hi])
         finally:
             # every map started is finished and undone, also after an error above, so
@@ -379,7 +393,7 @@ class ResidentTrainer:
                     if st.map_state == "mapped":
                         st.unmap()
         t2 = time.perf_counter()
-        loss, _ = stream.finish(plan.loss(), False)
+        loss, _ = stream.finish(plan.loss(), overflow)
         t3 = time.perf_counter()
         # one write of the reduced arena once the GPU is done (writing each range back
         # from a third thread as soon as it was reduced measured slower on the two-H200
@@ -447,6 +461,15 @@ class ResidentTrainer:
         self._adamw.set_count(self.t)
         self.lr, self.betas, self.eps = host.lr, tuple(host.betas), host.eps
         self.weight_decay, self.max_delta = host.weight_decay, host.max_delta
+
+
+def _round_unscale(part: np.ndarray, inv: np.float32) -> bool:
+    """``part`` (f32, in place) = its fp16 rounding times ``inv`` (kernels/amp.wgsl's
+    amp_round_grads: NumPy's astype(float16), past 65504 inf); True when a value is then
+    not finite (an fp16 overflow)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.multiply(part.astype(np.float16).astype(np.float32), inv, out=part)
+    return not np.isfinite(part).all()
 
 
 class PendingStep:

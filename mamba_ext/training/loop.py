@@ -642,9 +642,6 @@ def prepare(cfg: TrainConfig, out_dir, *, resume=None, log=None, stop_after=None
         corpus = load_corpus(cfg.data, cfg.max_bytes)
     if cfg.carry_state and (dist is not None or cfg.amp or cfg.device != "cpu"):
         raise ValueError("--carry-state: runs on the CPU, without --amp and without MPI (for now)")
-    if cfg.amp and cfg.device == "gpu" and dist is not None:
-        raise ValueError("--amp with --device gpu does not run with --distributed yet "
-                         "(use --device cpu, or drop --amp)")
     if cfg.carry_state:
         batches = ContiguousBatches(corpus, cfg.seq_len, cfg.batch, cfg.seed)
     else:   # one stream for one process and for P ranks

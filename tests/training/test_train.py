@@ -282,19 +282,6 @@ def test_gpu_amp_training_resumes_exactly(text_file, tmp_path):
     assert abs(full["losses"][0] - cpu["losses"][0]) <= 1e-4 * cpu["losses"][0]
 
 
-def test_gpu_amp_with_distributed_is_refused_first(text_file, tmp_path):
-    """--device gpu --amp --distributed is not built: one clear error before any rank
-    work (nothing of the distributed object but is_root is used)."""
-    class Untouchable:
-        is_root = True                     # read first, to create the output folder
-
-        def __getattr__(self, name):
-            raise AssertionError(f"dist.{name} used")
-    with pytest.raises(ValueError, match="--amp with --device gpu"):
-        train(_tiny(text_file, device="gpu", amp=True), tmp_path / "x", progress=None,
-              log=lambda s: None, dist=Untouchable())
-
-
 def test_gpu_unavailable_gives_a_clear_error(text_file, tmp_path, monkeypatch):
     import sys
     monkeypatch.setitem(sys.modules, "mamba_ext.gpu", None)    # import fails
