@@ -167,12 +167,15 @@ class GradReducer:
             raise ValueError(f"allreduce_grads: grads: missing {missing}, unknown {unknown} "
                              f"(the names must stay the same from step to step)")
         for k, g in grads.items():
-            if not isinstance(g, np.ndarray) or g.dtype != self.dtype:
-                raise TypeError(f"allreduce_grads: grads[{k!r}]: expected a {self.dtype} array, got "
-                                f"{getattr(g, 'dtype', type(g).__name__)}")
-            if g.shape != self.shapes[k]:
-                raise ValueError(f"allreduce_grads: grads[{k!r}]: expected shape {self.shapes[k]}, "
-                                 f"got {g.shape}")
+            self._check_one(k, g)
+
+    def _check_one(self, k, g):
+        if not isinstance(g, np.ndarray) or g.dtype != self.dtype:
+            raise TypeError(f"allreduce_grads: grads[{k!r}]: expected a {self.dtype} array, got "
+                            f"{getattr(g, 'dtype', type(g).__name__)}")
+        if g.shape != self.shapes[k]:
+            raise ValueError(f"allreduce_grads: grads[{k!r}]: expected shape {self.shapes[k]}, "
+                             f"got {g.shape}")
 
     def reduce(self, grads: Mapping, loss: float = 0.0, overflow: bool = False, *,
                average: bool = True, what: str = "gradients"):
@@ -186,7 +189,9 @@ class GradReducer:
         self._check(grads)
         self.begin(average=average)
         for names in self.groups:
-            self.add(names, grads)
+            for k in names:
+                self._put(k, grads[k])
+            self._progress()
         return self.finish(loss, overflow, what=what)
 
     def begin(self, *, average: bool = True) -> "GradReducer":
@@ -205,29 +210,35 @@ class GradReducer:
         """Copy the gradients ``names`` (final from now on) into their buckets, scaled, and
         start the all-reduce of every bucket that is then complete (non-blocking, in
         place). Every rank adds the same names in the same order."""
-        from mpi4py import MPI
         if getattr(self, "_missing", None) is None:
             raise RuntimeError("GradReducer.add: call begin() first")
         for k in names:
             if k not in self.shapes or k in self._added:
                 why = "added twice" if k in self._added else "not a gradient of this reducer"
                 raise ValueError(f"GradReducer.add: {k!r} is {why}")
-            g = grads[k]
-            if not isinstance(g, np.ndarray) or g.dtype != self.dtype or g.shape != self.shapes[k]:
-                raise TypeError(f"allreduce_grads: grads[{k!r}]: expected a {self.dtype} array of "
-                                f"shape {self.shapes[k]}, got {getattr(g, 'dtype', type(g).__name__)} "
-                                f"{getattr(g, 'shape', '')}")
-            if self._inv != 1:
-                np.multiply(g, self._inv, out=self.views[k])
-            elif g is not self.views[k]:
-                np.copyto(self.views[k], g)
-            self._added.add(k)
-            i = self.bucket_of[k]
-            self._missing[i] -= 1
-            if self._missing[i] == 0:
-                self._reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, self.buckets[i], op=MPI.SUM))
+            self._check_one(k, grads[k])
+            self._put(k, grads[k])
+        self._progress()
+
+    def _put(self, k, g):
+        """Gradient ``k`` (checked) into its bucket, scaled; the bucket's all-reduce
+        started when it is then complete."""
+        from mpi4py import MPI
+        if self._inv != 1:
+            np.multiply(g, self._inv, out=self.views[k])
+        elif g is not self.views[k]:
+            np.copyto(self.views[k], g)
+        self._added.add(k)
+        i = self.bucket_of[k]
+        self._missing[i] -= 1
+        if self._missing[i] == 0:
+            self._reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, self.buckets[i], op=MPI.SUM))
+
+    def _progress(self):
+        """Let MPI progress the buckets started so far."""
+        from mpi4py import MPI
         if self._reqs:
-            MPI.Request.Testall(self._reqs)      # let MPI progress the buckets started so far
+            MPI.Request.Testall(self._reqs)
 
     def finish(self, loss: float = 0.0, overflow: bool = False, *, what: str = "gradients"):
         """Wait for every bucket (all must have been added) and all-reduce ``loss`` and
