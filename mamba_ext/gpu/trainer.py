@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from .._validate import check_discretization, check_eps
+from ..amp import round_fp16
 from ..constants import DEFAULT_EPS, DEFAULT_NO_DECAY
 from ..optim import name_matches
 from .adamw import COUNT_MOD, AdamWOps, bias_corrections
@@ -142,9 +143,10 @@ class ResidentTrainer:
           is read back after the backward and all-reduced in place, then as above.
 
         With a ``scaler`` each rank's gradients are rounded to fp16 and unscaled before
-        the all-reduce (the streamed parts on the host, with the rounding of
-        kernels/amp.wgsl, which is NumPy's), so an overflow on any rank makes the reduced
-        gradients non-finite on every rank: all skip the step and back off alike."""
+        the all-reduce (the streamed parts on the host, by mamba_ext.amp's round_fp16 and
+        DynamicLossScaler.unscale, which kernels/amp.wgsl matches bit for bit), so an
+        overflow on any rank makes the reduced gradients non-finite on every rank: all skip
+        the step and back off alike."""
         if reduce is None:
             return self.step_async(tokens, targets).result()
         self.finish()
@@ -330,14 +332,15 @@ class ResidentTrainer:
         if self._host is None:
             self._host = np.empty(self.n, np.float32)
         host, parts = self._host, self._stream_parts(plan)
-        inv = None
-        if self._amp is not None:
-            # ops = [weights_op, *the model's ops, grads_op]: the f16 weights go with the
-            # first segment, and the rounding and unscaling of grads_op is done to each
-            # part on the host as it arrives (the same arithmetic, bit for bit)
+        amp = self._amp is not None
+        if amp:
+            # ops = [weights_op, *the model's ops, grads_op] (_prepare): the f16 weights go
+            # with the first segment, and grads_op's rounding and unscaling is done to each
+            # part on the host as it arrives (mamba_ext.amp's, the same arithmetic bit for bit)
+            if ops[0] is not self._amp.weights_op or ops[-1] is not self._amp.grads_op:
+                raise AssertionError("ResidentTrainer._prepare: AMP ops not around the model's")
             ops = ops[:-1]
             parts = [(end + 1, ranges, stagings) for end, ranges, stagings in parts]
-            inv = np.float32(1.0 / self.scaler.scale)
         overflow = False
         flat = [(lo, hi, st) for _, ranges, stagings in parts
                 for (lo, hi), st in zip(ranges, stagings)]
@@ -376,10 +379,13 @@ class ResidentTrainer:
                 if isinstance(item, BaseException):
                     raise item
                 g.wait_for(promises[item], idle=stream.progress)
-                g.copy_mapped(st, host[lo:hi])
-                if inv is not None:
-                    overflow |= _round_unscale(host[lo:hi], inv)
-                stream.add(host[lo:hi])
+                part = host[lo:hi]
+                g.copy_mapped(st, part)
+                if amp:
+                    round_fp16(part, out=part)
+                    self.scaler.unscale([part])
+                    overflow = overflow or self.scaler.check([part])
+                stream.add(part)
         finally:
             # every map started is finished and undone, also after an error above, so
             # that the next step can copy into the staging buffers again
@@ -461,15 +467,6 @@ class ResidentTrainer:
         self._adamw.set_count(self.t)
         self.lr, self.betas, self.eps = host.lr, tuple(host.betas), host.eps
         self.weight_decay, self.max_delta = host.weight_decay, host.max_delta
-
-
-def _round_unscale(part: np.ndarray, inv: np.float32) -> bool:
-    """``part`` (f32, in place) = its fp16 rounding times ``inv`` (kernels/amp.wgsl's
-    amp_round_grads: NumPy's astype(float16), past 65504 inf); True when a value is then
-    not finite (an fp16 overflow)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        np.multiply(part.astype(np.float16).astype(np.float32), inv, out=part)
-    return not np.isfinite(part).all()
 
 
 class PendingStep:
