@@ -148,29 +148,35 @@ def linear_forward(g, M, I, O, x, x_off, x_rs, w, w_off, b_off, y, y_off, y_rs, 
                 Mat(y, y_off, y_rs), bias=w, bias_off=b_off, res=res, part=part)
 
 
+def _sum_op(g, M, N, c, c_off, c_rs, part, S, *, bias=None, bias_off=0, beta=0, res=None,
+            label="linear_split_sum"):
+    """kernels/linear.wgsl's linear_split_sum alone: c[:, c_off:c_off+N] (M rows c_rs
+    apart) = (c if ``beta``) + the S partial products (M, N) dense in ``part`` summed in
+    slice order (+ bias[bias_off + j]) (+ res at c's place); one invocation per element."""
+    from .device import EW_WG
+    params = [M, N, 0, 0, 1, 1, 0, 1, 1, c_off, c_rs, bias_off, 0 if bias is None else 1,
+              beta, 0 if res is None else 1, 0, S]
+    rd = g.dummy(2) if bias is None else bias       # bindings read only with their flags
+    buffers = [rd, rd, rd, rd, rd, rd if res is None else res, c, part, g.dummy(1)]
+    return g.op("linear", "linear_split_sum", g.grid1d(math.ceil(M * N / EW_WG), label),
+                params, buffers, {"WG": EW_WG})
+
+
 def bias_fill(g, M, O, w, b_off, y, y_off, y_rs, res=None):
     """Ops: y[:, y_off:y_off+O] (row stride y_rs) = b (+ res (M, O)): the epilogue of
     :func:`linear_forward` alone, for products accumulated on top of it
     (mamba_ext.gpu.linear_f16): linear_split_sum over zero slices, one invocation per
     element (the tile kernel with a contraction of 0 wrote the same 3x slower)."""
-    from .device import EW_WG
-    params = [M, O, 0, 0, 1, 1, 0, 1, 1, y_off, y_rs, b_off, 1, 0, 0 if res is None else 1,
-              0, 0]
-    buffers = [w, w, w, w, w, w if res is None else res, y, g.dummy(0), g.dummy(1)]
-    return [g.op("linear", "linear_split_sum", g.grid1d(math.ceil(M * O / EW_WG), "bias_fill"),
-                 params, buffers, {"WG": EW_WG})]
+    return [_sum_op(g, M, O, y, y_off, y_rs, g.dummy(0), 0, bias=w, bias_off=b_off, res=res,
+                    label="bias_fill")]
 
 
 def split_sum(g, M, N, part, S, c, c_off, c_rs, accumulate=False):
     """Ops: c[:, c_off:c_off+N] (M rows c_rs apart) (+)= the sum of S partial products
     (M, N), dense one after the other in ``part``, in slice order (linear_split_sum; e.g.
     linear_f16.dweight's split-K slices)."""
-    from .device import EW_WG
-    params = [M, N, 0, 0, 1, 1, 0, 1, 1, c_off, c_rs, 0, 0, 1 if accumulate else 0, 0, 0, S]
-    rd = g.dummy(2)
-    buffers = [rd, rd, rd, rd, rd, rd, c, part, g.dummy(1)]
-    return [g.op("linear", "linear_split_sum", g.grid1d(math.ceil(M * N / EW_WG), "split_sum"),
-                 params, buffers, {"WG": EW_WG})]
+    return [_sum_op(g, M, N, c, c_off, c_rs, part, S, beta=1 if accumulate else 0,
+                    label="split_sum")]
 
 
 def linear_backward(g, M, I, O, dy, dy_off, dy_rs, x, x_off, x_rs, w, w_off, b_off, gr,
