@@ -217,18 +217,21 @@ class BlockLayer:
                            *bias_fill(g, M, 2 * D, w, o["bInProj"], self.Y, 0, 2 * D),
                            *lf.forward(g, self.Y, self.xn16, wh, M, Dm, 2 * D, accumulate=True,
                                        w_off=ho["wInProj"])]
+            # u = SiLU(conv(xc)); dt_proj: delta_pre (M, D) = dt_low @ wDtProj^T + bDtProj
+            # (the scan kernels take delta = softplus(delta_pre) where they read it). Kept:
+            # the f16 mode's backward runs them again to restore u and delta_pre
+            self._conv_op = conv1d_forward(g, M, L, D, d.K, self.Y, w, o, self.u)
+            self._dt_proj_ops = linear_forward(g, M, R, D, self.xproj, 0, P, w, o["wDtProj"],
+                                               o["bDtProj"], self.delta_pre, 0, D)
             self._fwd = [
                 rmsnorm_forward(g, M, Dm, self.x, w, o["normWeight"], self.xn, self.rstd, self.eps),
                 *in_proj,
-                conv1d_forward(g, M, L, D, d.K, self.Y, w, o, self.u),
+                self._conv_op,
                 # x_proj: xproj (M, P) = u @ wXProj^T + bXProj (split-K partials in y,
                 # which the scan writes later)
                 *linear_forward(g, M, D, P, self.u, 0, D, w, o["wXProj"], o["bXProj"],
                                self.xproj, 0, P, part=self.y),
-                # dt_proj: delta_pre (M, D) = dt_low @ wDtProj^T + bDtProj (the scan
-                # kernels take delta = softplus(delta_pre) where they read it)
-                *linear_forward(g, M, R, D, self.xproj, 0, P, w, o["wDtProj"], o["bDtProj"],
-                                self.delta_pre, 0, D),
+                *self._dt_proj_ops,
                 *_scan.scan_forward(g, self.s, self.xproj, self.u, self.delta_pre, w, o,
                                     self.hchunk, self.achunk, self.hstate, self.y),
                 gate_forward(g, M, D, self.y, self.Y, self.gated),
@@ -265,23 +268,22 @@ class BlockLayer:
             wh, ho = self.f16
             out_proj = [lf.pack_pair(g, sc.dout16, sc.dout16_t, dout, M, Dm),
                         *lf.dinput(g, sc.dgated, sc.dout16, wh, M, D, Dm, accumulate=False,
-                                  w_off=ho["wOutProj"]),
+                                   w_off=ho["wOutProj"]),
                         *lf.dweight(g, gr, sc.dout16_t, self.gated16_t, M, D, Dm,
-                                   dw_off=o["wOutProj"]),
+                                    dw_off=o["wOutProj"]),
                         *column_sum(g, M, Dm, dout, 0, Dm, gr, o["bOutProj"])]
             in_proj = [lf.pack_pair(g, sc.dY16, sc.dY16_t, sc.dY, M, 2 * D),
                        *lf.dinput(g, sc.dxn, sc.dY16, wh, M, Dm, 2 * D, accumulate=False,
-                                 w_off=ho["wInProj"]),
+                                  w_off=ho["wInProj"]),
                        *lf.dweight(g, gr, sc.dY16_t, self.xn16_t, M, Dm, 2 * D,
-                                  dw_off=o["wInProj"]),
+                                   dw_off=o["wInProj"]),
                        *column_sum(g, M, 2 * D, sc.dY, 0, 2 * D, gr, o["bInProj"])]
-            # the f32 activations the cache does not hold, as the forward made them
-            # (from the f16 Y and y)
+            # the f32 activations the cache does not hold, from the f16 Y and y by the
+            # forward's own ops
+            self.cache_ops()
             restore = [lf.unpack(g, self.Y, self.Y16, M * 2 * D),
                        lf.unpack(g, self.y, self.y16, M * D),
-                       conv1d_forward(g, M, L, D, d.K, self.Y, w, o, self.u),
-                       *linear_forward(g, M, R, D, self.xproj, 0, P, w, o["wDtProj"],
-                                       o["bDtProj"], self.delta_pre, 0, D)]
+                       self._conv_op, *self._dt_proj_ops]
         return [
             *out_proj,
             *restore,
