@@ -131,7 +131,9 @@ setup(
     ext_modules=extensions(),
     cmdclass={"build_ext": build_ext},
     # The WGSL sources live in kernels/ at the top of the repository and ship
-    # inside the wheel as the package ``mamba_ext.kernels``.
+    # inside the wheel as the package ``mamba_ext.kernels``. That folder has no
+    # __init__.py: run from the checkout's root, a regular package there would hide
+    # an installed package named ``kernels`` (PyPI's, which transformers imports).
     packages=["mamba_ext", "mamba_ext.cpu", "mamba_ext.gpu", "mamba_ext.gpu.backends",
               "mamba_ext.io", "mamba_ext.training", "mamba_ext.testing", "mamba_ext.bench",
               "mamba_ext.cli", "mamba_ext.torch", "mamba_ext.kernels", "mamba_ext.include"],

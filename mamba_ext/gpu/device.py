@@ -68,7 +68,8 @@ SHADER_CHECKS = ("full", "bounds", "none")
 def _kernel_dir_sources():
     """Return a function name -> WGSL text.
 
-    Installed wheels hold the kernels as package data of ``mamba_ext.kernels``.
+    Installed wheels hold the kernels as package data of ``mamba_ext.kernels`` (a
+    namespace package: no ``__init__.py``, see setup.py).
     In a source checkout used through ``PYTHONPATH=<repo>`` that package does not
     exist (setup.py maps it from the top-level ``kernels/`` folder only when
     building), so we fall back to ``<repo>/kernels`` next to the package.

@@ -148,3 +148,22 @@ def test_stub_matches_compiled_module(mod):
     for name, f in funcs.items():
         params = list(inspect.signature(f).parameters)
         assert stubs[name] == params, f"{mod}.{name}: stub {stubs[name]} != module {params}"
+
+
+def test_checkout_root_shadows_no_installed_package(tmp_path):
+    """Run from the checkout's root (``python -m mamba_ext ...`` puts it first on sys.path),
+    the top-level kernels/ folder (WGSL sources, installed as mamba_ext.kernels) must not hide
+    an installed package of the same name: PyPI's ``kernels``, which transformers imports.
+    A folder without ``__init__.py`` is only a namespace portion, which a regular package
+    later on sys.path overrides."""
+    installed = tmp_path / "kernels"
+    installed.mkdir()
+    (installed / "__init__.py").write_text("WHO = 'installed'\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
+    env["PYTHONPATH"] = str(tmp_path)
+    r = subprocess.run([sys.executable, "-c", "import kernels; print(kernels.WHO)"],
+                       cwd=REPO, env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "installed", r.stdout + r.stderr
+    # and the package's own kernels still load from the checkout
+    from mamba_ext.gpu.device import kernel_source
+    assert "fn " in kernel_source("linear")
