@@ -9,6 +9,12 @@ times ``--steps`` training steps (model_loss_and_grads + AdamW). The table gives
 the tokens/s of all processes together, of one process, the speed-up over P = 1 and the
 weak-scaling efficiency (speed-up / P).
 
+``--sync``: the processes wait for each other before every step (a barrier, no data
+exchanged), as the ranks of a data-parallel job do at its all-reduce; a step is then timed
+from one barrier to the next. Against the free-running processes this separates what lock
+step costs on the host (all processes in the same phase at once, and each step as slow as
+the slowest process) from what the communication of a real job adds.
+
 Size letters: P processes, b batch per process, L seqLen.
 """
 from __future__ import annotations
@@ -19,7 +25,7 @@ import statistics
 import time
 
 
-def _worker(model, batch, seq_len, threads, warmup, steps, barrier, queue):
+def _worker(model, batch, seq_len, threads, warmup, steps, barrier, queue, sync):
     import numpy as np
 
     from mamba_ext import AdamW, init_model_params, model_loss_and_grads
@@ -36,19 +42,25 @@ def _worker(model, batch, seq_len, threads, warmup, steps, barrier, queue):
         step()
     barrier.wait()
     times = []
+    t0 = time.perf_counter()
     for _ in range(steps):
-        t0 = time.perf_counter()
         step()
-        times.append(time.perf_counter() - t0)
+        if sync:
+            barrier.wait()
+        t1 = time.perf_counter()
+        times.append(t1 - t0)
+        t0 = t1
     queue.put(batch * seq_len / statistics.median(times))
 
 
-def run_processes(P, model=(4, 256), batch=16, seq_len=256, threads=2, warmup=2, steps=6):
-    """Tokens/s of each of P processes started together (a list of P floats)."""
+def run_processes(P, model=(4, 256), batch=16, seq_len=256, threads=2, warmup=2, steps=6,
+                  sync=False):
+    """Tokens/s of each of P processes started together (a list of P floats); ``sync``:
+    in lock step (a barrier after every step)."""
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(P), ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(model, batch, seq_len, threads, warmup, steps,
-                                               barrier, queue)) for _ in range(P)]
+                                               barrier, queue, sync)) for _ in range(P)]
     for p in procs:
         p.start()
     rates = [queue.get(timeout=3600) for _ in procs]
@@ -69,6 +81,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("-P", "--processes", default="1,2,4,8", help="comma-separated counts")
+    ap.add_argument("--sync", action="store_true",
+                    help="lock step: the processes wait for each other after every step")
     args = ap.parse_args(argv)
     try:
         model = tuple(int(v) for v in args.model.lower().split("x"))
@@ -80,13 +94,14 @@ def main(argv=None) -> int:
     if min(args.batch, args.seq_len, args.threads, args.steps) < 1 or args.warmup < 0:
         ap.error("--batch, --seq-len, --threads and --steps must be >= 1, --warmup >= 0")
     print(f"model {model[0]} x {model[1]}, b {args.batch} x L {args.seq_len} per process, "
-          f"{args.threads} threads each, median of {args.steps} steps after {args.warmup}")
+          f"{args.threads} threads each, median of {args.steps} steps after {args.warmup}"
+          + (", in lock step (a barrier after every step)" if args.sync else ""))
     print("| P | tokens/s, all | tokens/s, one process | speed-up | efficiency |")
     print("|---|---|---|---|---|")
     base = None
     for P in counts:
         rates = run_processes(P, model, args.batch, args.seq_len, args.threads, args.warmup,
-                              args.steps)
+                              args.steps, args.sync)
         total = sum(rates)
         base = base or (total / P if P == 1 else None)
         sp = f"{total / base:.2f}x" if base else "-"

@@ -126,6 +126,27 @@ def test_model_step_benchmark(capsys, monkeypatch):
         assert e.value.code == 2
 
 
+@pytest.mark.parametrize("sync", [False, True])
+def test_processes_benchmark(capsys, sync):
+    """python -m mamba_ext.bench.processes: P processes of a plain call started together,
+    free-running or in lock step (--sync); one table row per P, efficiency = speed-up / P."""
+    from mamba_ext.bench import processes
+    argv = ["-P", "1,2", "--model", "1x16", "--batch", "2", "--seq-len", "8", "--threads", "1",
+            "--steps", "2", "--warmup", "1"] + (["--sync"] if sync else [])
+    assert processes.main(argv) == 0
+    out = capsys.readouterr().out
+    assert ("in lock step" in out) == sync, out
+    rows = re.findall(r"^\| (\d+) \| ([\d,]+) \| ([\d,]+) \| ([\d.]+)x \| (\d+)% \|$", out, re.M)
+    assert [r[0] for r in rows] == ["1", "2"], out
+    one = float(rows[0][1].replace(",", ""))
+    total = float(rows[1][1].replace(",", ""))
+    assert one > 0 and abs(float(rows[1][3]) - total / one) <= 0.01
+    assert abs(int(rows[1][4]) - 100 * total / one / 2) <= 1
+    with pytest.raises(SystemExit) as e:
+        processes.main(["-P", "0"])
+    assert e.value.code == 2
+
+
 def test_cli_modules_are_thin():
     """Each command module only parses arguments and calls the library (no maths, no
     benchmark loops): a loose but honest bound on its size."""
