@@ -1,4 +1,5 @@
-"""Mixed precision in the fp16 style, simulated over NumPy (pure Python).
+"""Mixed precision in the fp16 style, simulated over NumPy (Python; the rounding of float32
+arrays to float16 values runs compiled, mamba_ext.cpu.half, with NumPy's bits).
 
 The model keeps float32 *master* weights. One AMP training step:
 
@@ -45,15 +46,24 @@ def round_fp16(a: ArrayLike, out: np.ndarray | None = None) -> np.ndarray:
     arr = np.asarray(a)
     if arr.dtype not in HALF_AND_FLOAT_DTYPES:
         raise TypeError(f"round_fp16: a: expected a float16/float32/float64 array, got dtype {arr.dtype}")
+    if out is not None:
+        if not isinstance(out, np.ndarray) or out.dtype != np.float32:
+            raise TypeError(f"round_fp16: out: expected a float32 numpy array, got "
+                            f"{getattr(out, 'dtype', type(out).__name__)}")
+        if out.shape != arr.shape:
+            raise ValueError(f"round_fp16: out: expected shape {arr.shape}, got {out.shape}")
+    if arr.dtype == np.float32 and arr.flags.c_contiguous and (
+            out is None or out.flags.c_contiguous and out.flags.writeable):
+        # the compiled loop (NumPy's bits; its float16 casts go one element at a time), on
+        # the calling thread (a caller's thread budget, e.g. a rank's, is not ours to widen)
+        from .cpu.half import round_fp16_array
+        dst = np.empty(arr.shape, np.float32) if out is None else out
+        round_fp16_array(arr.reshape(-1), dst.reshape(-1), n_threads=1)
+        return dst
     with np.errstate(over="ignore"):       # overflow to inf is the intended IEEE result
         half = arr.astype(np.float16)
     if out is None:
         return half.astype(np.float32)
-    if not isinstance(out, np.ndarray) or out.dtype != np.float32:
-        raise TypeError(f"round_fp16: out: expected a float32 numpy array, got "
-                        f"{getattr(out, 'dtype', type(out).__name__)}")
-    if out.shape != arr.shape:
-        raise ValueError(f"round_fp16: out: expected shape {arr.shape}, got {out.shape}")
     np.copyto(out, half)                   # float16 -> float32 is exact
     return out
 

@@ -11,7 +11,9 @@ optimizer (CPU: clip + AdamW; GPU: write-back + grad norm + AdamW). With
 P = 1 the step is the plain single-process one (no buckets, no staging): the
 baseline of the speed-ups. Then the
 all-reduce alone on the same bytes (``--comm-reps`` times) for the bus
-bandwidth ``2 (P-1)/P * bytes / t``. Rank 0 prints one table row and, with
+bandwidth ``2 (P-1)/P * bytes / t``; with ``--amp`` and P > 1 also mixed precision's
+streamed reduction of those bytes (FlatStream in ``--bucket-mib`` parts, unscaled by a
+DynamicLossScaler) with fp16 on the wire and with float32. Rank 0 prints one table row and, with
 ``--json FILE``, appends the numbers as one JSON line.
 
 Size letters: P ranks, b per-rank batch, L seqLen, G = P*b global batch.
@@ -172,6 +174,24 @@ def main(argv=None) -> int:
     nbytes = 4 * (grads.size if isinstance(grads, np.ndarray) else n_params)
     t_ar = statistics.median(comm_alone)
     busbw = 2 * (P - 1) / P * nbytes / t_ar if P > 1 else float("nan")
+    wire = {}       # AMP's streamed reduction alone: fp16 / float32 on the wire -> seconds
+    if args.amp and P > 1:
+        from ..amp import DynamicLossScaler
+        unscale = DynamicLossScaler().unscale
+        flat = np.ones(nbytes // 4, np.float32)           # (n_params,) fp16 values
+        part = max(1, int(args.bucket_mib * 2 ** 20) // 4)
+        for fp16 in (True, False):
+            ts = []
+            for _ in range(args.comm_reps):
+                flat[:] = 1.0
+                dist.comm.Barrier()
+                t = time.perf_counter()
+                stream = dist.flat_stream(fp16_wire=fp16)
+                for lo in range(0, flat.size, part):
+                    stream.add(flat[lo:lo + part], unscale=unscale)
+                stream.finish()
+                ts.append(time.perf_counter() - t)
+            wire["fp16" if fp16 else "float32"] = statistics.median(ts)
 
     med = lambda v: statistics.median(v) if v else 0.0
     mine = np.array([med(t_comp), med(t_comm), med(t_opt), med(t_step)])
@@ -184,7 +204,7 @@ def main(argv=None) -> int:
                "adapter": adapter, "steps": args.steps, "tokens_per_s": tokens / wall,
                "step_s": float(worst[3]), "compute_s": float(worst[0]), "comm_s": float(worst[1]),
                "opt_s": float(worst[2]), "allreduce_alone_s": t_ar, "grad_bytes": nbytes,
-               "busbw_GBps": busbw / 1e9, "staging_s": readback,
+               "busbw_GBps": busbw / 1e9, "staging_s": readback, "amp_wire_s": wire,
                # effective FLOP/s of one rank by the 6 N FLOP per token rule (forward 2N, backward 4N)
                "flops_per_rank": 6 * n_params * b * L / float(worst[0]),
                "mpi": dist.MPI.Get_library_version().splitlines()[0]}
@@ -194,6 +214,8 @@ def main(argv=None) -> int:
               f"  | allreduce alone {t_ar * 1e3:7.2f} ms on {nbytes / 1e6:.1f} MB"
               + (f", busbw {busbw / 1e9:.2f} GB/s" if P > 1 else "")
               + (f"; read-back + write-back {readback * 1e3:.1f} ms" if readback == readback else "")
+              + ("; AMP's streamed reduction alone: " + ", ".join(
+                  f"{k} on the wire {v * 1e3:.2f} ms" for k, v in wire.items()) if wire else "")
               + f"; 6N FLOP/token: {row['flops_per_rank'] / 1e12:.2f} TFLOP/s per rank", flush=True)
         if args.device == "gpu" and P > 1:
             ph = {k: statistics.median(p[k] for p in phases[args.warmup:]) * 1e3 for k in phases[0]}

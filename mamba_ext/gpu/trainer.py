@@ -142,11 +142,12 @@ class ResidentTrainer:
         - a function ``reduce(flat, loss, False) -> (flat, loss, _)``: the whole arena
           is read back after the backward and all-reduced in place, then as above.
 
-        With a ``scaler`` each rank's gradients are rounded to fp16 and unscaled before
-        the all-reduce (the streamed parts on the host, by mamba_ext.amp's round_fp16 and
-        DynamicLossScaler.unscale, which kernels/amp.wgsl matches bit for bit), so an
-        overflow on any rank makes the reduced gradients non-finite on every rank: all skip
-        the step and back off alike."""
+        With a ``scaler`` each rank's gradients are rounded to fp16 and unscaled (the
+        streamed parts on the host, by mamba_ext.amp's round_fp16 and
+        DynamicLossScaler.unscale, which kernels/amp.wgsl matches bit for bit; with
+        FlatStream's fp16 wire, at 2 or 3 ranks, the scaled fp16 values travel and their
+        sum is unscaled), so an overflow on any rank makes the reduced gradients
+        non-finite on every rank: all skip the step and back off alike."""
         if reduce is None:
             return self.step_async(tokens, targets).result()
         self.finish()
@@ -381,11 +382,10 @@ class ResidentTrainer:
                 g.wait_for(promises[item], idle=stream.progress)
                 part = host[lo:hi]
                 g.copy_mapped(st, part)
-                if amp:
+                if amp:     # scaled fp16 values: unscaled by the stream (its fp16 wire)
                     round_fp16(part, out=part)
-                    self.scaler.unscale([part])
                     overflow = overflow or self.scaler.check([part])
-                stream.add(part)
+                stream.add(part, unscale=self.scaler.unscale if amp else None)
         finally:
             # every map started is finished and undone, also after an error above, so
             # that the next step can copy into the staging buffers again

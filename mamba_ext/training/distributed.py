@@ -48,6 +48,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ..cpu.half import fp16_bits, sum_fp16_rows
 from .data import ShardedBatches, stream_batches
 
 __all__ = ["Distributed", "DistributedError", "DivergenceError", "GradReducer", "ShardedBatches",
@@ -265,39 +266,99 @@ class FlatStream:
     <mamba_ext.gpu.trainer.ResidentTrainer.step>`). ``add(part)`` scales a writeable
     contiguous 1-D view by 1/P (the mean, as in :meth:`GradReducer.reduce`),
     starts its non-blocking all-reduce in place and returns its request (``Test()``
-    tells when that part is final); ``finish(loss, overflow)``
-    all-reduces those two in float64 and waits for everything (``waiter``, e.g.
-    :meth:`Distributed.wait` with its deadline): (mean loss, any overflow). Every
-    rank adds the same parts in the same order."""
+    tells when that part is on its way; the part is final after :meth:`finish`);
+    ``finish(loss, overflow)`` all-reduces those two in float64 and waits for
+    everything (``waiter``, e.g. :meth:`Distributed.wait` with its deadline): (mean
+    loss, any overflow). Every rank adds the same parts in the same order.
 
-    def __init__(self, comm, *, average: bool = True, waiter=None, what: str = "gradients"):
+    Mixed precision, ``add(part, unscale=...)``: the part holds loss-scaled gradients
+    rounded to fp16 and ``unscale`` divides gradients by the scale in place
+    (``DynamicLossScaler.unscale``). With ``fp16_wire`` such a part travels as fp16
+    values: an all-gather of 2 bytes per value, summed on every rank in float32 in rank
+    order, then unscaled and divided by P (in :meth:`progress` once it has arrived, or
+    in :meth:`finish`). The ring all-reduce of float32 moves 2(P-1)/P x 4 bytes per
+    value into each rank, the all-gather (P-1) x 2: fewer for P <= 3, so ``fp16_wire``
+    None (the default) means P in (2, 3). The results: for P = 2 and a scale that is a
+    power of two (DynamicLossScaler's defaults) the same bits as the float32 path
+    (scaling by powers of two commutes with the one rounding of a two-term sum, barring
+    float32 underflow); otherwise equal to float32 rounding (the float32 path scales
+    by 1/P before an all-reduce whose order MPI chooses)."""
+
+    def __init__(self, comm, *, average: bool = True, waiter=None, what: str = "gradients",
+                 fp16_wire: bool | None = None, pool: list | None = None):
         from mpi4py import MPI
         self.MPI, self.comm, self.P = MPI, comm, comm.Get_size()
         self.average, self.waiter, self.what = average, waiter or _plain_wait, what
+        self.fp16_wire = self.P in (2, 3) if fp16_wire is None else bool(fp16_wire)
+        # the fp16 parts' buffers, kept by the caller from one step's stream to the next
+        # (``pool``, a list: entry k serves the k-th fp16 part while its size holds):
+        # fresh ones cost page faults that measured longer than the all-gather itself
+        self.pool = [] if pool is None else pool
         self.reqs = []
+        # fp16 parts not yet summed: [(request, sent (n,) and received (P, n) fp16 bits, part,
+        # unscale)]; the sent copy is kept alive until its all-gather is done
+        self.gathers = []
+        self._summed = 0        # fp16 parts summed so far
 
-    def add(self, part: np.ndarray):
+    def add(self, part: np.ndarray, *, unscale=None):
         if not isinstance(part, np.ndarray) or part.ndim != 1 or not part.flags.c_contiguous \
                 or not part.flags.writeable:
             raise TypeError("FlatStream.add: part: expected a writeable, contiguous 1-D array")
         _float_dtype("FlatStream.add: part", part.dtype)
-        if self.average and self.P != 1:
-            np.multiply(part, part.dtype.type(1.0 / self.P), out=part)
-        req = self.comm.Iallreduce(self.MPI.IN_PLACE, part, op=self.MPI.SUM)
+        if unscale is not None and self.fp16_wire and self.P > 1:
+            if part.dtype != np.float32:
+                raise TypeError("FlatStream.add: a part with unscale travels as fp16: expected "
+                                f"float32, got {part.dtype}")
+            k = len(self.gathers) + self._summed
+            if k < len(self.pool) and self.pool[k][1].shape == (self.P, part.size):
+                sent, got = self.pool[k]
+            else:
+                sent = np.empty(part.size, np.uint16)                # (n,) fp16 bits: exact
+                got = np.empty((self.P, part.size), np.uint16)       # (P, n)
+                self.pool[k:k + 1] = [(sent, got)]
+            fp16_bits(part, sent)
+            req = self.comm.Iallgather(sent, got)
+            self.gathers.append((req, (sent, got), part, unscale))
+        else:
+            if unscale is not None:
+                unscale([part])
+            if self.average and self.P != 1:
+                np.multiply(part, part.dtype.type(1.0 / self.P), out=part)
+            req = self.comm.Iallreduce(self.MPI.IN_PLACE, part, op=self.MPI.SUM)
         self.reqs.append(req)
         self.MPI.Request.Testall(self.reqs)      # let MPI progress before the next part
         return req
 
+    def _sum_gathered(self, done_only: bool):
+        """The fp16 parts that have arrived (all with ``done_only`` False: the caller has
+        waited): part = unscale(sum over ranks in rank order) / P."""
+        keep = []
+        for item in self.gathers:
+            req, (_, got), part, unscale = item
+            if done_only and not req.Test():
+                keep.append(item)
+                continue
+            sum_fp16_rows(got, part)
+            unscale([part])
+            if self.average:
+                np.multiply(part, np.float32(1.0 / self.P), out=part)
+            self._summed += 1
+        self.gathers = keep
+
     def progress(self) -> None:
         """Let MPI advance the all-reduces started so far (most MPI libraries move a
-        non-blocking collective only inside MPI calls); call it while waiting."""
+        non-blocking collective only inside MPI calls), and sum the fp16 parts that
+        have arrived; call it while waiting."""
         if self.reqs:
             self.MPI.Request.Testall(self.reqs)
+        if self.gathers:
+            self._sum_gathered(done_only=True)
 
     def finish(self, loss: float = 0.0, overflow: bool = False):
         scalars = np.array([float(loss), 1.0 if overflow else 0.0])   # (2,) float64
         self.reqs.append(self.comm.Iallreduce(self.MPI.IN_PLACE, scalars, op=self.MPI.SUM))
         self.waiter(self.reqs, self.what)
+        self._sum_gathered(done_only=False)
         self.reqs = []
         return float(scalars[0]) / self.P, bool(scalars[1] > 0)
 
@@ -424,6 +485,7 @@ class Distributed:
         self.stream = stream if stream is not None else sys.stderr
         self.step = None          # the step in flight (for messages)
         self._reducer = None
+        self._wire_pool = []        # FlatStream's fp16 buffers, reused step after step
         self.data = None
 
     # -- deadline -------------------------------------------------------------
@@ -521,9 +583,10 @@ class Distributed:
         return self.data
 
     # -- gradients ------------------------------------------------------------
-    def flat_stream(self) -> FlatStream:
+    def flat_stream(self, fp16_wire: bool | None = None) -> FlatStream:
         """A :class:`FlatStream` over this job's ranks, waited for under the deadline."""
-        return FlatStream(self.comm, waiter=self.wait, what="gradients")
+        return FlatStream(self.comm, waiter=self.wait, what="gradients", fp16_wire=fp16_wire,
+                          pool=self._wire_pool)
 
     def reduce(self, grads, loss: float = 0.0, overflow: bool = False):
         """Mean of ``grads`` over ranks (a dict, through the buckets, or one

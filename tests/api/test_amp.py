@@ -99,6 +99,40 @@ def test_round_fp16_out_and_fp16_view():
         fp16_view({"x": np.arange(3)})
 
 
+def test_compiled_fp16_conversions_are_numpys_bits():
+    """mamba_ext.cpu.half (round_fp16's float32 path, FlatStream's fp16 wire) gives the bits
+    of NumPy's float16 casts: every 4099th float32 bit pattern (NaN payloads, infinities,
+    subnormals of both), in place and out of place, strided input through NumPy; the sum
+    of fp16 rows in row order."""
+    from mamba_ext.cpu import half
+    x = np.arange(0, 2 ** 32, 4099, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x.astype(np.float16)
+    bits = np.empty(x.size, np.uint16)
+    half.fp16_bits(x, bits)
+    np.testing.assert_array_equal(bits, want.view(np.uint16))
+    got = round_fp16(x)                               # the compiled path
+    assert np.array_equal(got.view(np.uint32), want.astype(np.float32).view(np.uint32))
+    y = x.copy()
+    assert round_fp16(y, out=y) is y and np.array_equal(y.view(np.uint32), got.view(np.uint32))
+    strided = round_fp16(x[::3])                      # not contiguous: NumPy's own cast
+    assert np.array_equal(strided.view(np.uint32), got[::3].view(np.uint32))
+    half.round_fp16_array(x, y, n_threads=2)          # chunks over threads: the same bits
+    assert np.array_equal(y.view(np.uint32), got.view(np.uint32))
+
+    rows = np.random.default_rng(0).standard_normal((3, 1001)).astype(np.float16)
+    out = np.empty(1001, np.float32)
+    half.sum_fp16_rows(rows.view(np.uint16), out)
+    ref = rows[0].astype(np.float32)
+    ref += rows[1]
+    ref += rows[2]
+    np.testing.assert_array_equal(out, ref)
+    with pytest.raises(ValueError, match="out"):
+        half.sum_fp16_rows(rows.view(np.uint16), np.empty(10, np.float32))
+    with pytest.raises(ValueError, match="out"):
+        half.fp16_bits(x[:5], np.empty(4, np.uint16))
+
+
 # ---- the gradient that needs loss scaling --------------------------------------
 
 def test_small_gradient_survives_with_scaling_only():

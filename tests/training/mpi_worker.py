@@ -91,6 +91,30 @@ def api(corpus, out):
     res["stream_max_err"] = float(np.max(np.abs(flat - (both[0].astype(np.float64) + both[1]) / 2)))
     res["stream_scalars"] = [loss, overflow]
 
+    # 2b'. mixed precision: loss-scaled fp16 values travel as fp16 (an all-gather), summed in
+    # rank order and unscaled after: at P = 2 with a power-of-two scale the same bits as the
+    # float32 path (unscale, then all-reduce); parts summed by progress() or by finish()
+    from mamba_ext.amp import DynamicLossScaler, round_fp16
+    scaler = DynamicLossScaler()                              # scale 2**14
+    base = round_fp16(np.random.default_rng(30 + RANK).standard_normal(40).astype(np.float32)
+                      * np.float32(300))
+    base[5] = np.float32(2.0 ** -20)                          # an fp16 subnormal
+    wired = {}
+    for wire in (True, False):
+        flat = base.copy()
+        stream = dist.flat_stream(fp16_wire=wire)
+        stream.add(flat[0:25], unscale=scaler.unscale)
+        for _ in range(50):
+            stream.progress()
+        stream.add(flat[25:40], unscale=scaler.unscale)
+        stream.finish()
+        wired[wire] = flat
+    both = COMM.allgather(base)
+    expect = (both[0].astype(np.float64) + both[1]) / 2 / scaler.scale
+    res["fp16_wire_bitwise"] = bool(np.array_equal(wired[True], wired[False]))
+    res["fp16_wire_max_rel_err"] = float(np.max(np.abs(wired[True] - expect) / np.abs(expect)))
+    res["fp16_wire_auto"] = dist.flat_stream().fp16_wire
+
     # 2c. the all-reduce overlapped with the backward (grads_ready -> GradReducer.add):
     # the same buckets and sums as the reduction after it, so the same bits
     import mamba_ext

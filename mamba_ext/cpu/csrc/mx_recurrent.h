@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <string.h>
 #include "mx_compat.h"
+#include "mx_half.h"
 #include "mx_math.h"
 
 /* `omp simd reduction(+:v)`: a vectorised sum (plain C may not reorder float adds). */
@@ -79,30 +80,6 @@ MX_KERNEL void mx_scan_step_##SFX(T* MX_RESTRICT y, T* MX_RESTRICT h,           
 MX_KERNELS_BEGIN
 MX_RECURRENT_KERNELS(float, f, mx_expm1f, 1)
 MX_RECURRENT_KERNELS(double, d, expm1, 0)
-
-/* IEEE half (bits) -> float, branch-free so the loops below vectorise, and with no
-   subnormal float anywhere (a subnormal operand costs a microcode assist per vector):
-   a normal half is its bits shifted into place with the exponent rebased by 127 - 15;
-   a subnormal half is its mantissa times 2^-24 (an exact int -> float conversion);
-   exponent 31 (inf/NaN) keeps an all-ones float exponent. */
-MX_INLINE float mx_half_to_float(uint16_t hb) {
-    uint32_t h = hb, e = h & 0x7c00u, em = (h & 0x7fffu) << 13, bits;
-    float sub = (float)(int32_t)(h & 0x3ffu) * 5.9604644775390625e-8f;   /* 2^-24 */
-    uint32_t sub_bits;
-    float f;
-    memcpy(&sub_bits, &sub, sizeof sub_bits);
-    bits = e == 0x7c00u ? (em | 0x7f800000u) : (e == 0 ? sub_bits : em + 0x38000000u);
-    bits |= (h & 0x8000u) << 16;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-/* out (n,) = float(w (n,)) : one row of a float16 table (the embedding lookup). */
-MX_KERNEL void mx_half_row_to_float(float* MX_RESTRICT out, const uint16_t* MX_RESTRICT w,
-                                    ptrdiff_t n) {
-    MX_OMP_SIMD
-    for (ptrdiff_t i = 0; i < n; i++) out[i] = mx_half_to_float(w[i]);
-}
 
 /* Output columns [o0, o1) of out (B, OC) = x (B, IC) @ w (OC, IC)^T + bias (OC,) (bias may
    be NULL), w float16 bits, float32 accumulation. Each weight row is read once from
