@@ -190,6 +190,9 @@ class Gpu:
                 raise RuntimeError("mamba_ext.gpu needs the wgpu package: pip install wgpu "
                                    "(or pip install mamba_ext[gpu])") from e
         wgpu = self.wgpu = self.backend.module()
+        # False: one thread at a time may call the device (ResidentTrainer's streamed step
+        # then queues its submits and maps before it waits, instead of a feeder thread)
+        self.thread_safe = self.backend.THREAD_SAFE
         self.checks = _shader_checks()
         self.backend.prepare(self.checks)
         # one adapter per process, e.g. per MPI rank: use_adapter() (the training

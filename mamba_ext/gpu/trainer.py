@@ -325,7 +325,8 @@ class ResidentTrainer:
         A feeder thread submits ``ops`` segment by segment (``plan.segments``), each
         followed by the copies of the gradients it finished into staging buffers,
         and maps those (where wgpu-py's poller makes it wait for the GPU, see
-        Gpu.read_start). This thread takes each range as soon as it is mapped,
+        Gpu.read_start); on a device that is not thread-safe (Gpu.thread_safe: Dawn)
+        this thread queues them all first. This thread takes each range as soon as it is mapped,
         scales it and starts its all-reduce (``stream``), letting MPI progress while
         it waits for the next. The ranges are unmapped and the reduced arena written
         back once the GPU is done. Returns the mean loss over ranks."""
@@ -367,8 +368,12 @@ class ResidentTrainer:
         if parts[-1][0] != len(ops):
             raise AssertionError("ModelPlan.segments must cover every op")
         t1 = time.perf_counter()
-        thread = threading.Thread(target=feeder, name="mamba_ext-gpu-feeder", daemon=True)
-        thread.start()
+        thread = None
+        if g.thread_safe:
+            thread = threading.Thread(target=feeder, name="mamba_ext-gpu-feeder", daemon=True)
+            thread.start()
+        else:       # the same submits and maps, all queued from this thread before it waits
+            feeder()
         try:
             for lo, hi, st in flat:
                 while True:
@@ -385,11 +390,15 @@ class ResidentTrainer:
                 if amp:     # scaled fp16 values: unscaled by the stream (its fp16 wire)
                     round_fp16(part, out=part)
                     overflow = overflow or self.scaler.check([part])
-                stream.add(part, unscale=self.scaler.unscale if amp else None)
+                if amp:
+                    stream.add(part, unscale=self.scaler.unscale)
+                else:
+                    stream.add(part)
         finally:
             # every map started is finished and undone, also after an error above, so
             # that the next step can copy into the staging buffers again
-            thread.join()
+            if thread is not None:
+                thread.join()
             for (_, _, st), promise in zip(flat, promises):
                 if promise is not None:
                     try:

@@ -71,9 +71,11 @@ class _OneRank:
     def flat_stream(self):
         return self
 
-    def add(self, part):
+    def add(self, part, unscale=None):
         if len(self.parts) == self.fail_at:
             raise RuntimeError("simulated failure of an all-reduce")
+        if unscale is not None:
+            unscale([part])
         self.parts.append(part.size)
 
     def progress(self):
@@ -83,11 +85,16 @@ class _OneRank:
         return loss, overflow
 
 
-def test_trainer_streamed_reduce_equals_the_plain_step_and_survives_a_failure():
-    """The distributed path (segments submitted by a feeder thread, each layer's
-    gradients read back and handed to the all-reduce as they finish, written back)
-    gives the plain step's bits on one rank, hands over every gradient once, and a
-    failing all-reduce leaves the trainer usable (its staging buffers unmapped)."""
+@pytest.mark.parametrize("thread_safe", [True, False])
+def test_trainer_streamed_reduce_equals_the_plain_step_and_survives_a_failure(monkeypatch,
+                                                                             thread_safe):
+    """The distributed path (segments submitted by a feeder thread, or all queued first
+    where the device is not thread-safe as Dawn's, each layer's gradients read back and
+    handed to the all-reduce as they finish, written back) gives the plain step's bits on
+    one rank, hands over every gradient once, and a failing all-reduce leaves the trainer
+    usable (its staging buffers unmapped)."""
+    from mamba_ext.gpu.device import gpu
+    monkeypatch.setattr(gpu(), "thread_safe", thread_safe)
     params = random_model(V=13, Dm=8, n_layers=3, D=16, N=4, K=4, R=1, seed=21)
     tok = np.arange(3 * 9).reshape(3, 9) % 13
     plain = G.ResidentTrainer(params, lr=1e-2)

@@ -9,6 +9,8 @@ import numpy as np
 NAME = "wgpu"
 # device features asked for beyond timestamp-query, where the adapter has them: none
 FEATURES = ()
+# whether two threads may call the device at once (wgpu-native's devices are)
+THREAD_SAFE = True
 
 # Runtime checks naga adds to the shaders, as wgpu-native's WGPUShaderRuntimeChecks bits
 # (None: wgpu's default, create_shader_module); see SHADER_CHECKS in device.py.
