@@ -113,7 +113,8 @@ def api(corpus, out):
     expect = (both[0].astype(np.float64) + both[1]) / 2 / scaler.scale
     res["fp16_wire_bitwise"] = bool(np.array_equal(wired[True], wired[False]))
     res["fp16_wire_max_rel_err"] = float(np.max(np.abs(wired[True] - expect) / np.abs(expect)))
-    res["fp16_wire_auto"] = dist.flat_stream().fp16_wire
+    auto = dist.flat_stream()
+    res["fp16_wire_auto"] = [auto.uses_fp16(1 << 20), auto.uses_fp16(1000)]
 
     # 2c. the all-reduce overlapped with the backward (grads_ready -> GradReducer.add):
     # the same buckets and sums as the reduction after it, so the same bits
