@@ -284,10 +284,9 @@ class FlatStream:
     in :meth:`finish`). The ring all-reduce of float32 moves 2(P-1)/P x 4 bytes per
     value into each rank, the all-gather (P-1) x 2: fewer for P <= 3, so ``fp16_wire``
     None (the default) means P in (2, 3) and parts of at least :data:`FP16_WIRE_MIN`
-    values (below, the conversions cost more than the bytes save: 7.3 MB in 1.8 MB parts
-    took 7.1 ms against 6.2, 64 MiB in 4 MiB parts 72-76 against 93; H200 host, two
-    ranks). The results: for P = 2 and a scale that is a
-    power of two (DynamicLossScaler's defaults) the same bits as the float32 path
+    values (below, the conversions cost more than the bytes save: docs/distributed.md).
+    The results: for P = 2 and a scale that is a power of two (DynamicLossScaler's
+    defaults) the same bits as the float32 path
     (scaling by powers of two commutes with the one rounding of a two-term sum, barring
     float32 underflow); otherwise equal to float32 rounding (the float32 path scales
     by 1/P before an all-reduce whose order MPI chooses)."""
@@ -300,7 +299,7 @@ class FlatStream:
         self.fp16_wire = None if fp16_wire is None else bool(fp16_wire)
         # the fp16 parts' buffers, kept by the caller from one step's stream to the next
         # (``pool``, a list: entry k serves the k-th fp16 part while its size holds):
-        # fresh ones cost page faults that measured longer than the all-gather itself
+        # fresh ones cost page faults on every step
         self.pool = [] if pool is None else pool
         self.reqs = []
         # fp16 parts not yet summed: [(request, sent (n,) and received (P, n) fp16 bits, part,

@@ -17,8 +17,8 @@ from __future__ import annotations
 NAME = "dawn"
 # device features asked for beyond timestamp-query, where the adapter has them
 FEATURES = ("shader-f16", "subgroups", "chromium-experimental-subgroup-matrix")
-# whether two threads may call the device at once: Dawn's devices are not thread-safe (a
-# step whose feeder thread submitted while the main thread waited for a map hung, H200)
+# whether two threads may call the device at once: not Dawn's (its objects are not
+# thread-safe without the implicit-device-synchronization feature, not requested here)
 THREAD_SAFE = False
 
 _prepared = []
