@@ -235,6 +235,12 @@ class _Progress:
             self.stream.flush()
 
 
+def _gpu_backend() -> str:
+    """The GPU backend's name ("wgpu" or "dawn")."""
+    from ..gpu.device import gpu
+    return gpu().backend.NAME
+
+
 def _make_optimizer(cfg: TrainConfig, params: dict):
     from ..optim import AdamW
     return AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=1e-8,
@@ -687,6 +693,10 @@ def prepare(cfg: TrainConfig, out_dir, *, resume=None, log=None, stop_after=None
                                   checkpointing=cfg.checkpointing, scaler=scaler)
         if scaler is not None:
             log(f"amp on the GPU: {trainer.products(cfg.batch, cfg.seq_len)}")
+        if dist is not None and dist.size > 1 and _gpu_backend() == "dawn":
+            log("warning: GPU ranks on the Dawn backend have not been seen to work: two of them "
+                "on one H200 hung in their first step (docs/distributed.md); the tested "
+                "backend for GPU ranks is wgpu-native (MAMBA_EXT_GPU_BACKEND=wgpu)")
         if state is not None and state["optimizer_state"]:
             _restore(resume, "optimizer state", trainer.load_state_dict, state["optimizer_state"])
     else:
