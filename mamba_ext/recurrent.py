@@ -80,7 +80,7 @@ class RecurrentState:
         # (the caller's arrays, per-layer validated dicts, all arrays, prepared weights
         # per weights_dtype): see validated_layers
         self._seen = None
-        self.stepper = None  # (key, compiled Stepper over these very h / conv arrays)
+        self._stepper = None  # (key, compiled Stepper over these very h / conv arrays)
 
     @property
     def batch(self) -> int:
@@ -159,7 +159,7 @@ def validated_layers(params: Mapping[str, ArrayLike], state: RecurrentState) -> 
               for i in range(n_layers)]
     # hold the caller's objects, so the identity test above cannot be fooled by id reuse
     state._seen = (dict(params), layers, arrays, {})
-    state.stepper = None
+    state._stepper = None
     return layers, arrays
 
 
@@ -220,15 +220,15 @@ def stepper(params: Mapping[str, ArrayLike], state: RecurrentState, weights_dtyp
     # their ids stay unique): a replaced array or a changed setting builds a new one
     key = (half, nt, state.eps, state.discretization,
            tuple(id(a) for a in state.h), tuple(id(a) for a in state.conv))
-    if state.stepper is not None and state.stepper[0] == key:
-        return state.stepper[1], arrays
+    if state._stepper is not None and state._stepper[0] == key:
+        return state._stepper[1], arrays
     cache = state._seen[3]
     if half not in cache:
         cache[half] = _prepared(layers, arrays, half)
     emb, final_norm, bias, layer_arrays = cache[half]
     st = Stepper(state.batch, emb, final_norm, bias, layer_arrays, state.h, state.conv,
                  state.eps, state.discretization == "zoh", half, nt)
-    state.stepper = (key, st)
+    state._stepper = (key, st)
     return st, arrays
 
 

@@ -390,7 +390,6 @@ class ResidentTrainer:
                 if amp:     # scaled fp16 values: unscaled by the stream (its fp16 wire)
                     round_fp16(part, out=part)
                     overflow = overflow or self.scaler.check([part])
-                if amp:
                     stream.add(part, unscale=self.scaler.unscale)
                 else:
                     stream.add(part)

@@ -305,7 +305,7 @@ class FlatStream:
         # fp16 parts not yet summed: [(request, sent (n,) and received (P, n) fp16 bits, part,
         # unscale)]; the sent copy is kept alive until its all-gather is done
         self.gathers = []
-        self._summed = 0        # fp16 parts summed so far
+        self._n16 = 0           # fp16 parts added so far (the next one's pool entry)
 
     def add(self, part: np.ndarray, *, unscale=None):
         if not isinstance(part, np.ndarray) or part.ndim != 1 or not part.flags.c_contiguous \
@@ -316,7 +316,7 @@ class FlatStream:
             if part.dtype != np.float32:
                 raise TypeError("FlatStream.add: a part with unscale travels as fp16: expected "
                                 f"float32, got {part.dtype}")
-            k = len(self.gathers) + self._summed
+            k, self._n16 = self._n16, self._n16 + 1
             if k < len(self.pool) and self.pool[k][1].shape == (self.P, part.size):
                 sent, got = self.pool[k]
             else:
@@ -357,7 +357,6 @@ class FlatStream:
             unscale([part])
             if self.average:
                 np.multiply(part, np.float32(1.0 / self.P), out=part)
-            self._summed += 1
         self.gathers = keep
 
     def progress(self) -> None:

@@ -735,7 +735,6 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
     missing or non-finite loss). Raises :class:`TrainingFailed` after writing every file
     when the steps run were all skipped or the final loss is not finite.
     """
-    log = log or (lambda s: print(s, file=sys.stderr))
     run = prepare(cfg, out_dir, resume=resume, log=log, stop_after=stop_after, dist=dist)
     bar = _Progress(progress, run.cfg.steps, run.start)
     t0 = time.perf_counter()
@@ -748,7 +747,7 @@ def train(cfg: TrainConfig, out_dir, *, resume=None, progress=sys.stderr, log=No
             # the step in flight may have half-updated the weights: keep the last
             # complete checkpoint rather than saving this state
             bar.close()
-            log(f"interrupted; {run.path} holds the last checkpoint (resume with --resume)")
+            run.log(f"interrupted; {run.path} holds the last checkpoint (resume with --resume)")
         raise
     run.wall = time.perf_counter() - t0
     bar.close()
