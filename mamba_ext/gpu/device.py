@@ -65,27 +65,34 @@ _MIN_STORAGE_BUFFERS = 11
 SHADER_CHECKS = ("full", "bounds", "none")
 
 
-def _kernel_dir_sources():
-    """Return a function name -> WGSL text.
+def kernel_dir():
+    """The folder of the WGSL sources (a :class:`pathlib.Path` or an importlib.resources
+    Traversable: ``joinpath``, ``iterdir``, ``read_text``).
 
     Installed wheels hold the kernels as package data of ``mamba_ext.kernels`` (a
-    namespace package: no ``__init__.py``, see setup.py).
-    In a source checkout used through ``PYTHONPATH=<repo>`` that package does not
-    exist (setup.py maps it from the top-level ``kernels/`` folder only when
-    building), so we fall back to ``<repo>/kernels`` next to the package.
+    namespace package: no ``__init__.py``, see setup.py). In a source checkout used
+    through ``PYTHONPATH=<repo>``, or installed editable (``pip install -e .``, whose
+    finder maps no namespace package), that package does not exist, so we fall back to
+    ``<repo>/kernels`` next to the package.
     """
     try:
         from importlib.resources import files
         root = files("mamba_ext.kernels")
         if root.joinpath("common.wgsl").is_file():
-            return lambda name: root.joinpath(name).read_text(encoding="utf-8")
+            return root
     except (ModuleNotFoundError, FileNotFoundError, TypeError):
         pass
     repo_kernels = Path(__file__).resolve().parents[2] / "kernels"
     if not (repo_kernels / "common.wgsl").is_file():
         raise RuntimeError(f"mamba_ext.gpu: WGSL kernels not found (neither package "
                            f"mamba_ext.kernels nor {repo_kernels})")
-    return lambda name: (repo_kernels / name).read_text(encoding="utf-8")
+    return repo_kernels
+
+
+def _kernel_dir_sources():
+    """Return a function name -> WGSL text of :func:`kernel_dir`."""
+    root = kernel_dir()
+    return lambda name: root.joinpath(name).read_text(encoding="utf-8")
 
 
 _INCLUDE = re.compile(r"^// #include (\w+\.wgsl)[ \t]*$", re.M)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import sys
-from importlib.resources import files
 from pathlib import Path
 
 if str(Path(__file__).resolve().parent) not in sys.path:
@@ -16,9 +15,9 @@ import pytest
 from gpu_support import require_gpu
 
 g = require_gpu()
-from mamba_ext.gpu.device import Gpu, kernel_source  # noqa: E402
+from mamba_ext.gpu.device import Gpu, kernel_dir, kernel_source  # noqa: E402
 
-KERNEL_FILES = sorted(p.name for p in files("mamba_ext.kernels").iterdir()
+KERNEL_FILES = sorted(p.name for p in kernel_dir().iterdir()
                       if p.name.endswith(".wgsl"))
 
 
@@ -209,7 +208,7 @@ def test_every_shader_checks_mode_gives_the_cpu_block(monkeypatch, trusted):
 @pytest.mark.parametrize("name", KERNEL_FILES)
 def test_every_kernel_file_has_legend_and_binding_table(name):
     """Each file opens with its comment block: what it is, the size letters, its bindings."""
-    text = files("mamba_ext.kernels").joinpath(name).read_text(encoding="utf-8")
+    text = kernel_dir().joinpath(name).read_text(encoding="utf-8")
     head = "\n".join(line for line in text.splitlines()[:60] if line.startswith("//"))
     assert text.startswith(f"// {name} — "), name
     assert "Size letters:" in head, name
@@ -219,7 +218,7 @@ def test_every_kernel_file_has_legend_and_binding_table(name):
 @pytest.mark.parametrize("name", KERNEL_FILES)
 def test_kernel_vocabulary(name):
     """One name per thing (HELPERS.md): no retired names in the kernels."""
-    text = files("mamba_ext.kernels").joinpath(name).read_text(encoding="utf-8")
+    text = kernel_dir().joinpath(name).read_text(encoding="utf-8")
     for old in ("scan_fwd_", "scan_bwd_", "hck", "hstates", "Delta", "dpre", "linear_gemm",
                 "reduce_cols", "fn sumsq_", "copy_f32"):
         assert old not in text, (name, old)
