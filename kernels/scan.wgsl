@@ -18,10 +18,10 @@
 //   scan_backward_chunk  every chunk from zero beyond its end: gchunk[c] = a_first * g_first
 //   scan_backward_carry  gcarry[c] = carry into the last step of chunk c
 //                        (gcarry[C-1] = 0, gcarry[c] = gchunk[c+1] + achunk[c+1] gcarry[c+1])
-//   scan_backward_grads  every chunk: the states are walked forward from hstate[c]
-//                        keeping one checkpoint per block of TS steps, then the blocks
-//                        from the last: states recomputed from the checkpoint into
-//                        registers, then the steps backward with the carry gcarry[c];
+//   scan_backward_grads  every chunk: g is walked backward from gcarry[c] keeping its
+//                        carry into each block of TS steps, then the blocks in order,
+//                        the state carried from hstate[c]: the block's states
+//                        recomputed into registers, then its steps backward from its carry;
 //                        writes du, ddelta_pre (softplus backward fused), dA per
 //                        (b, chunk) and the partial sums of dBs/dCs per channel group
 //   scan_backward_sum_bc     dBs, dCs = sums of the channel-group partials -> dxproj columns
@@ -510,7 +510,7 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
     let t1 = min(t0 + p.chunk, p.L);
     let nblk = (t1 - t0 + TS - 1u) / TS;
     load_a(l);
-    var hblock: array<vec4<f32>, 4u * CKMAX>;    // (CKMAX, 4): state entering each block
+    var gblock: array<vec4<f32>, 4u * CKMAX>;    // (CKMAX, 4): carry into each block's last step
     for (var q = 0u; q < 4u; q++) {
         hv[q] = vec4<f32>(0.0); gc[q] = vec4<f32>(0.0); dA[q] = vec4<f32>(0.0);
     }
@@ -521,34 +521,44 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
             if (i != NONE && l.c + 1u < p.C) { gc[q][k] = gcarry[i]; }
         }
     }
-    // 1. walk the chunk forward, keeping the state entering each block
-    for (var j = 0u; j < nblk; j++) {
+    // 1. walk the chunk backward from its carry, keeping the carry a_{t+1} g_{t+1} into the
+    // last step of each block (g needs no input factor: a third of the work of a walk of h)
+    for (var jj = 0u; jj < nblk; jj++) {
+        let j = nblk - 1u - jj;
         let tb = t0 + j * TS;
         workgroupBarrier();
         stage_bc(li, l.b, tb, t1);
         workgroupBarrier();
         if (l.on) {
-            for (var q = 0u; q < 4u; q++) { hblock[j * 4u + q] = hv[q]; }
-            for (var ts = 0u; ts < TS; ts++) {
+            for (var q = 0u; q < 4u; q++) { gblock[j * 4u + q] = gc[q]; }
+            for (var k = 0u; k < TS; k++) {
+                let ts = TS - 1u - k;
                 if (tb + ts < t1) {
                     let r = (l.b * p.L + tb + ts) * p.D + l.d;
-                    step_h(l, ts, delta_at(r), u[r], false);
+                    let dl = delta_at(r);
+                    let dyv = dy[r];
+                    for (var q = 0u; q < 4u; q++) {
+                        if (q < NV) {       // as pass2_back: g = Cs dy + carry, carry = a g
+                            let ex = exp(dl * Av[q]);
+                            gc[q] = ex * fma(bc_at(ts, 1u, l.s, q), vec4<f32>(dyv), gc[q]);
+                        }
+                    }
                 }
             }
         }
     }
     let dvec = select(0.0, w[p.dvec_off + min(l.d, p.D - 1u)], l.on);
-    // 2. the blocks from the last: recompute, then the steps backward (TS <= TSMAX = 8;
+    // 2. the blocks in order, the state carried from one to the next: recompute the block's
+    // states into registers, then its steps backward from the block's carry (TS <= TSMAX = 8;
     // the calls past TS return at once)
-    for (var jj = 0u; jj < nblk; jj++) {
-        let j = nblk - 1u - jj;
+    for (var j = 0u; j < nblk; j++) {
         let bk = Blk(t0 + j * TS, t1, dvec, wid.x);
         workgroupBarrier();
         stage_bc(li, l.b, bk.tb, t1);
         workgroupBarrier();
         pass2_load(l, bk, 0u); pass2_load(l, bk, 1u); pass2_load(l, bk, 2u); pass2_load(l, bk, 3u);
         pass2_load(l, bk, 4u); pass2_load(l, bk, 5u); pass2_load(l, bk, 6u); pass2_load(l, bk, 7u);
-        if (l.on) { for (var q = 0u; q < 4u; q++) { hv[q] = hblock[j * 4u + q]; } }
+        if (l.on) { for (var q = 0u; q < 4u; q++) { gc[q] = gblock[j * 4u + q]; } }
         pass2_recompute(l, bk, 0u); pass2_recompute(l, bk, 1u); pass2_recompute(l, bk, 2u);
         pass2_recompute(l, bk, 3u); pass2_recompute(l, bk, 4u); pass2_recompute(l, bk, 5u);
         pass2_recompute(l, bk, 6u); pass2_recompute(l, bk, 7u);
