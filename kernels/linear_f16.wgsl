@@ -5,7 +5,13 @@
 // host side is mamba_ext/gpu/linear_f16.py, which runs it only on a device that offers
 // an f16 x f16 -> f32 subgroup-matrix configuration (Dawn) and falls back otherwise.
 //
-//   C[i, j] = (ACCUMULATE ? C[i, j] : 0) + sum_k A(i, k) * B(k, j)
+//   C[i, j] = C0[i, j] + sum_k A(i, k) * B(k, j),  C0 = C (ACCUMULATE), else
+//             bias[j] (INIT_BIAS), else 0
+//
+// The bias is linear.wgsl's epilogue moved before the products: subgroup matrices are
+// opaque (no element of a result matrix is addressable), so the workgroup writes the
+// bias of its BN columns into TM rows of workgroup memory (sbias) and every result
+// matrix starts as a load from there.
 //
 // Split-K: workgroup z of a grid of depth S takes k = z*KLEN .. (z+1)*KLEN - 1 of a
 // product of contraction S*KLEN and writes its C at c_off + z*CSLICE (the host sums the
@@ -17,25 +23,27 @@
 //   B_KMAJOR: B(k, j) = b[b_off + j*ldb + k] (W^T), else b[b_off + k*ldb + j] (W, X)
 //   forward Y = X W^T: A_KMAJOR, B_KMAJOR; dX = dY W: A_KMAJOR, not B_KMAJOR;
 //   dW = dY^T X: neither.
-// C (M, N) f32 rows ldc apart from c_off. Requirements (checked on the host): M, N
-// multiples of 128, K of 32; lda, ldb, a_off, b_off multiples of 8 (16-byte loads);
-// ldc, c_off multiples of 4.
+// C (M, N) f32 rows ldc apart from c_off; bias (N,) f32 from bias_off. Requirements (checked on the host): M, N multiples of
+// 128, K of 32; lda, ldb, a_off, b_off multiples of 8 (16-byte loads); ldc, c_off
+// multiples of 4.
 //
 // Constants prepended by the host: TM, TN, TK (the subgroup-matrix shape of the
 // adapter's configuration), SG (the subgroup size), WM x WN = 256 / SG subgroups per
-// workgroup (their grid over the tile), A_KMAJOR, B_KMAJOR, ACCUMULATE, CSLICE, and the
-// product's contraction length KLEN and strides LDA, LDB, LDC: with these four as uniforms instead,
+// workgroup (their grid over the tile), A_KMAJOR, B_KMAJOR, ACCUMULATE, INIT_BIAS,
+// CSLICE, and the product's contraction length KLEN and strides LDA, LDB, LDC: with the
+// contraction and the strides as uniforms instead,
 // the same kernel ran 4x slower on an H200 (38 against 148 TFLOP/s, docs/gpu_h200.txt),
 // so a pipeline is built per product shape. A dispatch whose subgroups are not SG wide
 // writes NaN over its tile instead of a wrong product.
 //
 // Bindings:
-// | binding | name | shape                                 | access     |
-// |---------|------|---------------------------------------|------------|
-// | 0       | p    | Params: a_off, b_off, c_off           | uniform    |
-// | 1       | a    | A operand, f16 packed 8 per vec4<u32> | read       |
-// | 2       | b    | B operand, f16 packed 8 per vec4<u32> | read       |
-// | 3       | c    | C (M, N) f32                          | read_write |
+// | binding | name | shape                                       | access     |
+// |---------|------|---------------------------------------------|------------|
+// | 0       | p    | Params: a_off, b_off, c_off, bias_off       | uniform    |
+// | 1       | a    | A operand, f16 packed 8 per vec4<u32>       | read       |
+// | 2       | b    | B operand, f16 packed 8 per vec4<u32>       | read       |
+// | 3       | c    | C (M, N) f32                                | read_write |
+// | 4       | bias | bias (N,) f32 (e.g. in the parameter arena) | read       |
 //
 // Tile: BM x BN = 128 x 128 outputs per workgroup of 256 invocations; subgroup s owns
 // the (128/WM) x (128/WN) block at (s / WN, s % WN) as FM x FN result matrices. k
@@ -47,13 +55,14 @@
 // matching col_major flag, so no operand is transposed on the way.
 
 struct Params {
-    a_off : u32, b_off : u32, c_off : u32,
+    a_off : u32, b_off : u32, c_off : u32, bias_off : u32,
 }
 
 @group(0) @binding(0) var<uniform> p : Params;
 @group(0) @binding(1) var<storage, read> a : array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> b : array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> c : array<f32>;
+@group(0) @binding(4) var<storage, read> bias : array<f32>;
 
 const BM : u32 = 128u;
 const BN : u32 = 128u;
@@ -66,6 +75,9 @@ const FN : u32 = BN / WN / TN;       // and along N
 
 var<workgroup> sa : array<f16, 2u * STAGE>;
 var<workgroup> sb : array<f16, 2u * STAGE>;
+// (TM, BN): the bias of the tile's columns, in each of TM rows (INIT_BIAS; one result
+// matrix's worth, unused, without it)
+var<workgroup> sbias : array<f32, TM * select(TN, BN, INIT_BIAS)>;
 
 // the 16-byte word e (0 .. 511) of the first 128 x 32 tile (rows r0.., k 0..31): its
 // place in the staging buffer (x) and its global word index (y)
@@ -101,6 +113,7 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
                       @builtin(local_invocation_index) t : u32,
                       @builtin(subgroup_id) sid : u32,
                       @builtin(subgroup_size) sg_size : u32) {
+    if (p.bias_off == 0xffffffffu) { c[0] = bias[0]; }   // never: keeps binding 4 in the layout
     let bm = wg.y * BM;
     let bn = wg.x * BN;
     // this workgroup's K slice (split-K; z = 0 otherwise)
@@ -124,6 +137,15 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
             for (var j = 0u; j < FN; j++) {
                 acc[i][j] = subgroupMatrixLoad<subgroup_matrix_result<f32, TN, TM>>(
                     &c, c_off + (bm + sm + i * TM) * LDC + bn + sn + j * TN, false, LDC);
+            }
+        }
+    } else if (INIT_BIAS) {
+        for (var e = t; e < TM * BN; e += 256u) { sbias[e] = bias[p.bias_off + bn + e % BN]; }
+        workgroupBarrier();
+        for (var i = 0u; i < FM; i++) {
+            for (var j = 0u; j < FN; j++) {
+                acc[i][j] = subgroupMatrixLoad<subgroup_matrix_result<f32, TN, TM>>(
+                    &sbias, sn + j * TN, false, BN);
             }
         }
     }

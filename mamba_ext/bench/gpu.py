@@ -356,8 +356,9 @@ F16_GEMM_SHAPES = (("in_proj", 16384, 768, 3072), ("out_proj", 16384, 1536, 768)
 
 
 def check_f16_products(g, lf, rng):
-    """Max relative error of forward / dinput / dweight (written, then accumulated)
-    against float64 products of the same f16-rounded inputs."""
+    """Max relative error of forward / dinput / dweight (written, then accumulated), and
+    of forward from a bias, against float64 products of the same f16-rounded inputs;
+    "start value": that forward with X = 0 against the bias (0.0 when exact)."""
     M, I, O = 256, 384, 128
     x, w, dy = (rng.standard_normal(s).astype(np.float16) for s in ((M, I), (O, I), (M, O)))
     bx, bw, bdy = (lf.f16_buffer(g, a, n) for a, n in ((x, "f16_x"), (w, "f16_w"), (dy, "f16_dy")))
@@ -375,6 +376,16 @@ def check_f16_products(g, lf, rng):
             got = g.read(c, c0.size).reshape(shape).astype(np.float64)
             ref = want + (c0 if acc else 0)
             errs[f"{name}{'+=' if acc else ''}"] = float(np.abs(got - ref).max() / np.abs(ref).max())
+    # forward starting from a bias, and that start alone (x = 0): exactly the bias
+    b0 = rng.standard_normal(O + 5).astype(np.float32)
+    bb = g.buffer(b0.size, "f16_bias", b0)
+    for name, xb, want in (("forward+bias", bx, x64 @ w64.T + b0[5:]),
+                           ("start value", lf.f16_buffer(g, np.zeros((M, I)), "f16_x0"),
+                            np.broadcast_to(b0[5:].astype(np.float64), (M, O)))):
+        c = g.buffer(M * O, "f16_c")
+        g.submit(lf.forward(g, c, xb, bw, M, I, O, bias=(bb, 5)))
+        got = g.read(c, M * O).reshape(M, O).astype(np.float64)
+        errs[name] = float(np.abs(got - want).max() / np.abs(want).max())
     # a contraction long enough to be split over K (linear_f16.dweight_splits), accumulated
     Ms = 4 * lf.SPLIT_MIN_K
     dys, xs = (rng.standard_normal(s).astype(np.float16) for s in ((Ms, O), (Ms, I)))

@@ -121,9 +121,9 @@ class BlockLayer:
     large weights (linear_f16.HalfWeights): in_proj's and out_proj's six products then
     run on tensor cores (mamba_ext.gpu.linear_f16) with f16 operands, and the cache keeps
     their f16 inputs, transposed (xn16_t, gated16_t: the weight gradients' k-major
-    operands, linear_f16.dweight), instead of the f32 ones; the biases are filled in
-    first (linear.bias_fill) and the products accumulated on top, the bias gradients are
-    column sums of the f32 gradients. The f16 mode's cache is small (mixed precision's
+    operands, linear_f16.dweight), instead of the f32 ones; in_proj's product starts from
+    its bias, out_proj's accumulates onto its bias and the residual (linear.bias_fill), the
+    bias gradients are column sums of the f32 gradients. The f16 mode's cache is small (mixed precision's
     memory): Y and y are kept in f16 (rounded as the products' operands are) and u and
     delta_pre not at all; the backward first restores them into f32 buffers shared by
     all layers (Y and y unpacked, u and delta_pre recomputed from them as the forward
@@ -214,9 +214,8 @@ class BlockLayer:
             else:
                 wh, ho = self.f16
                 in_proj = [lf.pack_pair(g, self.xn16, self.xn16_t, self.xn, M, Dm),
-                           *bias_fill(g, M, 2 * D, w, o["bInProj"], self.Y, 0, 2 * D),
-                           *lf.forward(g, self.Y, self.xn16, wh, M, Dm, 2 * D, accumulate=True,
-                                       w_off=ho["wInProj"])]
+                           *lf.forward(g, self.Y, self.xn16, wh, M, Dm, 2 * D,
+                                       w_off=ho["wInProj"], bias=(w, o["bInProj"]))]
             # u = SiLU(conv(xc)); dt_proj: delta_pre (M, D) = dt_low @ wDtProj^T + bDtProj
             # (the scan kernels take delta = softplus(delta_pre) where they read it). Kept:
             # the f16 mode's backward runs them again to restore u and delta_pre
@@ -245,6 +244,7 @@ class BlockLayer:
                 self._fwd += [lf.pack_pair(g, self.gated16, self.gated16_t, self.gated, M, D),
                               lf.pack(g, self.Y16, self.Y, M, 2 * D),
                               lf.pack(g, self.y16, self.y, M, D)]
+                # (out = bias + x filled first: the products cannot start from two terms)
                 self._out_ops = [*bias_fill(g, M, Dm, w, o["bOutProj"], self.out, 0, Dm, res=self.x),
                                  *lf.forward(g, self.out, self.gated16, wh, M, D, Dm,
                                              accumulate=True, w_off=ho["wOutProj"])]

@@ -4,10 +4,11 @@ f32 accumulation and output, through WGSL subgroup matrices, for mixed precision
 ``Y = X @ W^T`` with X (M, I), W (O, I), Y (M, O) as in :mod:`mamba_ext.gpu.linear`:
 :func:`forward` (Y), :func:`dinput` (dX = dY @ W) and :func:`dweight` (dW = dY^T @ X),
 each with f16 operand buffers and an f32 result that is written or, with
-``accumulate``, added to. They run where the device offers an f16 x f16 -> f32
-subgroup-matrix configuration (``Gpu.f16_matrices``: the Dawn backend on NVIDIA, AMD
-RDNA3, Intel Xe and Apple GPUs); :func:`available` says whether it does, and
-:func:`unsupported` why a product's sizes do not fit the kernel (then the fp32 kernels
+``accumulate``, added to; :func:`forward` also starts from a bias where it is given one
+(linear.py's epilogue, moved before the product). They run where the device
+offers an f16 x f16 -> f32 subgroup-matrix configuration (``Gpu.f16_matrices``: the
+Dawn backend on NVIDIA, AMD RDNA3, Intel Xe and Apple GPUs); :func:`available` says
+whether it does, and :func:`unsupported` why a product's sizes do not fit the kernel (then the fp32 kernels
 of linear.py are the fallback). :func:`pack` makes the f16 operands (kernels/amp.wgsl's
 rounding, as NumPy's ``astype(float16)``), :func:`unpack` reads f16 values back as f32,
 and :class:`HalfWeights` makes the f16 copies of a parameter arena's weight matrices that
@@ -59,7 +60,7 @@ def plan(g):
 
 
 def prelude(g, a_kmajor: bool, b_kmajor: bool, accumulate: bool, K: int, lda: int, ldb: int,
-            ldc: int, cslice: int = 0) -> str:
+            ldc: int, cslice: int = 0, init_bias: bool = False) -> str:
     """The WGSL put before kernels/linear_f16.wgsl: its ``enable`` directives and its
     constants (the subgroup layout, the operand layouts, and the product's contraction
     length and strides, which as uniforms made the kernel 4x slower; ``K`` and ``cslice``
@@ -76,6 +77,7 @@ def prelude(g, a_kmajor: bool, b_kmajor: bool, accumulate: bool, K: int, lda: in
     return (head +
             f"const A_KMAJOR : bool = {b(a_kmajor)};\nconst B_KMAJOR : bool = {b(b_kmajor)};\n"
             f"const ACCUMULATE : bool = {b(accumulate)};\n"
+            f"const INIT_BIAS : bool = {b(init_bias)};\n"
             f"const CSLICE : u32 = {int(cslice)}u;\n"
             f"const KLEN : u32 = {int(K)}u;\nconst LDA : u32 = {int(lda)}u;\n"
             f"const LDB : u32 = {int(ldb)}u;\nconst LDC : u32 = {int(ldc)}u;\n")
@@ -104,11 +106,12 @@ def f16_buffer(g, data, name: str):
 
 def product(g, c, a, b, M: int, N: int, K: int, *, a_kmajor: bool, b_kmajor: bool,
             lda: int, ldb: int, ldc: int, a_off: int = 0, b_off: int = 0, c_off: int = 0,
-            accumulate: bool = False, splits: int = 1):
+            accumulate: bool = False, splits: int = 1, bias=None):
     """The op C (M, N) [+]= A (M, K) B (K, N) (layouts in kernels/linear_f16.wgsl's
     legend; offsets and strides in elements: f16 for a and b, f32 for c). ``splits`` S > 1:
     S partial products over K slices instead, slice z's (M, N) at c_off + z*M*ldc (sum
-    them with linear.split_sum)."""
+    them with linear.split_sum). ``bias`` (buffer, offset): C starts from bias (N,) instead
+    of 0 (not with ``accumulate`` or ``splits``)."""
     if not available(g):
         raise RuntimeError("mamba_ext.gpu.linear_f16: this device offers no f16 subgroup "
                            "matrices (they need MAMBA_EXT_GPU_BACKEND=dawn on a GPU that has "
@@ -119,20 +122,26 @@ def product(g, c, a, b, M: int, N: int, K: int, *, a_kmajor: bool, b_kmajor: boo
     if splits < 1 or K % (splits * BK):
         raise ValueError(f"mamba_ext.gpu.linear_f16: K {K} does not split into {splits} "
                          f"slices of a multiple of {BK}")
+    if bias is not None and (accumulate or splits > 1):
+        raise ValueError("mamba_ext.gpu.linear_f16: a bias start value goes with neither "
+                         "accumulate nor splits")
     if REFERENCE:
         file, grid = "linear_f16_ref", (N // 16, M // 16, splits)
     else:
         file, grid = "linear_f16", (N // TILE[1], M // TILE[0], splits)
+    bias_buf, bias_off = bias if bias is not None else (g.dummy(0), 0)
     return g.op(file, "linear_f16_product", g.check_grid(grid, "linear_f16_product"),
-                [a_off, b_off, c_off], [a, b, c],
+                [a_off, b_off, c_off, bias_off], [a, b, c, bias_buf],
                 prelude=prelude(g, a_kmajor, b_kmajor, accumulate, K // splits, lda, ldb, ldc,
-                                M * ldc if splits > 1 else 0))
+                                M * ldc if splits > 1 else 0, bias is not None))
 
 
-def forward(g, y, x, w, M: int, I: int, O: int, accumulate: bool = False, w_off: int = 0):
-    """Ops: Y (M, O) f32 [+]= X (M, I) @ W (O, I)^T, X and W f16 (W from ``w_off``)."""
+def forward(g, y, x, w, M: int, I: int, O: int, accumulate: bool = False, w_off: int = 0,
+            bias=None):
+    """Ops: Y (M, O) f32 [+]= X (M, I) @ W (O, I)^T, X and W f16 (W from ``w_off``);
+    ``bias`` (buffer, offset): Y starts from b (O,) f32 (not with ``accumulate``)."""
     return [product(g, y, x, w, M, O, I, a_kmajor=True, b_kmajor=True, lda=I, ldb=I, ldc=O,
-                    b_off=w_off, accumulate=accumulate)]
+                    b_off=w_off, accumulate=accumulate, bias=bias)]
 
 
 def dinput(g, dx, dy, w, M: int, I: int, O: int, accumulate: bool = True, w_off: int = 0):

@@ -1,6 +1,6 @@
 """Mixed precision with f16 products (mamba_ext.gpu.linear_f16, BlockLayer's f16 mode,
-ResidentTrainer(scaler=...) with f16_products): the f16 operands, the bias fills and the
-f16 caches around in_proj's and out_proj's products.
+ResidentTrainer(scaler=...) with f16_products): the f16 operands, the biases (a start value,
+a fill) and the f16 caches around in_proj's and out_proj's products.
 
 The tensor-core kernel needs a device with f16 subgroup matrices, which CI's lavapipe does
 not have (the Dawn run of tests/gpu/test_linear_f16.py checks it on real hardware). The
@@ -261,6 +261,15 @@ def test_dawn_model_with_tensor_core_products():
 def test_check_f16_model_on_the_reference(reference):
     res = check_f16_model(g, np.random.default_rng(0), Dm=128, n_layers=1, B=1, L=128)
     assert res["loss"] <= 1e-4 and res["grads"] <= 5e-3, res
+
+
+def test_products_on_the_reference(reference):
+    """Every product of linear_f16 on the portable kernel against float64, and forward's
+    start value from a bias exactly the bias."""
+    from mamba_ext.bench.gpu import check_f16_products
+    res = check_f16_products(g, lf, np.random.default_rng(11))
+    assert max(res.values()) < 1e-5, res
+    assert res["start value"] == 0.0, res
 
 
 def test_bias_fill_is_exact():
