@@ -75,9 +75,9 @@ const FN : u32 = BN / WN / TN;       // and along N
 
 var<workgroup> sa : array<f16, 2u * STAGE>;
 var<workgroup> sb : array<f16, 2u * STAGE>;
-// (TM, BN): the bias of the tile's columns, in each of TM rows (INIT_BIAS; one result
-// matrix's worth, unused, without it)
-var<workgroup> sbias : array<f32, TM * select(TN, BN, INIT_BIAS)>;
+// (TM, BN): the bias of the tile's columns, in each of TM rows (INIT_BIAS; declared whole
+// without it too: Tint checks the size a subgroupMatrixLoad with its stride reads)
+var<workgroup> sbias : array<f32, TM * BN>;
 
 // the 16-byte word e (0 .. 511) of the first 128 x 32 tile (rows r0.., k 0..31): its
 // place in the staging buffer (x) and its global word index (y)
