@@ -49,7 +49,7 @@ override WG: u32 = 256u;
 @group(0) @binding(4) var<storage, read_write> packed_t: array<u32>;
 
 override ROW: bool = true;                     // amp_pack_f16_pair: also the row-major copy
-var<workgroup> tile: array<f32, 64u * 33u>;    // (64, 32) of the block, rows 33 apart
+var<workgroup> tile: array<u32, 64u * 33u>;    // (64, 32) f16 bits of the block, rows 33 apart
 
 fn round_f16(x: f32) -> f32 {
     let b = bitcast<u32>(x);
@@ -68,18 +68,19 @@ fn round_f16(x: f32) -> f32 {
     return bitcast<f32>(sign | bitcast<u32>(q));
 }
 
-// the float16 bits of round_f16(x)
+// the float16 bits of round_f16(x), in one step (as NumPy's npy_floatbits_to_halfbits: a
+// rounding that carries out of the mantissa lands in the next binade, or in inf)
 fn f16_bits(x: f32) -> u32 {
-    let r = round_f16(x);
-    let b = bitcast<u32>(r);
+    let b = bitcast<u32>(x);
     let sign = (b >> 16u) & 0x8000u;
     let a = b & 0x7fffffffu;
-    if (a > 0x7f800000u) { return sign | 0x7e00u; }                   // NaN
-    if (a == 0x7f800000u) { return sign | 0x7c00u; }                  // inf
-    if (a >= 0x38800000u) {                                           // normal: rebias
-        return sign | ((((a >> 23u) - 112u) << 10u) | ((a >> 13u) & 0x3ffu));
+    if (a >= 0x477ff000u) {                                   // >= 65520 (to inf), inf, NaN
+        return sign | select(0x7c00u, 0x7e00u, a > 0x7f800000u);
     }
-    return sign | u32(bitcast<f32>(a) * 16777216.0);                  // subnormal, exact
+    if (a >= 0x38800000u) {                                   // normal: round half to even at
+        return sign | ((a + 0xfffu + ((a >> 13u) & 1u) - 0x38000000u) >> 13u);   // bit 13, rebias
+    }
+    return sign | u32(round(bitcast<f32>(a) * 16777216.0));   // subnormal: units of 2^-24
 }
 
 @compute @workgroup_size(WG)
@@ -111,7 +112,7 @@ fn amp_pack_f16_pair(@builtin(local_invocation_index) t: u32,
     let c0 = wid.x * 32u;
     for (var q = 0u; q < 8u; q++) {
         let r = t / 32u + 8u * q;
-        tile[r * 33u + t % 32u] = w[p.src_off + (r0 + r) * p.src_rs + c0 + t % 32u];
+        tile[r * 33u + t % 32u] = f16_bits(w[p.src_off + (r0 + r) * p.src_rs + c0 + t % 32u]);
     }
     workgroupBarrier();
     for (var q = 0u; q < 4u; q++) {
@@ -120,12 +121,12 @@ fn amp_pack_f16_pair(@builtin(local_invocation_index) t: u32,
             let r = e / 16u;
             let k = 2u * (e % 16u);
             packed[p.dst_off + (r0 + r) * (p.cols / 2u) + c0 / 2u + e % 16u] =
-                f16_bits(tile[r * 33u + k]) | (f16_bits(tile[r * 33u + k + 1u]) << 16u);
+                tile[r * 33u + k] | (tile[r * 33u + k + 1u] << 16u);
         }
         let c = e / 32u;                       // column c, words of two rows each
         let r = 2u * (e % 32u);
         packed_t[p.dst_t_off + (c0 + c) * (p.rows / 2u) + r0 / 2u + e % 32u] =
-            f16_bits(tile[r * 33u + c]) | (f16_bits(tile[(r + 1u) * 33u + c]) << 16u);
+            tile[r * 33u + c] | (tile[(r + 1u) * 33u + c] << 16u);
     }
 }
 

@@ -57,6 +57,15 @@ def test_pack_is_numpys_float16():
     assert np.array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan])   # -0 too
     with pytest.raises(ValueError, match="even"):
         lf.pack(g, dst, src, 2, 3)
+    # every 4099th float32 bit pattern (all binades, both signs, NaN payloads)
+    x = (np.arange(0, 1 << 32, 4099, dtype=np.uint64).astype(np.uint32)).view(np.float32)
+    x = x[:x.size // 2 * 2]
+    src, dst = upload(g, "src", x), g.buffer(x.size // 2, "dst")
+    run(g, lf.pack(g, dst, src, 1, x.size))
+    got, want = read(g, dst, (x.size // 2,), np.uint32).view(np.float16), _f16(x)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
 
 
 def test_unpack_is_exact():
