@@ -23,9 +23,9 @@
 //   B_KMAJOR: B(k, j) = b[b_off + j*ldb + k] (W^T), else b[b_off + k*ldb + j] (W, X)
 //   forward Y = X W^T: A_KMAJOR, B_KMAJOR; dX = dY W: A_KMAJOR, not B_KMAJOR;
 //   dW = dY^T X: neither.
-// C (M, N) f32 rows ldc apart from c_off; bias (N,) f32 from bias_off. Requirements (checked on the host): M, N multiples of
-// 128, K of 32; lda, ldb, a_off, b_off multiples of 8 (16-byte loads); ldc, c_off
-// multiples of 4.
+// C (M, N) f32 rows ldc apart from c_off; bias (N,) f32 from bias_off. Requirements
+// (checked on the host): M, N multiples of 128, K of 32; lda, ldb, a_off, b_off multiples
+// of 8 (16-byte loads); ldc, c_off multiples of 4.
 //
 // Constants prepended by the host: TM, TN, TK (the subgroup-matrix shape of the
 // adapter's configuration), SG (the subgroup size), WM x WN = 256 / SG subgroups per

@@ -123,9 +123,9 @@ class BlockLayer:
     their f16 inputs, transposed (xn16_t, gated16_t: the weight gradients' k-major
     operands, linear_f16.dweight), instead of the f32 ones; in_proj's product starts from
     its bias, out_proj's accumulates onto its bias and the residual (linear.bias_fill), the
-    bias gradients are column sums of the f32 gradients. The f16 mode's cache is small (mixed precision's
-    memory): Y and y are kept in f16 (rounded as the products' operands are) and u and
-    delta_pre not at all; the backward first restores them into f32 buffers shared by
+    bias gradients are column sums of the f32 gradients. The f16 mode's cache is small
+    (mixed precision's memory): Y and y are kept in f16 (rounded as the products' operands
+    are) and u and delta_pre not at all; the backward first restores them into f32 buffers shared by
     all layers (Y and y unpacked, u and delta_pre recomputed from them as the forward
     made them), so every kernel after it reads f32 as before.
     """

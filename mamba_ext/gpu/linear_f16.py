@@ -5,10 +5,10 @@ f32 accumulation and output, through WGSL subgroup matrices, for mixed precision
 :func:`forward` (Y), :func:`dinput` (dX = dY @ W) and :func:`dweight` (dW = dY^T @ X),
 each with f16 operand buffers and an f32 result that is written or, with
 ``accumulate``, added to; :func:`forward` also starts from a bias where it is given one
-(linear.py's epilogue, moved before the product). They run where the device
-offers an f16 x f16 -> f32 subgroup-matrix configuration (``Gpu.f16_matrices``: the
-Dawn backend on NVIDIA, AMD RDNA3, Intel Xe and Apple GPUs); :func:`available` says
-whether it does, and :func:`unsupported` why a product's sizes do not fit the kernel (then the fp32 kernels
+(linear.py's epilogue, moved before the product). They run where the device offers an
+f16 x f16 -> f32 subgroup-matrix configuration (``Gpu.f16_matrices``: the Dawn backend on
+NVIDIA, AMD RDNA3, Intel Xe and Apple GPUs); :func:`available` says whether it does, and
+:func:`unsupported` why a product's sizes do not fit the kernel (then the fp32 kernels
 of linear.py are the fallback). :func:`pack` makes the f16 operands (kernels/amp.wgsl's
 rounding, as NumPy's ``astype(float16)``), :func:`unpack` reads f16 values back as f32,
 and :class:`HalfWeights` makes the f16 copies of a parameter arena's weight matrices that

@@ -279,6 +279,12 @@ def test_products_on_the_reference(reference):
     res = check_f16_products(g, lf, np.random.default_rng(11))
     assert max(res.values()) < 1e-5, res
     assert res["start value"] == 0.0, res
+    c, x, bias = g.buffer(128 * 128, "c"), g.buffer(128 * 64, "x"), g.buffer(128, "bias")
+    with pytest.raises(ValueError, match="bias start value"):
+        lf.forward(g, c, x, x, 128, 128, 128, accumulate=True, bias=(bias, 0))
+    with pytest.raises(ValueError, match="bias start value"):
+        lf.product(g, c, x, x, 128, 128, 128, a_kmajor=True, b_kmajor=True, lda=128, ldb=128,
+                   ldc=128, splits=2, bias=(bias, 0))
 
 
 def test_bias_fill_is_exact():
