@@ -52,24 +52,13 @@ override ROW: bool = true;                     // amp_pack_f16_pair: also the ro
 var<workgroup> tile: array<u32, 64u * 33u>;    // (64, 32) f16 bits of the block, rows 33 apart
 
 fn round_f16(x: f32) -> f32 {
-    let b = bitcast<u32>(x);
-    let sign = b & 0x80000000u;
-    let a = b & 0x7fffffffu;
-    if (a >= 0x7f800000u) { return x; }                               // inf, NaN
-    if (a >= 0x477ff000u) { return bitcast<f32>(sign | 0x7f800000u); } // >= 65520: inf
-    if (a >= 0x38800000u) {
-        // float16 normal range: keep 10 mantissa bits, round half to even at bit 13
-        let r = (a + 0xfffu + ((a >> 13u) & 1u)) & 0xffffe000u;
-        return bitcast<f32>(sign | r);
-    }
-    // float16 subnormals: multiples of 2^-24 (round() is half to even; both scalings
-    // by powers of two are exact)
-    let q = round(bitcast<f32>(a) * 16777216.0) / 16777216.0;
-    return bitcast<f32>(sign | bitcast<u32>(q));
+    if ((bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u) { return x; }   // NaN, payload kept
+    return f16_value(f16_bits(x));
 }
 
-// the float16 bits of round_f16(x), in one step (as NumPy's npy_floatbits_to_halfbits: a
-// rounding that carries out of the mantissa lands in the next binade, or in inf)
+// the float16 bits of x rounded to nearest, ties to even, in one step (as NumPy's
+// npy_floatbits_to_halfbits: a rounding that carries out of the mantissa lands in the next
+// binade, or in inf); round_f16 is their value
 fn f16_bits(x: f32) -> u32 {
     let b = bitcast<u32>(x);
     let sign = (b >> 16u) & 0x8000u;

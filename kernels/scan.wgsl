@@ -372,6 +372,15 @@ var<private> b_u: array<f32, TSMAX>;               // sigmoid(delta_pre) (the so
 var<private> b_dy: array<f32, TSMAX>;              // backward), loaded once per block
 var<private> b_sg: array<f32, TSMAX>;
 
+// One step of the adjoint recurrence on the carry of register q: g_t = Cs_t dy_t +
+// a_{t+1} g_{t+1}, returned, and the carry becomes a_t g_t (ex = a_t). Both walks of
+// scan_backward_grads take it, so its second meets the first one's checkpoints bit for bit.
+fn adjoint_step(q: u32, ex: vec4<f32>, cs: vec4<f32>, dyv: f32) -> vec4<f32> {
+    let g = fma(cs, vec4<f32>(dyv), gc[q]);
+    gc[q] = ex * g;
+    return g;
+}
+
 // Where a block of TS steps starts (tb), where its chunk ends (t1), and what pass 2 needs.
 struct Blk { tb: u32, t1: u32, dvec: f32, gx: u32 }
 
@@ -426,8 +435,7 @@ fn pass2_back(l: Lane, li: u32, bk: Blk, ts: u32) {
                 let coef = select(vec4<f32>(dl), em1 * rA[q], p.zoh == 1u);
                 let hp = hist[ts * 4u + q];
                 let bu = Bq * uu;
-                let g = fma(Cq, vec4<f32>(dyv), gc[q]);
-                gc[q] = ex * g;
+                let g = adjoint_step(q, ex, Cq, dyv);
                 let gbu = g * bu;                  // dLoss/dcoef
                 let ghe = g * hp * ex;
                 sdu += dot(g * coef, Bq);
@@ -538,9 +546,8 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
                     let dl = delta_at(r);
                     let dyv = dy[r];
                     for (var q = 0u; q < 4u; q++) {
-                        if (q < NV) {       // as pass2_back: g = Cs dy + carry, carry = a g
-                            let ex = exp(dl * Av[q]);
-                            gc[q] = ex * fma(bc_at(ts, 1u, l.s, q), vec4<f32>(dyv), gc[q]);
+                        if (q < NV) {
+                            adjoint_step(q, exp(dl * Av[q]), bc_at(ts, 1u, l.s, q), dyv);
                         }
                     }
                 }
