@@ -11,9 +11,10 @@
 //   amp_round_grads:   g = round_f16(g) * inv_scale         (round_fp16, then
 //                      DynamicLossScaler.unscale: an overflow stays +-inf, so the
 //                      gradient norm's non-finite count sees it)
-//   amp_pack_f16:      packed (rows, cols) f16 = round_f16(x (rows, cols), row stride
-//                      src_rs from src_off), two per u32 word (the lower half first),
-//                      from word dst_off: the operands of the tensor-core products
+//   amp_pack_f16:      packed (rows, dst_cols) f16 = round_f16(x (rows, cols), row stride
+//                      src_rs from src_off), zero in columns cols .. dst_cols - 1, two
+//                      per u32 word (the lower half first), from word dst_off: the
+//                      operands of the tensor-core products (padded to their whole tiles)
 //                      (kernels/linear_f16.wgsl). The f16 bits are formed here, not by
 //                      pack2x16float, whose rounding and overflow WGSL leaves to the
 //                      implementation: +-inf past 65504, as NumPy's astype(float16).
@@ -27,7 +28,8 @@
 //                      activations the mixed-precision block keeps in f16 between its
 //                      forward and backward (mamba_ext.gpu.block, BlockLayer's f16 mode).
 //
-// Size letters: n elements (words of amp_pack_f16), cols (even) per row.
+// Size letters: n elements (words of amp_pack_f16: rows * dst_cols / 2), cols (even) per
+// row, dst_cols (even, >= cols) per packed row.
 //
 // Bindings (one invocation per element, per word for amp_pack_f16):
 // | entry             | binding: name shape access                                |
@@ -39,7 +41,7 @@
 // | amp_unpack_f16    | 0 p Params uniform; 2 out (2n) rw; 3 packed (n words) rw  |
 
 struct Params { n: u32, inv_scale: f32, cols: u32, src_off: u32, src_rs: u32, dst_off: u32,
-                rows: u32, dst_t_off: u32 }
+                rows: u32, dst_t_off: u32, dst_cols: u32 }
 
 override WG: u32 = 256u;
 @group(0) @binding(0) var<uniform> p: Params;
@@ -89,9 +91,14 @@ fn amp_pack_f16(@builtin(local_invocation_index) li: u32,
                 @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_index(wid, nwg, li, WG);
     if (i >= p.n) { return; }
-    let half_cols = p.cols / 2u;
-    let src = p.src_off + (i / half_cols) * p.src_rs + 2u * (i % half_cols);
-    packed[p.dst_off + i] = f16_bits(w[src]) | (f16_bits(w[src + 1u]) << 16u);
+    let words = p.dst_cols / 2u;              // per packed row
+    let col = 2u * (i % words);
+    var v = 0u;
+    if (col < p.cols) {
+        let src = p.src_off + (i / words) * p.src_rs + col;
+        v = f16_bits(w[src]) | (f16_bits(w[src + 1u]) << 16u);
+    }
+    packed[p.dst_off + i] = v;
 }
 
 @compute @workgroup_size(256)

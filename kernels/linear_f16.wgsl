@@ -23,14 +23,18 @@
 //   B_KMAJOR: B(k, j) = b[b_off + j*ldb + k] (W^T), else b[b_off + k*ldb + j] (W, X)
 //   forward Y = X W^T: A_KMAJOR, B_KMAJOR; dX = dY W: A_KMAJOR, not B_KMAJOR;
 //   dW = dY^T X: neither.
-// C (M, N) f32 rows ldc apart from c_off; bias (N,) f32 from bias_off. Requirements
-// (checked on the host): M, N multiples of 128, K of 32; lda, ldb, a_off, b_off multiples
-// of 8 (16-byte loads); ldc, c_off multiples of 4.
+// C (M, N) f32 rows ldc apart from c_off (C_COLMAJOR: columns ldc apart, C[i, j] at
+// c[c_off + j*ldc + i]: a weight gradient computed as its transpose); bias (N,) f32 from
+// bias_off. Only the first NVALID columns of C are stored (and loaded, and started from
+// the bias): a narrow product (x_proj's 80 outputs, dt_proj's 48) runs on operands padded
+// to whole tiles with zeros, its last tile partly outside C. Requirements (checked on the
+// host): M, N multiples of 128, K of 32, NVALID <= N a multiple of TN; lda, ldb, a_off,
+// b_off multiples of 8 (16-byte loads); ldc, c_off multiples of 4.
 //
 // Constants prepended by the host: TM, TN, TK (the subgroup-matrix shape of the
 // adapter's configuration), SG (the subgroup size), WM x WN = 256 / SG subgroups per
 // workgroup (their grid over the tile), A_KMAJOR, B_KMAJOR, ACCUMULATE, INIT_BIAS,
-// CSLICE, and the product's contraction length KLEN and strides LDA, LDB, LDC: with the
+// C_COLMAJOR, NVALID, CSLICE, and the product's contraction length KLEN and strides LDA, LDB, LDC: with the
 // contraction and the strides as uniforms instead,
 // the same kernel ran 4x slower on an H200 (38 against 148 TFLOP/s, docs/gpu_h200.txt),
 // so a pipeline is built per product shape. A dispatch whose subgroups are not SG wide
@@ -92,6 +96,11 @@ fn tile_word(kmajor : bool, e : u32, r0 : u32, ld : u32, off : u32) -> vec2<u32>
     return vec2<u32>(row * PMN + col, (off + row * ld + r0 + col) / 8u);
 }
 
+// where element (i, j) of C is (C_COLMAJOR: j*LDC + i, else i*LDC + j, from c_off)
+fn c_at(c_off : u32, i : u32, j : u32) -> u32 {
+    return c_off + select(i * LDC + j, j * LDC + i, C_COLMAJOR);
+}
+
 fn put_a(at : u32, w : vec4<u32>) {
     for (var q = 0u; q < 4u; q++) {
         let h = bitcast<vec2<f16>>(w[q]);
@@ -123,7 +132,7 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
     if (sg_size != SG) {             // the host's subgroup layout does not hold: NaN, loudly
         let nan = bitcast<f32>(0x7fc00000u | (p.c_off & 0u));   // (a constant NaN is not WGSL)
         for (var e = t; e < BM * BN; e += 256u) {
-            c[c_off + (bm + e / BN) * LDC + bn + e % BN] = nan;
+            if (bn + e % BN < NVALID) { c[c_at(c_off, bm + e / BN, bn + e % BN)] = nan; }
         }
         return;
     }
@@ -135,12 +144,18 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
     if (ACCUMULATE) {
         for (var i = 0u; i < FM; i++) {
             for (var j = 0u; j < FN; j++) {
-                acc[i][j] = subgroupMatrixLoad<subgroup_matrix_result<f32, TN, TM>>(
-                    &c, c_off + (bm + sm + i * TM) * LDC + bn + sn + j * TN, false, LDC);
+                if (bn + sn + j * TN < NVALID) {
+                    acc[i][j] = subgroupMatrixLoad<subgroup_matrix_result<f32, TN, TM>>(
+                        &c, c_at(c_off, bm + sm + i * TM, bn + sn + j * TN), C_COLMAJOR, LDC);
+                }
             }
         }
     } else if (INIT_BIAS) {
-        for (var e = t; e < TM * BN; e += 256u) { sbias[e] = bias[p.bias_off + bn + e % BN]; }
+        for (var e = t; e < TM * BN; e += 256u) {
+            var v = 0.0;
+            if (bn + e % BN < NVALID) { v = bias[p.bias_off + bn + e % BN]; }
+            sbias[e] = v;
+        }
         workgroupBarrier();
         for (var i = 0u; i < FM; i++) {
             for (var j = 0u; j < FN; j++) {
@@ -211,8 +226,10 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
 
     for (var i = 0u; i < FM; i++) {
         for (var j = 0u; j < FN; j++) {
-            subgroupMatrixStore(&c, c_off + (bm + sm + i * TM) * LDC + bn + sn + j * TN,
-                                acc[i][j], false, LDC);
+            if (bn + sn + j * TN < NVALID) {
+                subgroupMatrixStore(&c, c_at(c_off, bm + sm + i * TM, bn + sn + j * TN),
+                                    acc[i][j], C_COLMAJOR, LDC);
+            }
         }
     }
 }

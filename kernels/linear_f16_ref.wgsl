@@ -15,7 +15,8 @@
 // Size letters: M rows, N columns (grid x 16 by y 16), KLEN contraction. Layouts as in
 // linear_f16.wgsl: A_KMAJOR: A(i, k) = a[a_off + i*LDA + k], else a[a_off + k*LDA + i];
 // B_KMAJOR: B(k, j) = b[b_off + j*LDB + k], else b[b_off + k*LDB + j] (f16 elements);
-// C[i, j] = c[c_off + i*LDC + j], bias[j] = bias[bias_off + j] (f32).
+// C[i, j] = c[c_off + i*LDC + j] (C_COLMAJOR: c[c_off + j*LDC + i]), bias[j] =
+// bias[bias_off + j] (f32); columns j >= NVALID are neither computed nor stored.
 //
 // Bindings:
 // | binding | name | shape                                | access     |
@@ -44,6 +45,7 @@ fn linear_f16_product(@builtin(global_invocation_id) gid : vec3<u32>) {
     if (p.bias_off == 0xffffffffu) { c[0] = bias[0]; }   // never: keeps binding 4 in the layout
     let i = gid.y;
     let j = gid.x;
+    if (j >= NVALID) { return; }
     let a_off = p.a_off + gid.z * select(KLEN * LDA, KLEN, A_KMAJOR);
     let b_off = p.b_off + gid.z * select(KLEN * LDB, KLEN, B_KMAJOR);
     var s = 0.0;
@@ -52,7 +54,7 @@ fn linear_f16_product(@builtin(global_invocation_id) gid : vec3<u32>) {
         let eb = select(b_off + k * LDB + j, b_off + j * LDB + k, B_KMAJOR);
         s += a_at(ea) * b_at(eb);
     }
-    let at = p.c_off + gid.z * CSLICE + i * LDC + j;
+    let at = p.c_off + gid.z * CSLICE + select(i * LDC + j, j * LDC + i, C_COLMAJOR);
     if (ACCUMULATE) { s += c[at]; }
     if (INIT_BIAS) { s += bias[p.bias_off + j]; }
     c[at] = s;

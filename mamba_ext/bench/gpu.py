@@ -294,7 +294,7 @@ def run(size: str = "all", *, repeat: int = 10, use_torch: bool = True, loops: b
     the slow Python-time-loop one; ``profile``: also time every dispatch alone;
     ``discretization``: "zoh" (the package default) or "euler" (b_bar = Delta*B, as
     mamba_ssm's kernel computes; its PyTorch baselines here are ZOH, so not with them);
-    ``amp``: in_proj and out_proj on tensor cores (f16 operands; the device must have
+    ``amp``: the linear layers on tensor cores (f16 operands; the device must have
     f16 subgroup matrices, mamba_ext.gpu.linear_f16), the rest in f32."""
     if repeat < 1:
         raise ValueError(f"repeat: expected an integer >= 1, got {repeat!r}")
@@ -314,7 +314,7 @@ def run(size: str = "all", *, repeat: int = 10, use_torch: bool = True, loops: b
     print(f"copy kernel bandwidth (read+write): {bw / 1e12:.2f} TB/s")
     sizes = ["a", "b", "c"] if size == "all" else [size]
     print(f"discretization: {discretization}; products: "
-          f"{'in_proj/out_proj f16 on tensor cores (AMP)' if amp else 'fp32'}")
+          f"{'linear layers f16 on tensor cores (AMP)' if amp else 'fp32'}")
     print("\n| size | Dm,D,N,K,R,B,L | WGSL fwd+bwd GPU ms | wall ms | wall ms back to back | "
           "GPU mem MiB | scan ms | scan GB/s | scan / copy bw | scan / 4 TB/s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -397,12 +397,57 @@ def check_f16_products(g, lf, rng):
     ref = dys.astype(np.float64).T @ xs.astype(np.float64) + c0
     errs[f"dweight+= in {lf.dweight_splits(Ms, I, O)} K slices"] = float(
         np.abs(got - ref).max() / np.abs(ref).max())
+    errs.update(check_narrow_f16_products(g, lf, rng))
     return errs
 
 
-def f16_loss_and_grads(g, arrays, dims, tok, tgt, f16: bool, checkpointing=False):
-    """(loss, grads) of the model ``arrays`` on one batch, on the GPU, with in_proj/out_proj
-    on the f16 products (``f16``) or on the f32 ones."""
+def check_narrow_f16_products(g, lf, rng):
+    """The narrow products of x_proj and dt_proj (linear_f16.product's n_valid, on operands
+    zero-padded to whole tiles): a forward from a bias with 48 of its 128 columns stored,
+    and weight gradients with 48 columns, row-major and transposed (C_COLMAJOR), split over
+    K and accumulated; max relative error against float64 of the same f16 values."""
+    M, I, O, Np = 256, 384, 48, 128
+    x = rng.standard_normal((M, I)).astype(np.float16)
+    w = np.zeros((Np, I), np.float16)
+    w[:O] = rng.standard_normal((O, I))
+    b0 = rng.standard_normal(O + 5).astype(np.float32)
+    errs = {}
+    c = g.buffer(M * O, "f16_c")
+    g.submit([lf.product(g, c, lf.f16_buffer(g, x, "f16_x"), lf.f16_buffer(g, w, "f16_w"), M,
+                         Np, I, a_kmajor=True, b_kmajor=True, lda=I, ldb=I, ldc=O,
+                         bias=(g.buffer(b0.size, "f16_bias", b0), 5), n_valid=O)])
+    want = x.astype(np.float64) @ w[:O].astype(np.float64).T + b0[5:]
+    got = g.read(c, M * O).reshape(M, O)
+    errs["narrow forward+bias"] = float(np.abs(got - want).max() / np.abs(want).max())
+    # dW (O, I) += dY^T X over Ms rows: dY (Ms, Np) zero past O, X^T (I, Ms)
+    Ms = 4 * lf.SPLIT_MIN_K
+    dy = np.zeros((Ms, Np), np.float16)
+    dy[:, :O] = rng.standard_normal((Ms, O))
+    xs = rng.standard_normal((Ms, I)).astype(np.float16)
+    full = dy[:, :O].astype(np.float64).T @ xs.astype(np.float64)       # (O, I)
+    bdy, bxt = lf.f16_buffer(g, dy, "f16_dyp"), lf.f16_buffer(g, xs.T, "f16_xst")
+    c0 = rng.standard_normal((O, I)).astype(np.float32)
+    c = g.buffer(c0.size, "f16_c", c0)
+    g.submit(lf.weight_product(g, c, 0, I, Np, Ms, bxt, bdy, b_kmajor=False, ldb=Np,
+                               n_valid=O, c_colmajor=True))
+    got, ref = g.read(c, c0.size).reshape(O, I), full + c0
+    S = lf.dweight_splits(Ms, Np, I)
+    errs[f"narrow dW^T+= in {S} K slices"] = float(np.abs(got - ref).max() / np.abs(ref).max())
+    # dW (I, O) += X^T dY: I rows, O of Np columns, row-major
+    c0 = rng.standard_normal((I, O)).astype(np.float32)
+    c = g.buffer(c0.size, "f16_c", c0)
+    g.submit(lf.weight_product(g, c, 0, I, Np, Ms, bxt, bdy, b_kmajor=False, ldb=Np, n_valid=O))
+    got, ref = g.read(c, c0.size).reshape(I, O), full.T + c0
+    errs[f"narrow dW+= in {S} K slices"] = float(np.abs(got - ref).max() / np.abs(ref).max())
+    return errs
+
+
+def f16_loss_and_grads(g, arrays, dims, tok, tgt, f16: bool, checkpointing=False,
+                       loss_scale: float = 1.0):
+    """(loss, grads) of the model ``arrays`` on one batch, on the GPU, with the blocks'
+    products on the f16 kernels (``f16``) or on the f32 ones; the gradients computed
+    ``loss_scale`` times larger and divided by it (a power of two: exact in f32), as
+    mixed-precision training runs them so that small gradients stay normal f16 values."""
     from ..gpu.block import half_weights
     from ..gpu.device import arena_layout
     from ..gpu.model import ModelPlan
@@ -414,22 +459,27 @@ def f16_loss_and_grads(g, arrays, dims, tok, tgt, f16: bool, checkpointing=False
                      checkpointing=checkpointing)
     ops = plan.train_ops()
     plan.upload_batch(tok, tgt)
+    plan.set_loss_scale(loss_scale)
     g.submit(ops, plan.clears)
-    return plan.loss(), plan.read_tensors(plan.gr, arrays)
+    grads = plan.read_tensors(plan.gr, arrays)
+    return plan.loss(), {k: v / np.float32(loss_scale) for k, v in grads.items()}
 
 
 def check_f16_model(g, rng, Dm=256, n_layers=2, B=2, L=128) -> dict:
     """Loss and gradients of a small model (weights f16 values, V 256, d_inner 2 Dm) with
-    in_proj/out_proj on the f16 products (mamba_ext.gpu.linear_f16) against the f32
-    products on the same weights: {"loss": relative difference, "grads": the largest
-    max|diff| / max|f32| over the parameters}. They differ by the f16 rounding of the
-    products' activations, ~1e-3."""
+    the blocks' products on the f16 kernels (mamba_ext.gpu.linear_f16; at Dm 256 x_proj's
+    and dt_proj's too) against the f32 products on the same weights, both with the loss
+    scaled by 2^12 as mixed-precision training scales it (dt_proj's gradients, ~1e-5 here,
+    would otherwise fall into f16's subnormals): {"loss": relative difference, "grads":
+    the largest max|diff| / max|f32| over the parameters}. They differ by the f16 rounding
+    of the products' operands, ~1e-3."""
     from ..gpu.model import check_model
     from ..model import init_model_params
     p = init_model_params(256, Dm, n_layers, seed=int(rng.integers(1 << 30)))
     arrays, dims = check_model({k: v.astype(np.float16).astype(np.float32) for k, v in p.items()})
     tok, tgt = rng.integers(0, 256, (B, L)), rng.integers(0, 256, (B, L))
-    (l32, g32), (l16, g16) = (f16_loss_and_grads(g, arrays, dims, tok, tgt, f16)
+    (l32, g32), (l16, g16) = (f16_loss_and_grads(g, arrays, dims, tok, tgt, f16,
+                                                 loss_scale=2.0 ** 12)
                               for f16 in (False, True))
     err = lambda a, b: float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
     return {"loss": abs(l16 - l32) / abs(l32), "grads": max(err(g16[k], g32[k]) for k in arrays)}

@@ -41,7 +41,7 @@ def build_parser():
                    help="GPU: time the tensor-core products (f16 subgroup matrices, "
                         "kernels/linear_f16.wgsl; MAMBA_EXT_GPU_BACKEND=dawn) on block d's shapes")
     p.add_argument("--amp", action="store_true", help="GPU: mixed precision (the block, "
-                   "--train-step): in_proj/out_proj on tensor cores where the device has them")
+                   "--train-step): the linear layers on tensor cores where the device has them")
     p.add_argument("--checkpointing", action="store_true",
                    help="GPU --train-step: with activation checkpointing")
     p.add_argument("--model-step", default=None, metavar="MODELS",

@@ -13,11 +13,12 @@ from .device import elementwise
 
 
 def amp_params(n: int, inv_scale: float = 1.0, cols: int = 0, src_off: int = 0,
-               src_rs: int = 0, dst_off: int = 0, rows: int = 0, dst_t_off: int = 0) -> list:
+               src_rs: int = 0, dst_off: int = 0, rows: int = 0, dst_t_off: int = 0,
+               dst_cols: int = 0) -> list:
     """The uniform Params of kernels/amp.wgsl, in its field order (each entry point reads
     the fields it needs)."""
     return [int(n), float(inv_scale), int(cols), int(src_off), int(src_rs), int(dst_off),
-            int(rows), int(dst_t_off)]
+            int(rows), int(dst_t_off), int(dst_cols)]
 
 
 class AmpOps:

@@ -55,14 +55,35 @@ def validate_block(x, params):
 
 
 F16_WEIGHTS = ("wInProj", "wOutProj")    # the weights BlockLayer's f16 mode multiplies in f16
+NARROW_F16_WEIGHTS = ("wXProj", "wDtProj")   # and those of x_proj and dt_proj, where they fit
+NARROW_F16 = True       # False: x_proj and dt_proj stay f32 in the f16 mode (for comparison)
+
+
+def narrow_f16_unsupported(P: int, R: int) -> str | None:
+    """Why x_proj's and dt_proj's products (P = R + 2N outputs and R inputs) cannot run in
+    f16, or None: their operands are padded to whole tiles, but the results are stored in
+    whole result matrices, so P and R must be multiples of linear_f16.N_STEP (16)."""
+    if P % lf.N_STEP or R % lf.N_STEP:
+        return (f"dt_rank {R} and dt_rank + 2 d_state {P} must be multiples of {lf.N_STEP} "
+                f"for x_proj's and dt_proj's f16 products")
+    return None
 
 
 def half_weights(g, arena, offs, shapes):
     """linear_f16.HalfWeights of the :data:`F16_WEIGHTS` of every block in a parameter
-    arena: ``offs`` {name: offset}, ``shapes`` {name: shape}, block names bare (one block)
+    arena, and of its :data:`NARROW_F16_WEIGHTS` where :func:`narrow_f16_unsupported`
+    allows: ``offs`` {name: offset}, ``shapes`` {name: shape}, block names bare (one block)
     or as ``layer{i}.<name>`` (a model)."""
-    return lf.HalfWeights(g, arena, [(k, offs[k], *shapes[k]) for k in offs
-                                     if k.rsplit(".", 1)[-1] in F16_WEIGHTS])
+    def wanted(k):
+        base = k.rsplit(".", 1)[-1]
+        if base in F16_WEIGHTS:
+            return True
+        if base in NARROW_F16_WEIGHTS and NARROW_F16:
+            pre = k[:len(k) - len(base)]
+            return narrow_f16_unsupported(shapes[pre + "wXProj"][0],
+                                          shapes[pre + "wDtProj"][1]) is None
+        return False
+    return lf.HalfWeights(g, arena, [(k, offs[k], *shapes[k]) for k in offs if wanted(k)])
 
 
 def f16_unsupported(d: BlockDims, M, offs, half_offs) -> str | None:
@@ -117,8 +138,10 @@ class BlockLayer:
     ``w``/``gr``: parameter / gradient arenas, ``o``: block name -> offset in
     them. ``x``/``out``: (M, Dm) input and output buffers. ``cache_of``: another
     layer whose forward cache buffers this one shares (activation checkpointing).
-    ``f16``: (buffer, {"wInProj": offset, "wOutProj": offset}) of f16 copies of the two
-    large weights (linear_f16.HalfWeights): in_proj's and out_proj's six products then
+    ``f16``: (buffer, {"wInProj": offset, "wOutProj": offset[, "wXProj": offset,
+    "wDtProj": offset]}) of f16 copies of the two large weights (and of x_proj's and
+    dt_proj's, which then run in f16 too: ``narrow16``, :meth:`_narrow_forward_ops`)
+    (linear_f16.HalfWeights): in_proj's and out_proj's six products then
     run on tensor cores (mamba_ext.gpu.linear_f16) with f16 operands, and the cache keeps
     their f16 inputs, transposed (xn16_t, gated16_t: the weight gradients' k-major
     operands, linear_f16.dweight), instead of the f32 ones; in_proj's product starts from
@@ -142,8 +165,12 @@ class BlockLayer:
                  discretization="zoh", chunk=None, cache_of=None, f16=None):
         self.g, self.d, self.B, self.L = g, d, B, L
         self.f16 = f16
+        # x_proj and dt_proj in f16 too: where the f16 weights include theirs (half_weights)
+        self.narrow16 = f16 is not None and all(k in f16[1] for k in NARROW_F16_WEIGHTS)
         if f16 is not None:
             why = f16_unsupported(d, B * L, offs, f16[1])
+            if self.narrow16:
+                why = why or narrow_f16_unsupported(d.P, d.R)
             if why:
                 raise ValueError(f"mamba_ext.gpu: f16 products: {why}")
             self.CACHE = self.CACHE_F16
@@ -220,16 +247,20 @@ class BlockLayer:
             # (the scan kernels take delta = softplus(delta_pre) where they read it). Kept:
             # the f16 mode's backward runs them again to restore u and delta_pre
             self._conv_op = conv1d_forward(g, M, L, D, d.K, self.Y, w, o, self.u)
-            self._dt_proj_ops = linear_forward(g, M, R, D, self.xproj, 0, P, w, o["wDtProj"],
-                                               o["bDtProj"], self.delta_pre, 0, D)
+            if self.narrow16:
+                x_proj, self._dt_proj_ops = self._narrow_forward_ops()
+            else:
+                self._dt_proj_ops = linear_forward(g, M, R, D, self.xproj, 0, P, w, o["wDtProj"],
+                                                   o["bDtProj"], self.delta_pre, 0, D)
+                # x_proj: xproj (M, P) = u @ wXProj^T + bXProj (split-K partials in y,
+                # which the scan writes later)
+                x_proj = linear_forward(g, M, D, P, self.u, 0, D, w, o["wXProj"], o["bXProj"],
+                                        self.xproj, 0, P, part=self.y)
             self._fwd = [
                 rmsnorm_forward(g, M, Dm, self.x, w, o["normWeight"], self.xn, self.rstd, self.eps),
                 *in_proj,
                 self._conv_op,
-                # x_proj: xproj (M, P) = u @ wXProj^T + bXProj (split-K partials in y,
-                # which the scan writes later)
-                *linear_forward(g, M, D, P, self.u, 0, D, w, o["wXProj"], o["bXProj"],
-                               self.xproj, 0, P, part=self.y),
+                *x_proj,
                 *self._dt_proj_ops,
                 *_scan.scan_forward(g, self.s, self.xproj, self.u, self.delta_pre, w, o,
                                     self.hchunk, self.achunk, self.hstate, self.y),
@@ -249,6 +280,57 @@ class BlockLayer:
                                  *lf.forward(g, self.out, self.gated16, wh, M, D, Dm,
                                              accumulate=True, w_off=ho["wOutProj"])]
         return self._fwd
+
+    def _narrow_forward_ops(self):
+        """x_proj's and dt_proj's forward on tensor cores (f16 mode, narrow16): ([ops of
+        x_proj], [ops of dt_proj]). Their operands are padded to whole tiles with zeros:
+        x_proj's 80 (P) outputs to 128 (its f16 weight's rows), dt_proj's 48 (R) inputs to
+        64 (dt_low's f16 copy, rows padded(R) apart, and its weight's columns)."""
+        g, d, o, M, w = self.g, self.d, self.o, self.M, self.w
+        D, P, R = d.D, d.P, d.R
+        wh, ho = self.f16
+        Pp, Rp = lf.padded(P), lf.padded(R)
+        # u (M, D) in f16: the gated16 scratch, free until this layer's gate
+        x_proj = [lf.pack(g, self.gated16, self.u, M, D),
+                  lf.product(g, self.xproj, self.gated16, wh, M, Pp, D, a_kmajor=True,
+                             b_kmajor=True, lda=D, ldb=D, ldc=P, b_off=ho["wXProj"],
+                             bias=(w, o["bXProj"]), n_valid=P)]
+        # dt_low (M, R) in f16, rows Rp apart; the contraction R rounded up to BK
+        xlow16 = g.scratch("amp_xlow_f16", M * Rp // 2)
+        dt_proj = [lf.pack(g, xlow16, self.xproj, M, R, src_rs=P, dst_cols=Rp),
+                   lf.product(g, self.delta_pre, xlow16, wh, M, D, -(-R // lf.BK) * lf.BK,
+                              a_kmajor=True, b_kmajor=True, lda=Rp, ldb=Rp, ldc=D,
+                              b_off=ho["wDtProj"], bias=(w, o["bDtProj"]))]
+        self._xlow16 = xlow16
+        return x_proj, dt_proj
+
+    def _narrow_backward_ops(self, sc):
+        """dt_proj's and x_proj's backward on tensor cores (f16 mode, narrow16), after the
+        scan's: dxproj[:, 0:R] = ddelta_pre @ wDtProj, dW and db of dt_proj; du +=
+        dxproj @ wXProj, dW and db of x_proj. in_proj's f16 operand buffers (dY16,
+        dY16_t), free until in_proj's backward, hold ddelta_pre's f16 copies and then u's
+        transpose; dW of x_proj is computed as its transpose (u^T dxproj: k-major A)."""
+        g, d, o, M, gr = self.g, self.d, self.o, self.M, self.gr
+        D, P, R = d.D, d.P, d.R
+        wh, ho = self.f16
+        Pp, Rp = lf.padded(P), lf.padded(R)
+        dxproj16 = g.scratch("amp_dxproj_f16", M * Pp // 2)   # (M, Pp) f16, zero past P
+        return [
+            lf.pack_pair(g, sc.dY16, sc.dY16_t, sc.ddelta_pre, M, D),
+            lf.product(g, sc.dxproj, sc.dY16, wh, M, Rp, D, a_kmajor=True, b_kmajor=False,
+                       lda=D, ldb=Rp, ldc=P, b_off=ho["wDtProj"], n_valid=R),
+            *lf.weight_product(g, gr, o["wDtProj"], D, Rp, M, sc.dY16_t, self._xlow16,
+                               b_kmajor=False, ldb=Rp, n_valid=R),
+            *column_sum(g, M, D, sc.ddelta_pre, 0, D, gr, o["bDtProj"]),
+            lf.pack(g, dxproj16, sc.dxproj, M, P, dst_cols=Pp),
+            lf.product(g, sc.du, dxproj16, wh, M, D, -(-P // lf.BK) * lf.BK, a_kmajor=True,
+                       b_kmajor=False, lda=Pp, ldb=D, ldc=D, b_off=ho["wXProj"],
+                       accumulate=True),
+            lf.pack_pair(g, None, sc.dY16, self.u, M, D),
+            *lf.weight_product(g, gr, o["wXProj"], D, Pp, M, sc.dY16, dxproj16,
+                               b_kmajor=False, ldb=Pp, n_valid=P, c_colmajor=True),
+            *column_sum(g, M, P, sc.dxproj, 0, P, gr, o["bXProj"]),
+        ]
 
     def backward_ops(self, dout, dx, sc: BlockScratch):
         """Ops for dx = dLoss/dx and gradient arena += dLoss/dparams, from dout."""
@@ -284,6 +366,18 @@ class BlockLayer:
             restore = [lf.unpack(g, self.Y, self.Y16, M * 2 * D),
                        lf.unpack(g, self.y, self.y16, M * D),
                        self._conv_op, *self._dt_proj_ops]
+        if self.narrow16:
+            narrow = self._narrow_backward_ops(sc)
+        else:
+            narrow = [
+                # dt_proj: dxproj[:, 0:R] = ddelta_pre @ wDtProj; dW += ddelta_pre^T dt_low; db
+                *linear_backward(g, M, R, D, sc.ddelta_pre, 0, D, self.xproj, 0, P, w,
+                                 o["wDtProj"], o["bDtProj"], gr, dx=sc.dxproj, dx_rs=P,
+                                 part=sc.dy),
+                # x_proj: du += dxproj @ wXProj; dW += dxproj^T u; db += colsum(dxproj)
+                *linear_backward(g, M, D, P, sc.dxproj, 0, P, self.u, 0, D, w, o["wXProj"],
+                                 o["bXProj"], gr, dx=sc.du, dx_rs=D, dx_beta=1, part=sc.dconv),
+            ]
         return [
             *out_proj,
             *restore,
@@ -291,12 +385,7 @@ class BlockLayer:
             *_scan.scan_backward(g, self.s, sc.scan, self.xproj, self.u, self.delta_pre, w, o,
                                  sc.dy, self.hstate, self.achunk, sc.du, sc.ddelta_pre,
                                  sc.dxproj, gr),
-            # dt_proj: dxproj[:, 0:R] = ddelta_pre @ wDtProj; dW += ddelta_pre^T dt_low; db
-            *linear_backward(g, M, R, D, sc.ddelta_pre, 0, D, self.xproj, 0, P, w, o["wDtProj"],
-                             o["bDtProj"], gr, dx=sc.dxproj, dx_rs=P, part=sc.dy),
-            # x_proj: du += dxproj @ wXProj; dW += dxproj^T u; db += colsum(dxproj)
-            *linear_backward(g, M, D, P, sc.dxproj, 0, P, self.u, 0, D, w, o["wXProj"],
-                             o["bXProj"], gr, dx=sc.du, dx_rs=D, dx_beta=1, part=sc.dconv),
+            *narrow,
             # conv + SiLU: dconv, dY[:, 0:D]; dwConv, dbConv
             *conv1d_backward(g, M, L, D, d.K, sc.du, w, o, sc.dconv, sc.dY, self.Y, gr),
             *in_proj,
@@ -312,9 +401,9 @@ class BlockLayer:
 
 class BlockPlan:
     """Buffers and recorded ops of one block for one (dims, B, L, eps, disc, scan
-    layout_key()). ``f16``: in_proj and out_proj on tensor cores, from f16 copies of
-    their weights made at the start of the forward (BlockLayer's f16 mode; the bench's
-    mixed-precision block)."""
+    layout_key()). ``f16``: the linear layers on tensor cores (x_proj and dt_proj where
+    they fit, block.narrow_f16_unsupported), from f16 copies of their weights made at the
+    start of the forward (BlockLayer's f16 mode; the bench's mixed-precision block)."""
 
     def __init__(self, dims, B, L, eps, discretization, layout, f16=False):
         g = gpu()

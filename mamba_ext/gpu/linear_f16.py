@@ -31,6 +31,8 @@ REFERENCE = False        # True: the portable reference kernel instead of subgro
 SPLIT_TARGET = 512       # workgroups a weight gradient's product is split into K slices to
                          # reach (its few tiles alone leave most of a large GPU idle)
 SPLIT_MIN_K = 512        # contraction of one slice, at least
+N_STEP = 16              # a narrow product stores whole result matrices: its columns a
+                         # multiple of the widest TN an adapter offers (16)
 
 
 def available(g) -> bool:
@@ -60,17 +62,22 @@ def plan(g):
 
 
 def prelude(g, a_kmajor: bool, b_kmajor: bool, accumulate: bool, K: int, lda: int, ldb: int,
-            ldc: int, cslice: int = 0, init_bias: bool = False) -> str:
+            ldc: int, cslice: int = 0, init_bias: bool = False, n_valid: int = 0,
+            c_colmajor: bool = False) -> str:
     """The WGSL put before kernels/linear_f16.wgsl: its ``enable`` directives and its
     constants (the subgroup layout, the operand layouts, and the product's contraction
     length and strides, which as uniforms made the kernel 4x slower; ``K`` and ``cslice``
-    per K slice of a split product). With ``REFERENCE``: the constants
-    kernels/linear_f16_ref.wgsl uses."""
+    per K slice of a split product; ``n_valid`` the columns of C stored). The stores of a
+    narrow product's last tile depend on the subgroup (its columns), which WGSL's
+    uniformity analysis, at workgroup scope, cannot prove subgroup-uniform: the directive
+    turns that diagnostic off (every subgroup matrix call stays subgroup-uniform). With
+    ``REFERENCE``: the constants kernels/linear_f16_ref.wgsl uses."""
     b = lambda v: "true" if v else "false"
     head = ""
     if not REFERENCE:
         cfg, wm, wn = plan(g)
         head = ("enable f16;\nenable chromium_experimental_subgroup_matrix;\n"
+                "diagnostic(off, chromium_experimental.subgroup_matrix_uniformity);\n"
                 f"const TM : u32 = {cfg['m']}u;\nconst TN : u32 = {cfg['n']}u;\n"
                 f"const TK : u32 = {cfg['k']}u;\nconst SG : u32 = {g.subgroup_size}u;\n"
                 f"const WM : u32 = {wm}u;\nconst WN : u32 = {wn}u;\n")
@@ -78,19 +85,25 @@ def prelude(g, a_kmajor: bool, b_kmajor: bool, accumulate: bool, K: int, lda: in
             f"const A_KMAJOR : bool = {b(a_kmajor)};\nconst B_KMAJOR : bool = {b(b_kmajor)};\n"
             f"const ACCUMULATE : bool = {b(accumulate)};\n"
             f"const INIT_BIAS : bool = {b(init_bias)};\n"
+            f"const C_COLMAJOR : bool = {b(c_colmajor)};\n"
+            f"const NVALID : u32 = {int(n_valid)}u;\n"
             f"const CSLICE : u32 = {int(cslice)}u;\n"
             f"const KLEN : u32 = {int(K)}u;\nconst LDA : u32 = {int(lda)}u;\n"
             f"const LDB : u32 = {int(ldb)}u;\nconst LDC : u32 = {int(ldc)}u;\n")
 
 
 def unsupported(M: int, N: int, K: int, lda: int, ldb: int, ldc: int,
-                a_off: int = 0, b_off: int = 0, c_off: int = 0) -> str | None:
-    """Why the kernel cannot take this product (a sentence), or None when it can."""
+                a_off: int = 0, b_off: int = 0, c_off: int = 0, n_valid: int | None = None) -> str | None:
+    """Why the kernel cannot take this product (a sentence), or None when it can.
+    ``n_valid``: the columns of C stored (default N), a multiple of :data:`N_STEP`."""
     if M <= 0 or N <= 0 or K <= 0:
         return f"empty product (M {M}, N {N}, K {K})"
     if M % TILE[0] or N % TILE[1] or K % BK:
         return (f"M {M} and N {N} must be multiples of {TILE[0]} and {TILE[1]}, K {K} of {BK} "
                 f"(whole tiles only)")
+    if n_valid is not None and not (0 < n_valid <= N and n_valid % N_STEP == 0):
+        return (f"the stored columns ({n_valid}) must be a positive multiple of {N_STEP} and "
+                f"at most N {N}")
     if lda % 8 or ldb % 8 or a_off % 8 or b_off % 8:
         return "operand strides and offsets must be multiples of 8 f16 (16-byte loads)"
     if ldc % 4 or c_off % 4:
@@ -106,17 +119,21 @@ def f16_buffer(g, data, name: str):
 
 def product(g, c, a, b, M: int, N: int, K: int, *, a_kmajor: bool, b_kmajor: bool,
             lda: int, ldb: int, ldc: int, a_off: int = 0, b_off: int = 0, c_off: int = 0,
-            accumulate: bool = False, splits: int = 1, bias=None):
+            accumulate: bool = False, splits: int = 1, bias=None, n_valid: int | None = None,
+            c_colmajor: bool = False):
     """The op C (M, N) [+]= A (M, K) B (K, N) (layouts in kernels/linear_f16.wgsl's
     legend; offsets and strides in elements: f16 for a and b, f32 for c). ``splits`` S > 1:
     S partial products over K slices instead, slice z's (M, N) at c_off + z*M*ldc (sum
     them with linear.split_sum). ``bias`` (buffer, offset): C starts from bias (N,) instead
-    of 0 (not with ``accumulate`` or ``splits``)."""
+    of 0 (not with ``accumulate`` or ``splits``). ``n_valid``: only C's first n_valid
+    columns exist (a narrow product on operands zero-padded to N; default N).
+    ``c_colmajor``: C[i, j] at c[c_off + j*ldc + i] (a transposed result; a split slice is
+    then N*ldc long)."""
     if not available(g):
         raise RuntimeError("mamba_ext.gpu.linear_f16: this device offers no f16 subgroup "
                            "matrices (they need MAMBA_EXT_GPU_BACKEND=dawn on a GPU that has "
                            "them); use the fp32 products of mamba_ext.gpu.linear")
-    why = unsupported(M, N, K, lda, ldb, ldc, a_off, b_off, c_off)
+    why = unsupported(M, N, K, lda, ldb, ldc, a_off, b_off, c_off, n_valid)
     if why:
         raise ValueError(f"mamba_ext.gpu.linear_f16: {why}")
     if splits < 1 or K % (splits * BK):
@@ -125,15 +142,17 @@ def product(g, c, a, b, M: int, N: int, K: int, *, a_kmajor: bool, b_kmajor: boo
     if bias is not None and (accumulate or splits > 1):
         raise ValueError("mamba_ext.gpu.linear_f16: a bias start value goes with neither "
                          "accumulate nor splits")
+    nv = N if n_valid is None else n_valid
     if REFERENCE:
         file, grid = "linear_f16_ref", (N // 16, M // 16, splits)
     else:
         file, grid = "linear_f16", (N // TILE[1], M // TILE[0], splits)
     bias_buf, bias_off = bias if bias is not None else (g.dummy(0), 0)
+    cslice = (nv * ldc if c_colmajor else M * ldc) if splits > 1 else 0
     return g.op(file, "linear_f16_product", g.check_grid(grid, "linear_f16_product"),
                 [a_off, b_off, c_off, bias_off], [a, b, c, bias_buf],
                 prelude=prelude(g, a_kmajor, b_kmajor, accumulate, K // splits, lda, ldb, ldc,
-                                M * ldc if splits > 1 else 0, bias is not None))
+                                cslice, bias is not None, nv, c_colmajor))
 
 
 def forward(g, y, x, w, M: int, I: int, O: int, accumulate: bool = False, w_off: int = 0,
@@ -151,13 +170,36 @@ def dinput(g, dx, dy, w, M: int, I: int, O: int, accumulate: bool = True, w_off:
 
 
 def dweight_splits(M: int, I: int, O: int) -> int:
-    """K slices of a weight gradient's product (O x I outputs, contraction M): doubled
-    while the tiles stay under :data:`SPLIT_TARGET` workgroups and each slice keeps at
-    least :data:`SPLIT_MIN_K` of the contraction in whole steps of :data:`BK`."""
-    tiles, s = (O // TILE[0]) * (I // TILE[1]), 1
+    """K slices of a weight gradient's product (O x I outputs, each rounded up to whole
+    tiles, contraction M): doubled while the tiles stay under :data:`SPLIT_TARGET`
+    workgroups and each slice keeps at least :data:`SPLIT_MIN_K` of the contraction in
+    whole steps of :data:`BK`."""
+    tiles, s = -(-O // TILE[0]) * -(-I // TILE[1]), 1
     while tiles * s < SPLIT_TARGET and M % (2 * s * BK) == 0 and M // (2 * s) >= SPLIT_MIN_K:
         s *= 2
     return s
+
+
+def weight_product(g, dw, dw_off: int, rows: int, cols: int, K: int, a, b, *, b_kmajor: bool,
+                   ldb: int, n_valid: int | None = None, c_colmajor: bool = False,
+                   accumulate: bool = True):
+    """Ops: the weight gradient C (rows, n_valid) [+]= A (rows, K) B (K, cols), A k-major
+    (its rows K apart: a transposed activation, :func:`pack_pair`), into ``dw`` from
+    ``dw_off`` with rows ``n_valid`` (default cols) apart, or, ``c_colmajor``, C's transpose
+    with rows ``rows`` apart. Split over K (:func:`dweight_splits`) into partial products in
+    a device scratch buffer, summed in slice order into dW (linear.split_sum)."""
+    from .linear import split_sum
+    nv = cols if n_valid is None else n_valid
+    ldc = rows if c_colmajor else nv
+    S = dweight_splits(K, cols, rows)
+    kw = dict(a_kmajor=True, b_kmajor=b_kmajor, lda=K, ldb=ldb, ldc=ldc,
+              n_valid=None if n_valid is None else nv, c_colmajor=c_colmajor)
+    if S == 1:
+        return [product(g, dw, a, b, rows, cols, K, c_off=dw_off, accumulate=accumulate, **kw)]
+    part = g.scratch("linear_f16_split", S * rows * nv)
+    out_rows, out_cols = (nv, rows) if c_colmajor else (rows, nv)
+    return [product(g, part, a, b, rows, cols, K, splits=S, **kw),
+            *split_sum(g, out_rows, out_cols, part, S, dw, dw_off, out_cols, accumulate)]
 
 
 def dweight(g, dw, dy_t, x_t, M: int, I: int, O: int, accumulate: bool = True,
@@ -165,18 +207,10 @@ def dweight(g, dw, dy_t, x_t, M: int, I: int, O: int, accumulate: bool = True,
     """Ops: dW (O, I) f32 [+]= dY (M, O)^T @ X (M, I) from their transposes dY^T (O, M)
     and X^T (I, M) in f16 (:func:`pack_pair`), so that both operands are k-major, the
     kernel's fast layout (from dY and X as they are: about 90 against 130-150 TFLOP/s on
-    an H200); dW from ``dw_off`` of ``dw``, e.g. a gradient arena. Split over K
-    (:func:`dweight_splits`) into partial products in a device scratch buffer, summed
-    in slice order into dW (linear.split_sum)."""
-    from .linear import split_sum
-    S = dweight_splits(M, I, O)
-    if S == 1:
-        return [product(g, dw, dy_t, x_t, O, I, M, a_kmajor=True, b_kmajor=True, lda=M,
-                        ldb=M, ldc=I, c_off=dw_off, accumulate=accumulate)]
-    part = g.scratch("linear_f16_split", S * O * I)
-    return [product(g, part, dy_t, x_t, O, I, M, a_kmajor=True, b_kmajor=True, lda=M, ldb=M,
-                    ldc=I, splits=S),
-            *split_sum(g, O, I, part, S, dw, dw_off, I, accumulate)]
+    an H200); dW from ``dw_off`` of ``dw``, e.g. a gradient arena (:func:`weight_product`:
+    split over K)."""
+    return weight_product(g, dw, dw_off, O, I, M, dy_t, x_t, b_kmajor=True, ldb=M,
+                          accumulate=accumulate)
 
 
 def layer_unsupported(M: int, I: int, O: int, w_off: int = 0, dw_off: int = 0) -> str | None:
@@ -188,19 +222,22 @@ def layer_unsupported(M: int, I: int, O: int, w_off: int = 0, dw_off: int = 0) -
 
 
 def pack(g, dst, src, rows: int, cols: int, src_off: int = 0, src_rs: int | None = None,
-         dst_off: int = 0):
+         dst_off: int = 0, dst_cols: int | None = None):
     """Op: ``dst`` from f16 element ``dst_off`` (even) = the (rows, cols) f32 block of
-    ``src`` at ``src_off`` (row stride ``src_rs``, default cols) rounded to f16, dense;
-    ``cols`` even."""
+    ``src`` at ``src_off`` (row stride ``src_rs``, default cols) rounded to f16, in rows of
+    ``dst_cols`` (default cols) whose columns past ``cols`` are written zero (an operand
+    padded to whole tiles); ``cols`` and ``dst_cols`` even."""
     from .amp import amp_params
     from .device import elementwise
-    if cols % 2 or dst_off % 2:
-        raise ValueError(f"linear_f16.pack: cols {cols} and dst_off {dst_off} must be even")
-    n = rows * cols // 2
+    dc = cols if dst_cols is None else dst_cols
+    if cols % 2 or dc % 2 or dst_off % 2 or dc < cols:
+        raise ValueError(f"linear_f16.pack: cols {cols}, dst_cols {dc} and dst_off {dst_off} "
+                         f"must be even, dst_cols >= cols")
+    n = rows * dc // 2
     return elementwise(g, "amp", "amp_pack_f16", n,
                        amp_params(n, cols=cols, src_off=src_off,
                                   src_rs=cols if src_rs is None else src_rs,
-                                  dst_off=dst_off // 2, rows=rows),
+                                  dst_off=dst_off // 2, rows=rows, dst_cols=dc),
                        [src, None, dst])
 
 
@@ -231,18 +268,28 @@ def pack_pair(g, dst, dst_t, src, rows: int, cols: int, src_off: int = 0,
                 {"ROW": dst is not None})
 
 
+def padded(n: int) -> int:
+    """``n`` rounded up to whole tiles (:data:`TILE`): the rows and columns of the f16
+    copies of the weights, and the row length of a narrow product's padded operands."""
+    return -(-n // TILE[0]) * TILE[0]
+
+
 class HalfWeights:
     """f16 copies of some matrices of a float32 parameter arena, for the products:
-    ``buf`` holds each at an f16 offset ``offs[name]`` that is a multiple of 8 (the
-    kernel's 16-byte loads); ``ops`` make them from the arena (run them whenever the
-    arena changed, e.g. once per training step). ``tensors``: [(name, arena offset,
-    rows, cols)]."""
+    ``buf`` holds each at an f16 offset ``offs[name]`` (a multiple of 8, the kernel's
+    16-byte loads), padded with zeros to whole tiles, (padded(rows), padded(cols)) with
+    rows ``ld[name]`` = padded(cols) apart, so that a narrow layer's products (x_proj's 80
+    outputs, dt_proj's 48 inputs) read whole tiles; ``ops`` make them from the arena (run
+    them whenever the arena changed, e.g. once per training step). ``tensors``: [(name,
+    arena offset, rows, cols)]."""
 
     def __init__(self, g, arena, tensors):
-        self.offs, at = {}, 0
+        self.offs, self.ld, at = {}, {}, 0
         for name, _, rows, cols in tensors:
             self.offs[name] = at
-            at += -(-rows * cols // 8) * 8
+            self.ld[name] = padded(cols)
+            at += padded(rows) * padded(cols)
         self.buf = g.buffer(at // 2, "params_f16")
-        self.ops = [pack(g, self.buf, arena, rows, cols, src_off=off, dst_off=self.offs[name])
+        self.ops = [pack(g, self.buf, arena, rows, cols, src_off=off, dst_off=self.offs[name],
+                         dst_cols=self.ld[name])
                     for name, off, rows, cols in tensors]

@@ -15,7 +15,7 @@ import numpy as np
 from .._validate import BLOCK_PARAM_NAMES, check_discretization, check_eps, check_tokens
 from ..constants import DEFAULT_EPS
 from . import scan as _scan
-from .block import F16_WEIGHTS, BlockLayer, BlockScratch, require_float32
+from .block import F16_WEIGHTS, NARROW_F16_WEIGHTS, BlockLayer, BlockScratch, require_float32
 from .device import arena_layout, elementwise, gpu, slices
 from .linear import Mat, gemm, linear_backward
 from .rmsnorm import rmsnorm_backward, rmsnorm_forward
@@ -62,9 +62,10 @@ class ModelPlan:
     backward, each layer's forward up to the gate runs again from its input (kept in
     ``h``), so activation memory no longer grows with the number of layers (as
     ``mamba_ext.model_loss_and_grads(checkpointing=True)`` on the CPU).
-    ``f16``: a ``linear_f16.HalfWeights`` with every layer's ``wInProj`` and ``wOutProj``
-    (keys as in the arena, ``block.half_weights``): the blocks' large products run on
-    tensor cores (BlockLayer's f16 mode); its ops, which make the f16 copies, run first.
+    ``f16``: a ``linear_f16.HalfWeights`` with every layer's ``wInProj`` and ``wOutProj``,
+    and ``wXProj`` and ``wDtProj`` where they fit (keys as in the arena,
+    ``block.half_weights``): the blocks' products run on tensor cores (BlockLayer's f16
+    mode); its ops, which make the f16 copies, run first.
     """
 
     def __init__(self, arrays, dims, B, L, order, w=None, gr=None, eps=DEFAULT_EPS,
@@ -94,8 +95,9 @@ class ModelPlan:
         for i in range(nl):
             lo = {n: o[f"layer{i}.{n}"] for n in BLOCK_PARAM_NAMES}
             shared = self.layers[0] if self.checkpointing and self.layers else None
-            half = None if f16 is None else (f16.buf, {n: f16.offs[f"layer{i}.{n}"]
-                                                       for n in F16_WEIGHTS})
+            half = None if f16 is None else (f16.buf, {
+                n: f16.offs[f"layer{i}.{n}"] for n in F16_WEIGHTS + NARROW_F16_WEIGHTS
+                if f"layer{i}.{n}" in f16.offs})
             lay = BlockLayer(g, dims.block, B, L, w, gr, lo, self.h[i], self.h[i + 1],
                              self.eps, discretization, chunk or _scan.SCAN_CHUNK, cache_of=shared,
                              f16=half)

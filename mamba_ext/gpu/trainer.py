@@ -242,10 +242,13 @@ class ResidentTrainer:
         return plan, ops
 
     def products(self, B, L) -> str:
-        """What a step of batch B x seqLen L multiplies in_proj and out_proj with, in words
-        (the run's log says it)."""
-        if self._half_weights(B * L) is not None:
-            return "in_proj/out_proj on tensor cores (f16 operands, f32 accumulation)"
+        """What a step of batch B x seqLen L multiplies the blocks' linear layers with, in
+        words (the run's log says it)."""
+        half = self._half_weights(B * L)
+        if half is not None:
+            narrow = any(k.endswith(".wXProj") for k in half.offs)
+            which = "in_proj/out_proj/x_proj/dt_proj" if narrow else "in_proj/out_proj"
+            return f"{which} on tensor cores (f16 operands, f32 accumulation)"
         return self.f16_reason
 
     def _half_weights(self, M):

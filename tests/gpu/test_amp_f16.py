@@ -88,6 +88,73 @@ def test_unpack_is_exact():
         lf.unpack(g, back, hb, 3)
 
 
+def test_pack_pads_rows_with_zeros():
+    """pack with dst_cols > cols: each packed row is the f16 block row then zeros, whatever
+    the buffer held before (a narrow product's operand padded to whole tiles)."""
+    rng = np.random.default_rng(4)
+    rows, cols, dc = 5, 6, 16
+    x = rng.standard_normal((rows, cols + 2)).astype(np.float32)
+    src = upload(g, "src", x)
+    dst = g.buffer(rows * dc // 2 + 3, "dst", np.full(rows * dc // 2 + 3, 0xffffffff, np.uint32))
+    run(g, lf.pack(g, dst, src, rows, cols, src_off=1, src_rs=cols + 2, dst_off=6,
+                   dst_cols=dc))
+    got = read(g, dst, (rows * dc // 2 + 3,), np.uint32)
+    assert np.all(got[:3] == 0xffffffff)                        # before dst_off: untouched
+    h = got[3:].view(np.float16).reshape(rows, dc)
+    assert np.array_equal(h[:, :cols], _f16(x[:, 1:1 + cols]))
+    assert not h[:, cols:].view(np.uint16).any()
+    with pytest.raises(ValueError, match="dst_cols"):
+        lf.pack(g, dst, src, rows, cols, dst_cols=4)
+
+
+def test_reference_narrow_products(reference):
+    """The narrow products of x_proj and dt_proj (n_valid of a padded tile's columns
+    stored; a weight gradient stored transposed), split over K, against float64; sizes
+    the kernel cannot store are refused by name."""
+    from mamba_ext.bench.gpu import check_narrow_f16_products
+    res = check_narrow_f16_products(g, lf, np.random.default_rng(8))
+    assert len(res) == 3 and max(res.values()) < 1e-5, res
+    assert "multiple of 16" in lf.unsupported(128, 128, 64, 64, 64, 48, n_valid=40)
+    assert "at most N" in lf.unsupported(128, 128, 64, 64, 64, 48, n_valid=144)
+    assert lf.unsupported(128, 128, 64, 64, 64, 48, n_valid=48) is None
+
+
+def test_narrow_products_run_where_they_fit(reference):
+    """x_proj and dt_proj run in f16 where dt_rank and dt_rank + 2 d_state are multiples of
+    16 (d_model 256: 16 and 48), else in f32 (d_model 128: 8 and 40); their f16 weights are
+    zero-padded to whole tiles; activation checkpointing gives the same bits."""
+    from mamba_ext.gpu.block import half_weights, narrow_f16_unsupported
+    from mamba_ext.gpu.device import arena_layout
+    from mamba_ext.gpu.model import ModelPlan
+    assert narrow_f16_unsupported(48, 16) is None
+    assert "multiples of 16" in narrow_f16_unsupported(40, 8)
+    for Dm, narrow in ((256, True), (128, False)):
+        p = random_model(64, Dm, 1, 2 * Dm, 16, 4, Dm // 16, 1)
+        arrays, dims = check_model(p)
+        offs, n = arena_layout([(k, a.shape) for k, a in arrays.items()])
+        w = g.buffer(n, "params", np.concatenate([a.ravel() for a in arrays.values()]))
+        half = half_weights(g, w, offs, {k: a.shape for k, a in arrays.items()})
+        plan = ModelPlan(arrays, dims, 1, 128, list(arrays), w=w, f16=half)
+        assert plan.layers[0].narrow16 is narrow
+        assert ("layer0.wDtProj" in half.offs) is narrow
+        if narrow:
+            run(g, half.ops)
+            D, R = arrays["layer0.wDtProj"].shape
+            words = read(g, half.buf, (half.buf.size // 4,), np.uint32)
+            at, ld = half.offs["layer0.wDtProj"], half.ld["layer0.wDtProj"]
+            copy = words.view(np.float16)[at:at + 128 * -(-D // 128) * ld].reshape(-1, ld)
+            assert ld == 128 and np.array_equal(copy[:D, :R], _f16(arrays["layer0.wDtProj"]))
+            assert not copy[:, R:].view(np.uint16).any() and not copy[D:].view(np.uint16).any()
+    arrays, dims = check_model({k: _f16(v).astype(np.float32)
+                                for k, v in random_model(64, 256, 2, 512, 16, 4, 16, 3).items()})
+    rng = np.random.default_rng(6)
+    tok, tgt = rng.integers(0, 64, (1, 128)), rng.integers(0, 64, (1, 128))
+    runs = [f16_loss_and_grads(g, arrays, dims, tok, tgt, f16=True, checkpointing=ck,
+                               loss_scale=2.0 ** 12) for ck in (False, True)]
+    assert runs[0][0] == runs[1][0]
+    assert all(np.array_equal(runs[0][1][k], runs[1][1][k]) for k in arrays)
+
+
 def test_f16_mode_cache_is_small(reference):
     """BlockLayer's f16 mode keeps Y and y in f16 and u and delta_pre not at all: its cache
     is the f16 xn^T, gated^T, Y and y, rstd, xproj and the scan's chunk states; the f32
@@ -267,8 +334,11 @@ def test_dawn_model_with_tensor_core_products():
     assert res["loss"] <= 1e-4 and res["grads"] <= 5e-3, res
 
 
-def test_check_f16_model_on_the_reference(reference):
-    res = check_f16_model(g, np.random.default_rng(0), Dm=128, n_layers=1, B=1, L=128)
+@pytest.mark.parametrize("Dm", [128, 256])
+def test_check_f16_model_on_the_reference(reference, Dm):
+    """bench.check_f16_model on the portable kernel: at d_model 256 x_proj's and dt_proj's
+    products run in f16 too (test_narrow_products_run_where_they_fit)."""
+    res = check_f16_model(g, np.random.default_rng(0), Dm=Dm, n_layers=1, B=1, L=128)
     assert res["loss"] <= 1e-4 and res["grads"] <= 5e-3, res
 
 

@@ -82,6 +82,8 @@ def test_dawn_products_match_float64():
     f16 inputs: f32 accumulation of exact f16 x f16 products."""
     res = run_with_f16_matrices("bench.check_f16_products(g, lf, np.random.default_rng(0))")
     assert set(res) == {"forward", "forward+=", "dinput", "dinput+=", "dweight", "dweight+=",
-                        "forward+bias", "start value", "dweight+= in 4 K slices"}
+                        "forward+bias", "start value", "dweight+= in 4 K slices",
+                        "narrow forward+bias", "narrow dW^T+= in 4 K slices",
+                        "narrow dW+= in 4 K slices"}
     assert max(res.values()) < 1e-5, res
     assert res["start value"] == 0.0, res      # the bias, exactly
