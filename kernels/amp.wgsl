@@ -10,7 +10,16 @@
 //   amp_round_weights: w16 = round_f16(w)                  (mamba_ext.amp.fp16_view)
 //   amp_round_grads:   g = round_f16(g) * inv_scale         (round_fp16, then
 //                      DynamicLossScaler.unscale: an overflow stays +-inf, so the
-//                      gradient norm's non-finite count sees it)
+//                      gradient norm's non-finite count sees it); inv_scale given, or
+//                      state[1] when use_state
+//   amp_update_scale:  DynamicLossScaler.update on the GPU, after AdamW's gradient norm:
+//                      state = (scale, 1/scale, growth tracker) advanced by the step's
+//                      overflow (stat[1] > 0: AdamW's non-finite count), so that the
+//                      next step, submitted before this one is read back, runs with
+//                      the scale this one leaves (ResidentTrainer.step_async). The host
+//                      runs it only where every product below is exact (the scale and
+//                      its factors and bounds powers of two), so the host's scaler, fed
+//                      the same overflows, holds the same values bit for bit.
 //   amp_pack_f16:      packed (rows, dst_cols) f16 = round_f16(x (rows, cols), row stride
 //                      src_rs from src_off), zero in columns cols .. dst_cols - 1, two
 //                      per u32 word (the lower half first), from word dst_off: the
@@ -35,13 +44,17 @@
 // | entry             | binding: name shape access                                |
 // |-------------------|-----------------------------------------------------------|
 // | amp_round_weights | 0 p Params uniform; 1 w (n) r; 2 w16 (n) rw               |
-// | amp_round_grads   | 0 p Params uniform; 2 g (n) rw                            |
+// | amp_round_grads   | 0 p Params uniform; 2 g (n) rw; 5 state (4) rw            |
 // | amp_pack_f16      | 0 p Params uniform; 1 x r; 3 packed (n words) rw          |
 // | amp_pack_f16_pair | 0 p Params uniform; 1 x r; 3 packed rw; 4 packed_t rw     |
 // | amp_unpack_f16    | 0 p Params uniform; 2 out (2n) rw; 3 packed (n words) rw  |
+// | amp_update_scale  | 0 sp ScaleParams uniform; 5 state (4) rw; 6 stat (4) r    |
 
 struct Params { n: u32, inv_scale: f32, cols: u32, src_off: u32, src_rs: u32, dst_off: u32,
-                rows: u32, dst_t_off: u32, dst_cols: u32 }
+                rows: u32, dst_t_off: u32, dst_cols: u32, use_state: u32 }
+// amp_update_scale's: DynamicLossScaler's factors, their reciprocals, its bounds and theirs
+struct ScaleParams { growth: f32, backoff: f32, inv_growth: f32, inv_backoff: f32,
+                     interval: f32, lo: f32, hi: f32, inv_lo: f32, inv_hi: f32 }
 
 override WG: u32 = 256u;
 @group(0) @binding(0) var<uniform> p: Params;
@@ -49,6 +62,9 @@ override WG: u32 = 256u;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 @group(0) @binding(3) var<storage, read_write> packed: array<u32>;
 @group(0) @binding(4) var<storage, read_write> packed_t: array<u32>;
+@group(0) @binding(0) var<uniform> sp: ScaleParams;
+@group(0) @binding(5) var<storage, read_write> state: array<f32>;   // (4,) scale, 1/scale, tracker, -
+@group(0) @binding(6) var<storage, read> stat: array<f32>;          // (4,) AdamW's (kernels/adamw.wgsl)
 
 override ROW: bool = true;                     // amp_pack_f16_pair: also the row-major copy
 var<workgroup> tile: array<u32, 64u * 33u>;    // (64, 32) f16 bits of the block, rows 33 apart
@@ -141,5 +157,32 @@ fn amp_round_grads(@builtin(local_invocation_index) li: u32,
                    @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = flat_index(wid, nwg, li, WG);
     if (i >= p.n) { return; }
-    out[i] = round_f16(out[i]) * p.inv_scale;
+    out[i] = round_f16(out[i]) * select(p.inv_scale, state[1], p.use_state == 1u);
+}
+
+@compute @workgroup_size(1)
+fn amp_update_scale() {
+    var scale = state[0];
+    var inv_scale = state[1];
+    var tracker = state[2];                   // a count, exact in f32 below 2^24
+    if (stat[1] > 0.0) {                      // overflow: back off
+        scale = scale * sp.backoff;
+        inv_scale = inv_scale * sp.inv_backoff;
+        tracker = 0.0;
+    } else {
+        tracker = tracker + 1.0;
+        if (tracker == sp.interval) {
+            let grown = scale * sp.growth;
+            if ((bitcast<u32>(grown) & 0x7f800000u) != 0x7f800000u) {   // finite
+                scale = grown;
+                inv_scale = inv_scale * sp.inv_growth;
+            }
+            tracker = 0.0;
+        }
+    }
+    if (scale < sp.lo) { scale = sp.lo; inv_scale = sp.inv_lo; }
+    if (scale > sp.hi) { scale = sp.hi; inv_scale = sp.inv_hi; }
+    state[0] = scale;
+    state[1] = inv_scale;
+    state[2] = tracker;
 }

@@ -8,13 +8,16 @@
 // cross_entropy_forward_backward bindings:
 // | binding | name    | shape  | access                                       |
 // |---------|---------|--------|----------------------------------------------|
-// | 0       | p       | Params | uniform (scale = 1/M: the mean's factor in dlogits) |
+// | 0       | p       | Params | uniform (scale = 1/M: the mean's factor in dlogits, times |
+// |         |         |        | the loss scale: given, or loss_scale[0] when use_state)   |
 // | 1       | logits  | (M, V) | read                                         |
 // | 2       | targets | (M,)   | read (u32 ids, validated on the host)        |
 // | 3       | dlogits | (M, V) | read_write: (softmax - onehot) * scale        |
 // | 4       | losses  | (M,)   | read_write: logsumexp(logits_r) - logits_r[target_r] |
+// | 5       | loss_scale | (4,) | read: mixed precision's loss scale kept on the GPU     |
+// |         |         |        | (kernels/amp.wgsl, amp_update_scale), used when use_state |
 
-struct Params { M: u32, V: u32, scale: f32 }
+struct Params { M: u32, V: u32, scale: f32, use_state: u32 }
 
 override WG: u32 = 128u;
 
@@ -23,6 +26,7 @@ override WG: u32 = 128u;
 @group(0) @binding(2) var<storage, read> targets: array<u32>;
 @group(0) @binding(3) var<storage, read_write> dlogits: array<f32>;
 @group(0) @binding(4) var<storage, read_write> losses: array<f32>;
+@group(0) @binding(5) var<storage, read> loss_scale: array<f32>;
 
 // #include block_reduce.wgsl
 
@@ -41,10 +45,11 @@ fn cross_entropy_forward_backward(@builtin(local_invocation_index) li: u32,
     se = block_reduce(li, se, false);
     if (!valid) { return; }
     let tgt = targets[r];
+    let scale = p.scale * select(1.0, loss_scale[0], p.use_state == 1u);
     for (var j = li; j < p.V; j += WG) {
         var g = exp(logits[base + j] - mx) / se;
         if (j == tgt) { g -= 1.0; }
-        dlogits[base + j] = g * p.scale;
+        dlogits[base + j] = g * scale;
     }
     if (li == 0u) { losses[r] = log(se) + mx - logits[base + tgt]; }
 }

@@ -69,8 +69,10 @@ class ModelPlan:
     """
 
     def __init__(self, arrays, dims, B, L, order, w=None, gr=None, eps=DEFAULT_EPS,
-                 discretization="zoh", chunk=None, checkpointing=False, f16=None):
+                 discretization="zoh", chunk=None, checkpointing=False, f16=None,
+                 loss_scale=None):
         g = gpu()
+        self.loss_scale = loss_scale
         self.f16 = f16
         self.dims, self.order = dims, order
         self.checkpointing = bool(checkpointing)
@@ -121,8 +123,9 @@ class ModelPlan:
         self.dh = [g.buffer(M * Dm, "dh_a"), g.buffer(M * Dm, "dh_b")]   # (M, Dm) ping-pong
         # dlogits = (softmax - onehot) * loss_scale / M (set_loss_scale; 1 by default)
         self.ce_op = g.op("cross_entropy", "cross_entropy_forward_backward",
-                          g.grid1d(M, "cross-entropy rows"), [M, V, 1.0 / M],
-                          [self.logits, self.tgt, self.dlogits, self.losses])
+                          g.grid1d(M, "cross-entropy rows"), [M, V, 1.0 / M, 0],
+                          [self.logits, self.tgt, self.dlogits, self.losses,
+                           self.loss_scale if self.loss_scale is not None else g.dummy(2)])
         ops = list(self.forward_ops) + [
             self.ce_op,
             # head backward: dxn = dlogits @ embedding; dE += dlogits^T xn; dbias (split-K
@@ -154,11 +157,18 @@ class ModelPlan:
         self.clears = [gr]
         return ops
 
-    def set_loss_scale(self, scale: float) -> None:
+    def set_loss_scale(self, scale: float | None) -> None:
         """Multiply the gradient seed (and so every gradient) by ``scale`` from the next
-        submit of :meth:`train_ops` on (mixed precision; the losses are not scaled)."""
+        submit of :meth:`train_ops` on (mixed precision; the losses are not scaled); None:
+        by the scale the GPU keeps in the buffer ``loss_scale`` given to the plan
+        (kernels/amp.wgsl's state: ResidentTrainer's scale on the GPU)."""
         self.train_ops()
-        gpu().write_params(self.ce_op, [self.M, self.V, float(scale) / self.M])
+        if scale is None:
+            if self.loss_scale is None:
+                raise ValueError("set_loss_scale: None needs the plan's loss_scale buffer")
+            gpu().write_params(self.ce_op, [self.M, self.V, 1.0 / self.M, 1])
+        else:
+            gpu().write_params(self.ce_op, [self.M, self.V, float(scale) / self.M, 0])
 
     def upload_tokens(self, tok):
         gpu().write(self.batch, tok.ravel().astype(np.uint32), self.tok.offset)

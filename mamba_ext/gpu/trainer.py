@@ -43,13 +43,17 @@ class ResidentTrainer:
     fp16-rounded weights (a second arena) with the gradient seed times ``scaler.scale``;
     the gradients are rounded to fp16 and unscaled on the GPU; an overflow (any
     non-finite gradient) skips the step and the scaler backs off (``scaler.update``).
-    ``f16_products`` (with a scaler): the six products of every block's in_proj and
-    out_proj run on tensor cores, f16 operands and f32 accumulation
+    Where the scaler's arithmetic is exact in float32 (the default's is), the GPU keeps a
+    copy of the scale and advances it by the same rule after each step, so that
+    ``step_async`` overlaps mixed-precision steps too (:attr:`pipelined_amp`).
+    ``f16_products`` (with a scaler): the products of every block's linear layers run on
+    tensor cores, f16 operands and f32 accumulation
     (``mamba_ext.gpu.linear_f16``: the Dawn backend on a GPU with f16 subgroup matrices),
     from f16 copies of those weights made each step and with their f16 input activations
     kept in the forward cache; where the device has none or the sizes do not fit the
-    kernel (Dm and dInner multiples of 128, batch x seqLen too), the products run in f32
-    on the f16-rounded values. ``f16_active`` says which the last step ran, and
+    kernel (Dm and dInner multiples of 128, batch x seqLen too; x_proj and dt_proj also
+    need dt_rank and dt_rank + 2 dState multiples of 16), the products run in f32 on the
+    f16-rounded values. ``f16_active`` says which the last step ran, and
     ``f16_reason`` why not.
     """
 
@@ -93,7 +97,11 @@ class ResidentTrainer:
         if scaler is not None:      # the fp16-rounded weights the model runs on (n,)
             from .amp import AmpOps
             self.w16 = g.buffer(self.n, "params_fp16")
-            self._amp = AmpOps(g, self.n, self.w, self.w16, self.gr)
+            self._amp = AmpOps(g, self.n, self.w, self.w16, self.gr, self._adamw.stat)
+        # the host scaler's (identity, scale, growth tracker) that the GPU's copy of the
+        # scale (AmpOps.state) is known to match once the steps in flight are read back;
+        # None: unknown (the next step waits and writes it)
+        self._scale_synced = None
         self._plans = {}            # (B, L) -> ModelPlan
         # (B, L) -> the command buffer of the next step of that shape (Gpu.encode), into the
         # staging buffer of the next slot: the host's encoding hidden behind the GPU's work
@@ -181,16 +189,17 @@ class ResidentTrainer:
         ``skipped``, ``last_grad_norm`` describe the steps read back so far; anything
         that reads the state (:meth:`params`, :meth:`state_dict`, another :meth:`step`)
         first reads back the pending step (:meth:`finish`). With a ``scaler`` the next
-        step's loss scale depends on this one's overflow, so the step before is read back
-        first (no overlap)."""
-        if self._amp is not None:
-            self.finish()
+        step's loss scale depends on this one's overflow: it overlaps only where the GPU
+        keeps the scale (:attr:`pipelined_amp`), else the step before is read back first."""
+        if self._amp is not None and not (self.pipelined_amp
+                                          and self._scale_synced == self._scaler_key()):
+            self.finish()       # the scale comes from the host: wait for the step before
         plan, ops = self._prepare(tokens, targets)
         g = gpu()
         shape = (plan.B, plan.L)
         slot = 1 - self._slot
         reads = self._readback(plan, slot)
-        ops = ops + self._adamw.ops
+        ops = ops + self._adamw.ops + ([self._amp.update_op] if self._amp is not None else [])
         # the command buffer encoded during the previous step, if it was of this shape (it
         # reads back into this slot: only this method changes the slot, by one each step)
         cb = self._next.pop(shape, None)
@@ -210,8 +219,11 @@ class ResidentTrainer:
         per-row losses (M,) and AdamW's (grad norm^2, skip); made once."""
         key = ((plan.B, plan.L), slot)
         if key not in self._reads:
-            self._reads[key] = (gpu().staging(plan.M + 2, "step_readback"),
-                                [(plan.losses, plan.M), (self._adamw.stat, 2)])
+            parts = [(plan.losses, plan.M), (self._adamw.stat, 2)]
+            if self._amp is not None:       # the GPU's scale after the step (scale, -, tracker)
+                parts.append((self._amp.state, 3))
+            self._reads[key] = (gpu().staging(sum(n for _, n in parts), "step_readback"),
+                                parts)
         return self._reads[key]
 
     def finish(self) -> None:
@@ -229,17 +241,39 @@ class ResidentTrainer:
                 self.arrays, self.dims, *tok.shape, self.order,
                 w=self.w if self._amp is None else self.w16, gr=self.gr,
                 eps=self.model_eps, discretization=self.discretization,
-                checkpointing=self.checkpointing, f16=self._half_weights(tok.size))
+                checkpointing=self.checkpointing, f16=self._half_weights(tok.size),
+                loss_scale=None if self._amp is None else self._amp.state)
         self.f16_active = plan.f16 is not None
         g = gpu()
         ops = plan.train_ops()
         plan.upload_batch(tok, tgt)
         g.write_params(self._adamw.step_op, self._adam_params(self.t))
         if self._amp is not None:
-            plan.set_loss_scale(self.scaler.scale)
-            self._amp.set_scale(self.scaler.scale)
+            # the scale on the GPU: written from the host's scaler when no step is in flight
+            # (else the GPU's copy, advanced by the step before, is the one to use)
+            on_gpu = self.pipelined_amp
+            if self._pending is None:
+                plan.set_loss_scale(None if on_gpu else self.scaler.scale)
+                self._amp.set_scale(self.scaler, on_gpu)
+                self._scale_synced = self._scaler_key() if on_gpu else None
             ops = [self._amp.weights_op, *ops, self._amp.grads_op]
         return plan, ops
+
+    @property
+    def pipelined_amp(self) -> bool:
+        """Whether mixed-precision steps overlap (``step_async``): where the scaler's
+        update is exact in float32 (mamba_ext.gpu.amp.scale_on_gpu; the default
+        DynamicLossScaler's is) the GPU keeps the loss scale and advances it after each
+        step by the scaler's own rule, so the next step need not wait for this one's
+        read-back; the host's scaler is updated as each step is read back and checked
+        against the GPU's. Otherwise each step waits for the one before."""
+        from .amp import scale_on_gpu
+        return self._amp is not None and scale_on_gpu(self.scaler)
+
+    def _scaler_key(self):
+        s = self.scaler
+        return (id(s), s.scale, s.growth_tracker, s.growth_factor, s.backoff_factor,
+                s.growth_interval, s.min_scale, s.max_scale)
 
     def products(self, B, L) -> str:
         """What a step of batch B x seqLen L multiplies the blocks' linear layers with, in
@@ -287,8 +321,14 @@ class ResidentTrainer:
         if pending is not self._pending and self._pending is not None:
             raise AssertionError("ResidentTrainer: steps are read back in order")
         self._pending = None
-        losses, st = gpu().read_staged(pending.staging, [pending.plan.M, 2], pending.index)
+        sizes = [pending.plan.M, 2] + ([3] if self._amp is not None else [])
+        losses, st, *scale = gpu().read_staged(pending.staging, sizes, pending.index)
         self._account(st)
+        if scale and self._scale_synced is not None:
+            # the GPU advanced its scale by the same rule: it must hold the host's values
+            same = (float(scale[0][0]) == self.scaler.scale
+                    and int(scale[0][2]) == self.scaler.growth_tracker)
+            self._scale_synced = self._scaler_key() if same else None
         pending._loss = pending.plan.loss(losses)
 
     def _account(self, st):

@@ -40,7 +40,7 @@ def test_round_f16_is_numpys_float16():
     n = x.size
     w, w16, gr = upload(g, "w", x), g.buffer(n, "w16"), upload(g, "gr", x * 4.0)
     amp = AmpOps(g, n, w, w16, gr)
-    amp.set_scale(4.0)
+    amp.set_scale(DynamicLossScaler(init_scale=4.0))
     run(g, [amp.weights_op, amp.grads_op])
     with np.errstate(over="ignore"):
         want = x.astype(np.float16).astype(np.float32)
@@ -61,12 +61,14 @@ def test_round_f16_is_numpys_float16():
     for scale in (4.0, 3.0, 2.0 ** 20):
         gx = (x * 4.0).astype(np.float32)
         buf = upload(g, "gr2", gx)
-        ops = AmpOps(g, n, w, w16, buf)
-        ops.set_scale(scale)
-        run(g, [ops.grads_op])
         host = round_fp16(gx)
         DynamicLossScaler(init_scale=scale).unscale([host])
-        assert np.array_equal(read(g, buf, (n,)), host, equal_nan=True), scale
+        for on_gpu in (False, True):    # the reciprocal given, or read from the GPU's state
+            buf = upload(g, "gr2", gx)
+            ops = AmpOps(g, n, w, w16, buf)
+            ops.set_scale(DynamicLossScaler(init_scale=scale), on_gpu)
+            run(g, [ops.grads_op])
+            assert np.array_equal(read(g, buf, (n,)), host, equal_nan=True), (scale, on_gpu)
 
 
 def _pair(params, init_scale, **kw):
@@ -113,6 +115,68 @@ def test_amp_trainer_overflow_skips_and_backs_off():
     got = tr.params()
     assert all(np.array_equal(got[k], params[k]) for k in params)
     assert all(np.all(v == 0) for k, v in tr.state().items() if k not in ("t", "skipped"))
+
+
+def test_update_scale_on_the_gpu_is_the_scalers():
+    """amp_update_scale advances (scale, 1/scale, growth tracker) by DynamicLossScaler.update's
+    rule, value for value, through overflows, growth, and both bounds."""
+    from mamba_ext.gpu.amp import scale_on_gpu
+    stat = g.buffer(4, "stat")
+    x = upload(g, "x", np.ones(4, np.float32))
+    for sc, flags in ((DynamicLossScaler(init_scale=2.0 ** 22, growth_interval=1),
+                       [False, False, False, True, True, False]),          # up to max_scale
+                      (DynamicLossScaler(init_scale=2.0, growth_interval=3, min_scale=1.0),
+                       [True, True, True, False, False, False, False, True])):   # min_scale
+        assert scale_on_gpu(sc)
+        amp = AmpOps(g, 4, x, g.buffer(4, "x16"), g.buffer(4, "gr"), stat)
+        amp.set_scale(sc, on_gpu=True)
+        for overflow in flags:
+            g.write(stat, np.array([0.0, float(overflow), 0.0, 0.0], np.float32))
+            run(g, [amp.update_op])
+            sc.update(overflow)
+            got = read(g, amp.state, (4,))
+            assert (got[0], got[1], got[2]) == (np.float32(sc.scale), np.float32(1 / sc.scale),
+                                                sc.growth_tracker), (got, sc.state_dict())
+    assert not scale_on_gpu(DynamicLossScaler(backoff_factor=0.75))
+    assert not scale_on_gpu(DynamicLossScaler(init_scale=3.0))
+    assert not scale_on_gpu(type("Sub", (DynamicLossScaler,), {})())
+
+
+@pytest.mark.parametrize("init_scale", [2.0 ** 24, 3.0])
+def test_pipelined_amp_steps_are_the_step_by_step_ones(monkeypatch, init_scale):
+    """step_async with a scaler whose update is exact in float32: each step is submitted
+    before the one before is read back (the host writes the scale once; the GPU advances it
+    after each step), and the losses, weights, skips and the scaler's trajectory are those
+    of steps read back one by one, bit for bit. A scale that is not a power of two (3.0)
+    makes each step wait and take the host's scale."""
+    from mamba_ext.gpu.amp import AmpOps as Ops
+    writes = []
+    orig = Ops.set_scale
+    monkeypatch.setattr(Ops, "set_scale", lambda self, sc, on_gpu=False: (
+        writes.append(on_gpu), orig(self, sc, on_gpu))[1])
+    params = random_model(V=19, Dm=8, n_layers=2, D=16, N=4, K=3, R=1, seed=31)
+    rng = np.random.default_rng(9)
+    batches = [(rng.integers(0, 19, (2, 11)), rng.integers(0, 19, (2, 11))) for _ in range(7)]
+    runs = []
+    for pipelined in (False, True):
+        writes.clear()
+        tr = G.ResidentTrainer(params, lr=3e-3, clip=1.0,
+                               scaler=DynamicLossScaler(init_scale=init_scale, growth_interval=2))
+        if pipelined:
+            pend = [tr.step_async(t, y) for t, y in batches]
+            losses = [p.result() for p in pend]
+        else:
+            losses = [tr.step(t, y) for t, y in batches]
+        runs.append((losses, tr.params(), tr.skipped, tr.t, tr.scaler.state_dict(), list(writes)))
+        assert tr.pipelined_amp is (init_scale != 3.0)
+    (l0, p0, s0, t0, sc0, w0), (l1, p1, s1, t1, sc1, w1) = runs
+    assert l0 == l1 and (s0, t0) == (s1, t1) and sc0 == sc1
+    assert all(np.array_equal(p0[k], p1[k]) for k in params)
+    if init_scale == 3.0:
+        assert w1 == [False] * 7                      # every step from the host
+    else:
+        assert s0 >= 1 and sc0["scale"] != init_scale  # it backed off (and grew) on the way
+        assert w0 == [True] * 7 and w1 == [True]       # once: the GPU carried the scale
 
 
 def test_amp_trainer_refuses_a_non_scaler():
