@@ -71,13 +71,16 @@ def narrow_f16_unsupported(P: int, R: int) -> str | None:
 
 def half_weights(g, arena, offs, shapes):
     """linear_f16.HalfWeights of the :data:`F16_WEIGHTS` of every block in a parameter
-    arena, and of its :data:`NARROW_F16_WEIGHTS` where :func:`narrow_f16_unsupported`
-    allows: ``offs`` {name: offset}, ``shapes`` {name: shape}, block names bare (one block)
-    or as ``layer{i}.<name>`` (a model)."""
+    arena, of its :data:`NARROW_F16_WEIGHTS` where :func:`narrow_f16_unsupported`
+    allows, and of a model's ``embedding`` (the tied head) where its vocabulary is a
+    multiple of linear_f16.N_STEP: ``offs`` {name: offset}, ``shapes`` {name: shape},
+    block names bare (one block) or as ``layer{i}.<name>`` (a model)."""
     def wanted(k):
         base = k.rsplit(".", 1)[-1]
         if base in F16_WEIGHTS:
             return True
+        if k == "embedding":        # the tied head's (model.head_forward): whole result matrices
+            return shapes[k][0] % lf.N_STEP == 0
         if base in NARROW_F16_WEIGHTS and NARROW_F16:
             pre = k[:len(k) - len(base)]
             return narrow_f16_unsupported(shapes[pre + "wXProj"][0],

@@ -369,14 +369,17 @@ class Gpu:
         """Start mapping a staging buffer for reading; returns the promise."""
         return staging.map_async(self.wgpu.MapMode.READ, 0, staging.size)
 
-    @staticmethod
-    def wait_for(promise, idle=None):
+    def wait_for(self, promise, idle=None):
         """Wait for ``promise``; ``idle``: called every 0.2 ms meanwhile (e.g. to let MPI
-        progress), where the backend lets us wait in slices."""
+        progress), where the backend lets us wait in slices (a thread of its own resolves
+        the promise: wgpu-native); else (Dawn) once before the blocking wait, which alone
+        runs the callback that resolves it."""
         event = getattr(promise, "_thread_event", None)   # wgpu-native: set by its poller
-        if idle is not None and event is not None:
+        if idle is not None and event is not None and self.backend.POLLED_MAPS:
             while not event.wait(2e-4):
                 idle()
+        elif idle is not None:
+            idle()
         promise.sync_wait()
 
     @staticmethod

@@ -16,7 +16,8 @@ from .._validate import BLOCK_PARAM_NAMES, check_discretization, check_eps, chec
 from ..constants import DEFAULT_EPS
 from . import scan as _scan
 from .block import F16_WEIGHTS, NARROW_F16_WEIGHTS, BlockLayer, BlockScratch, require_float32
-from .device import arena_layout, elementwise, gpu, slices
+from . import linear_f16 as lf
+from .device import arena_layout, column_sum, elementwise, gpu, slices
 from .linear import Mat, gemm, linear_backward
 from .rmsnorm import rmsnorm_backward, rmsnorm_forward
 
@@ -45,12 +46,38 @@ def embedding_forward(g, M, Dm, tok, w, o, h):
                        [tok, w, h])
 
 
-def head_forward(g, M, V, Dm, x, w, o, xn, rstd, logits, eps):
+def head_forward(g, M, V, Dm, x, w, o, xn, rstd, logits, eps, f16=None):
     """Ops: xn (M, Dm), rstd (M,) = final RMSNorm of x; logits (M, V) = xn @ embedding^T +
-    lm_head_bias (the tied head)."""
-    return [rmsnorm_forward(g, M, Dm, x, w, o["final_norm"], xn, rstd, eps),
-            *gemm(g, "linear_forward", M, V, Dm, Mat(xn, 0, Dm), Mat(w, o["embedding"], 1, Dm),
-                  Mat(logits, 0, V), bias=w, bias_off=o["lm_head_bias"])]
+    lm_head_bias (the tied head). ``f16``: (buffer, offset) of the embedding's f16 copy
+    (linear_f16.HalfWeights, rows padded to whole tiles): the product on tensor cores, from
+    xn rounded to f16 (in the blocks' f16 scratch of their normed input, free here)."""
+    norm = rmsnorm_forward(g, M, Dm, x, w, o["final_norm"], xn, rstd, eps)
+    if f16 is None:
+        return [norm, *gemm(g, "linear_forward", M, V, Dm, Mat(xn, 0, Dm),
+                            Mat(w, o["embedding"], 1, Dm), Mat(logits, 0, V), bias=w,
+                            bias_off=o["lm_head_bias"])]
+    xn16 = g.scratch("amp_xn_f16", M * Dm // 2)
+    return [norm, lf.pack(g, xn16, xn, M, Dm),
+            lf.product(g, logits, xn16, f16[0], M, lf.padded(V), Dm, a_kmajor=True,
+                       b_kmajor=True, lda=Dm, ldb=Dm, ldc=V, b_off=f16[1],
+                       bias=(w, o["lm_head_bias"]), n_valid=V)]
+
+
+def head_backward_f16(g, M, V, Dm, dlogits, xn, w, o, gr, dxn, f16):
+    """Ops of the tied head's backward on tensor cores (head_forward's ``f16``): dxn (M, Dm)
+    = dlogits @ embedding; d embedding (V, Dm) += dlogits^T xn, computed as its transpose
+    xn^T dlogits (k-major A); d lm_head_bias += column sums of dlogits (f32). dlogits goes
+    to f16 rows padded to whole tiles with zeros, xn transposed to f16."""
+    Vp = lf.padded(V)
+    dl16 = g.scratch("amp_dlogits_f16", M * Vp // 2)      # (M, Vp) f16, zero past V
+    xn16_t = g.scratch("amp_xn_f16", M * Dm // 2)         # (Dm, M) f16
+    return [lf.pack(g, dl16, dlogits, M, V, dst_cols=Vp),
+            lf.product(g, dxn, dl16, f16[0], M, Dm, -(-V // lf.BK) * lf.BK, a_kmajor=True,
+                       b_kmajor=False, lda=Vp, ldb=Dm, ldc=Dm, b_off=f16[1]),
+            lf.pack_pair(g, None, xn16_t, xn, M, Dm),
+            *lf.weight_product(g, gr, o["embedding"], Dm, Vp, M, xn16_t, dl16,
+                               b_kmajor=False, ldb=Vp, n_valid=V, c_colmajor=True),
+            *column_sum(g, M, V, dlogits, 0, V, gr, o["lm_head_bias"])]
 
 
 class ModelPlan:
@@ -63,9 +90,10 @@ class ModelPlan:
     ``h``), so activation memory no longer grows with the number of layers (as
     ``mamba_ext.model_loss_and_grads(checkpointing=True)`` on the CPU).
     ``f16``: a ``linear_f16.HalfWeights`` with every layer's ``wInProj`` and ``wOutProj``,
-    and ``wXProj`` and ``wDtProj`` where they fit (keys as in the arena,
-    ``block.half_weights``): the blocks' products run on tensor cores (BlockLayer's f16
-    mode); its ops, which make the f16 copies, run first.
+    and ``wXProj``, ``wDtProj`` and the ``embedding`` where they fit (keys as in the arena,
+    ``block.half_weights``): the blocks' products and the tied head's run on tensor cores
+    (BlockLayer's f16 mode, head_forward's ``f16``); its ops, which make the f16 copies,
+    run first.
     """
 
     def __init__(self, arrays, dims, B, L, order, w=None, gr=None, eps=DEFAULT_EPS,
@@ -105,8 +133,11 @@ class ModelPlan:
                              f16=half)
             self.layers.append(lay)
             ops += lay.forward_ops()
+        # the tied head on tensor cores where the f16 weights include the embedding
+        self.head16 = (None if f16 is None or "embedding" not in f16.offs
+                       else (f16.buf, f16.offs["embedding"]))
         ops += head_forward(g, M, V, Dm, self.h[nl], w, o, self.fxn, self.frstd, self.logits,
-                            self.eps)
+                            self.eps, f16=self.head16)
         self.forward_ops = ops
         self._train = None
 
@@ -126,12 +157,17 @@ class ModelPlan:
                           g.grid1d(M, "cross-entropy rows"), [M, V, 1.0 / M, 0],
                           [self.logits, self.tgt, self.dlogits, self.losses,
                            self.loss_scale if self.loss_scale is not None else g.dummy(2)])
-        ops = list(self.forward_ops) + [
-            self.ce_op,
+        if self.head16 is None:
             # head backward: dxn = dlogits @ embedding; dE += dlogits^T xn; dbias (split-K
             # partials in fgw, written only by the RMSNorm backward after it)
-            *linear_backward(g, M, Dm, V, self.dlogits, 0, V, self.fxn, 0, Dm, w, E,
-                             o["lm_head_bias"], gr, dx=self.fdxn, dx_rs=Dm, part=self.fgw),
+            head = linear_backward(g, M, Dm, V, self.dlogits, 0, V, self.fxn, 0, Dm, w, E,
+                                   o["lm_head_bias"], gr, dx=self.fdxn, dx_rs=Dm, part=self.fgw)
+        else:
+            head = head_backward_f16(g, M, V, Dm, self.dlogits, self.fxn, w, o, gr, self.fdxn,
+                                     self.head16)
+        ops = list(self.forward_ops) + [
+            self.ce_op,
+            *head,
             *rmsnorm_backward(g, M, Dm, self.h[nl], w, o["final_norm"], self.fdxn, self.frstd,
                               self.dh[0], self.fgw, gr, self.eps),
         ]

@@ -282,7 +282,8 @@ class ResidentTrainer:
         if half is not None:
             narrow = any(k.endswith(".wXProj") for k in half.offs)
             which = "in_proj/out_proj/x_proj/dt_proj" if narrow else "in_proj/out_proj"
-            return f"{which} on tensor cores (f16 operands, f32 accumulation)"
+            head = " and the tied head" if "embedding" in half.offs else ""
+            return f"{which}{head} on tensor cores (f16 operands, f32 accumulation)"
         return self.f16_reason
 
     def _half_weights(self, M):
@@ -323,25 +324,28 @@ class ResidentTrainer:
         self._pending = None
         sizes = [pending.plan.M, 2] + ([3] if self._amp is not None else [])
         losses, st, *scale = gpu().read_staged(pending.staging, sizes, pending.index)
-        self._account(st)
+        self._account(st, pending.scaler)
         if scale and self._scale_synced is not None:
             # the GPU advanced its scale by the same rule: it must hold the host's values
-            same = (float(scale[0][0]) == self.scaler.scale
-                    and int(scale[0][2]) == self.scaler.growth_tracker)
+            # (unless the trainer's scaler was replaced since: then it is written anew)
+            sc = pending.scaler
+            same = (sc is self.scaler and float(scale[0][0]) == sc.scale
+                    and int(scale[0][2]) == sc.growth_tracker)
             self._scale_synced = self._scaler_key() if same else None
         pending._loss = pending.plan.loss(losses)
 
-    def _account(self, st):
+    def _account(self, st, scaler=None):
         """Host counters after a step whose AdamW statistics are ``st`` (grad norm^2,
-        non-finite count)."""
+        non-finite count); ``scaler``: the one the step ran with (default the trainer's)."""
         self.last_grad_norm = float(np.sqrt(np.float64(st[0])))
         if st[1] > 0:
             self.skipped += 1
             self.last_grad_norm = float("nan")
         else:
             self.t += 1
-        if self.scaler is not None:
-            self.scaler.update(bool(st[1] > 0))
+        scaler = self.scaler if scaler is None else scaler
+        if scaler is not None:
+            scaler.update(bool(st[1] > 0))
 
     def _stream_parts(self, plan):
         """Per segment of ``plan.train_ops()``: (ops done, arena ranges (lo, hi) whose
@@ -528,6 +532,7 @@ class PendingStep:
     def __init__(self, trainer, plan, staging, index):
         self._trainer, self.plan, self.staging = trainer, plan, staging
         self.index = index          # its submission (Gpu.submit_encoded), for the read-back
+        self.scaler = trainer.scaler    # the loss scaler it ran with (updated by its result)
         self._loss = None
 
     @property

@@ -179,6 +179,26 @@ def test_pipelined_amp_steps_are_the_step_by_step_ones(monkeypatch, init_scale):
         assert w0 == [True] * 7 and w1 == [True]       # once: the GPU carried the scale
 
 
+def test_a_scaler_replaced_between_overlapped_steps():
+    """A scaler assigned while a step is in flight: that step updates the scaler it ran
+    with, and the next step waits for it and runs with the new scaler's scale (written
+    to the GPU anew), which the GPU then carries on."""
+    params = random_model(V=19, Dm=8, n_layers=1, D=16, N=4, K=3, R=1, seed=33)
+    tok = np.random.default_rng(3).integers(0, 19, (2, 9))
+    tr = G.ResidentTrainer(params, lr=1e-3, scaler=DynamicLossScaler(init_scale=2.0 ** 10))
+    first = tr.scaler
+    tr.step_async(tok, tok)
+    tr.step_async(tok, tok)                   # overlapped: the first is read back meanwhile
+    tr.scaler = DynamicLossScaler(init_scale=2.0 ** 6, growth_interval=2)
+    tr.step_async(tok, tok).result()
+    assert first.growth_tracker == 2 and first.scale == 2.0 ** 10
+    assert tr.scaler.growth_tracker == 1 and tr.scaler.scale == 2.0 ** 6
+    tr.step_async(tok, tok)
+    tr.step_async(tok, tok).result()          # grew after its second clean step, on the GPU
+    assert tr.scaler.scale == 2.0 ** 7 and tr.scaler.growth_tracker == 1
+    assert read(g, tr._amp.state, (4,))[0] == 2.0 ** 7
+
+
 def test_amp_trainer_refuses_a_non_scaler():
     params = random_model(V=11, Dm=6, n_layers=1, D=12, N=3, K=2, R=1, seed=35)
     with pytest.raises(TypeError, match="scaler"):

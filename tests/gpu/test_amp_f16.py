@@ -121,8 +121,9 @@ def test_reference_narrow_products(reference):
 
 def test_narrow_products_run_where_they_fit(reference):
     """x_proj and dt_proj run in f16 where dt_rank and dt_rank + 2 d_state are multiples of
-    16 (d_model 256: 16 and 48), else in f32 (d_model 128: 8 and 40); their f16 weights are
-    zero-padded to whole tiles; activation checkpointing gives the same bits."""
+    16 (d_model 256: 16 and 48), else in f32 (d_model 128: 8 and 40), and the tied head
+    where the vocabulary is; their f16 weights are zero-padded to whole tiles; activation
+    checkpointing gives the same bits."""
     from mamba_ext.gpu.block import half_weights, narrow_f16_unsupported
     from mamba_ext.gpu.device import arena_layout
     from mamba_ext.gpu.model import ModelPlan
@@ -137,6 +138,7 @@ def test_narrow_products_run_where_they_fit(reference):
         plan = ModelPlan(arrays, dims, 1, 128, list(arrays), w=w, f16=half)
         assert plan.layers[0].narrow16 is narrow
         assert ("layer0.wDtProj" in half.offs) is narrow
+        assert plan.head16 is not None            # vocabulary 64: the tied head in f16 too
         if narrow:
             run(g, half.ops)
             D, R = arrays["layer0.wDtProj"].shape
@@ -145,6 +147,9 @@ def test_narrow_products_run_where_they_fit(reference):
             copy = words.view(np.float16)[at:at + 128 * -(-D // 128) * ld].reshape(-1, ld)
             assert ld == 128 and np.array_equal(copy[:D, :R], _f16(arrays["layer0.wDtProj"]))
             assert not copy[:, R:].view(np.uint16).any() and not copy[D:].view(np.uint16).any()
+    p = random_model(70, 128, 1, 256, 16, 4, 8, 1)          # vocabulary 70: the head in f32
+    half = half_weights(g, g.buffer(4, "w0"), dict.fromkeys(p, 0), {k: a.shape for k, a in p.items()})
+    assert "embedding" not in half.offs and "layer0.wInProj" in half.offs
     arrays, dims = check_model({k: _f16(v).astype(np.float32)
                                 for k, v in random_model(64, 256, 2, 512, 16, 4, 16, 3).items()})
     rng = np.random.default_rng(6)

@@ -9,8 +9,10 @@
   run faster on wgpu-native (H200: block d 16.6 ms against 20.8 on Dawn, docs/gpu.md), so auto does not
   pick Dawn yet.
 
-Each backend module gives the same small interface: ``NAME``; ``module()`` (the wgpu-py
-API module); ``prepare(checks)`` (set-up before the first adapter is requested);
+Each backend module gives the same small interface: ``NAME``; ``THREAD_SAFE`` (whether
+two threads may call its device at once); ``POLLED_MAPS`` (whether a map's promise is
+resolved by a thread of its own, so that it can be waited for in slices); ``module()``
+(the wgpu-py API module); ``prepare(checks)`` (set-up before the first adapter is requested);
 ``shader_module(device, label, code, checks)``; ``native_dispatch()`` (a function
 recording ops into a pass, or None); ``native_queue(device)`` (submits with an index
 and reads back a buffer by submission, or None). Everything private to one WebGPU

@@ -20,6 +20,9 @@ FEATURES = ("shader-f16", "subgroups", "chromium-experimental-subgroup-matrix")
 # whether two threads may call the device at once: not Dawn's (its objects are not
 # thread-safe without the implicit-device-synchronization feature, not requested here)
 THREAD_SAFE = False
+# whether a map's promise is resolved by a thread of the backend's own: not Dawn's (its
+# callbacks run only inside a wait or an event-processing call of the waiting thread)
+POLLED_MAPS = False
 
 _prepared = []
 

@@ -11,6 +11,9 @@ NAME = "wgpu"
 FEATURES = ()
 # whether two threads may call the device at once (wgpu-native's devices are)
 THREAD_SAFE = True
+# whether a map's promise is resolved by a thread of the backend's own (wgpu-py's poller, which
+# sets the promise's ``_thread_event``), so that a caller may wait for it in slices
+POLLED_MAPS = True
 
 # Runtime checks naga adds to the shaders, as wgpu-native's WGPUShaderRuntimeChecks bits
 # (None: wgpu's default, create_shader_module); see SHADER_CHECKS in device.py.
