@@ -35,6 +35,56 @@ import numpy as np
 from .sizes import SIZES
 
 
+# OpenBLAS's kernel sets for AVX2 only, which its run-time CPU detection may pick on a CPU
+# with AVX-512 that it does not know (an AMD Zen 5 in a VM, docs/performance.md)
+AVX2_CORES = ("haswell", "zen")
+
+
+def blas_config() -> str | None:
+    """SciPy's BLAS as it describes itself (OpenBLAS: version, build and the kernel set
+    its CPU detection picked, e.g. "OpenBLAS 0.3.30 DYNAMIC_ARCH NO_AFFINITY Haswell
+    MAX_THREADS=64"), or None where it cannot be asked (not OpenBLAS, not Linux)."""
+    import ctypes
+    import scipy.linalg.cython_blas  # noqa: F401  (loads the library our kernels call)
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            paths = {line.split()[-1] for line in f if "scipy_openblas" in line
+                     and "scipy.libs" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        lib = ctypes.CDLL(path)
+        for name in ("scipy_openblas_get_config", "openblas_get_config"):
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn.restype = ctypes.c_char_p
+                return fn().decode(errors="replace")
+    return None
+
+
+def blas_note(config: str | None, cpu_flags) -> str | None:
+    """A line for the bench when ``config`` (:func:`blas_config`) names an AVX2-only
+    kernel set on a CPU whose flags (``cpu_flags``) include AVX-512, else None."""
+    if config is None or "avx512f" not in cpu_flags:
+        return None
+    if not any(core in config.lower().split() for core in AVX2_CORES):
+        return None
+    return (f"BLAS: SciPy's {config}: kernels for AVX2 on a CPU with AVX-512; "
+            f"OPENBLAS_CORETYPE=SKYLAKEX, set by the launcher before Python starts, may run "
+            f"its sgemm up to 2x faster (docs/performance.md, the BLAS's kernels)")
+
+
+def _cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -371,6 +421,8 @@ def run(size: str = "all", *, repeat: int = 5, dtype: str = "float32", n_threads
         print("  ".join(c.rjust(w[i]) for i, c in enumerate(cols)))
         for r in rows:
             print("  ".join(str(v).rjust(w[i]) for i, v in enumerate(r)))
+    config = blas_config()
+    print(blas_note(config, _cpu_flags()) or f"BLAS: SciPy's {config or 'BLAS (unnamed)'}")
     for s in sizes:
         _, sg, ex = bound[s]
         line = (f"size {s}: bound = {gemm_flops(s) / 1e9:.2f} GFLOP at {sg / 1e9:.0f} GFLOP/s (numpy sgemm) "

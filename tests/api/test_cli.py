@@ -86,6 +86,25 @@ def test_block_benchmark_prints_bound_and_thread_scaling(capsys, monkeypatch):
         assert lay != best_lay or float(ratio) == 1.0
     assert re.search(r"size a: GEMMs alone \(SciPy sgemm, best of 10\), ours / best operand "
                      r"layout of the shape: worst \w+ \w+ [\d.]+", out)
+    assert re.search(r"^BLAS: SciPy's ", out, re.M)        # which BLAS, which kernels
+
+
+def test_blas_note_names_avx2_kernels_on_an_avx512_cpu():
+    """The bench's BLAS line: a hint exactly where OpenBLAS runs its AVX2 kernels on a CPU
+    with AVX-512 (its detection does not know the CPU), and what the BLAS says of itself."""
+    from mamba_ext.bench import cpu
+    cfg = "OpenBLAS 0.3.30 DYNAMIC_ARCH NO_AFFINITY {} MAX_THREADS=64"
+    note = cpu.blas_note(cfg.format("Haswell"), {"avx2", "avx512f"})
+    assert note and "OPENBLAS_CORETYPE=SKYLAKEX" in note and "Haswell" in note
+    assert cpu.blas_note(cfg.format("Zen"), {"avx512f"})
+    assert cpu.blas_note(cfg.format("SkylakeX"), {"avx512f"}) is None
+    assert cpu.blas_note(cfg.format("Haswell"), {"avx2"}) is None
+    assert cpu.blas_note(None, {"avx512f"}) is None
+    import pathlib
+    import scipy
+    libs = pathlib.Path(scipy.__file__).parent.parent / "scipy.libs"   # a pip wheel's OpenBLAS
+    if sys.platform.startswith("linux") and any("openblas" in p.name for p in libs.glob("*")):
+        assert cpu.blas_config().startswith("OpenBLAS ")
 
 
 def test_block_gemms_are_the_linears_calls():
