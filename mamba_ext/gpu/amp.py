@@ -69,8 +69,10 @@ class AmpOps:
         gradients by. ``on_gpu``: the scale and the scaler's state go to ``state``, which
         the step reads and ``update_op`` advances."""
         inv = float(np.float32(1.0 / scaler.scale))
-        f = lambda v: float(np.float32(v))
         self.g.write_params(self.grads_op, amp_params(self.n, inv, use_state=on_gpu))
+        if not on_gpu:      # (any object with a scale will do then)
+            return
+        f = lambda v: float(np.float32(v))
         self.g.write_params(self.update_op, [
             f(scaler.growth_factor), f(scaler.backoff_factor), f(1 / scaler.growth_factor),
             f(1 / scaler.backoff_factor), float(scaler.growth_interval), f(scaler.min_scale),

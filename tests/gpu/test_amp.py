@@ -199,6 +199,26 @@ def test_a_scaler_replaced_between_overlapped_steps():
     assert read(g, tr._amp.state, (4,))[0] == 2.0 ** 7
 
 
+def test_a_scaler_of_its_own_runs_step_by_step():
+    """A scaler that is not a DynamicLossScaler (any object with ``scale`` and ``update``)
+    is not mirrored on the GPU: each step takes its scale from the host, and its update
+    sees every step's overflow, in order."""
+    class Scaler:
+        def __init__(self):
+            self.scale, self.seen = 8.0, []
+
+        def update(self, overflow):
+            self.seen.append(overflow)
+            return not overflow
+    params = random_model(V=19, Dm=8, n_layers=1, D=16, N=4, K=3, R=1, seed=37)
+    tok = np.random.default_rng(5).integers(0, 19, (2, 9))
+    tr = G.ResidentTrainer(params, lr=1e-3, scaler=Scaler())
+    assert not tr.pipelined_amp
+    losses = [tr.step_async(tok, tok) for _ in range(3)]
+    assert all(np.isfinite(p.result()) for p in losses)
+    assert tr.scaler.seen == [False] * 3 and tr.t == 3
+
+
 def test_amp_trainer_refuses_a_non_scaler():
     params = random_model(V=11, Dm=6, n_layers=1, D=12, N=3, K=2, R=1, seed=35)
     with pytest.raises(TypeError, match="scaler"):
