@@ -5,9 +5,10 @@
   install and the CI path (lavapipe);
 - ``dawn``: Dawn through wgpudawn (``pip install "mamba_ext[dawn]"``);
 - ``auto`` (the default): wgpu-native. Dawn's reason to be chosen is its subgroup
-  matrices (tensor cores from WGSL); until kernels that use them exist, the fp32 kernels
-  run faster on wgpu-native (H200: block d 16.6 ms against 20.8 on Dawn, docs/gpu.md), so auto does not
-  pick Dawn yet.
+  matrices (tensor cores from WGSL, which mixed precision uses); but the backend is chosen
+  when the device is made, before a run says whether it multiplies in f16, and the fp32
+  kernels run faster on wgpu-native (H200: block d 16.6 ms against 20.8 on Dawn,
+  docs/gpu.md), so auto does not pick Dawn: ask for it.
 
 Each backend module gives the same small interface: ``NAME``; ``THREAD_SAFE`` (whether
 two threads may call its device at once); ``POLLED_MAPS`` (whether a map's promise is
