@@ -29,9 +29,42 @@ def test_selection_and_refusal(monkeypatch):
     # every backend module has the same interface
     for name in ("wgpu", "dawn"):
         be = backends.load(name)
-        for attr in ("NAME", "module", "prepare", "shader_module", "native_dispatch",
-                     "native_queue"):
+        for attr in ("NAME", "THREAD_SAFE", "POLLED_MAPS", "module", "prepare",
+                     "shader_module", "native_dispatch", "native_queue"):
             assert hasattr(be, attr), (name, attr)
+    assert backends.load("wgpu").POLLED_MAPS and not backends.load("dawn").POLLED_MAPS
+
+
+def test_wait_for_slices_only_where_the_backend_polls_maps():
+    """Gpu.wait_for: in slices (idle between them) only where a thread of the backend's own
+    resolves a map's promise (wgpu-native); on Dawn, whose promises carry the same event but
+    never see it set, one idle call and then the blocking wait, which resolves it (the
+    streamed reduce hung in the first form, docs/gpu_h200.txt run 119)."""
+    import threading
+    from types import SimpleNamespace
+    from mamba_ext.gpu.device import Gpu
+
+    class Promise:
+        def __init__(self):
+            self._thread_event = threading.Event()     # set by nobody, as on Dawn
+            self.waited = False
+
+        def sync_wait(self):
+            self.waited = True
+    idles = []
+    fake = SimpleNamespace(backend=backends.load("dawn"))
+    p = Promise()
+    t = threading.Thread(target=Gpu.wait_for, args=(fake, p), kwargs={"idle": lambda: idles.append(1)},
+                         daemon=True)
+    t.start()
+    t.join(5.0)
+    assert not t.is_alive(), "wait_for looped on an event nobody sets (the Dawn hang)"
+    assert p.waited and idles == [1]
+    fake = SimpleNamespace(backend=backends.load("wgpu"))
+    p = Promise()
+    threading.Timer(0.02, p._thread_event.set).start()   # wgpu-py's poller, played
+    Gpu.wait_for(fake, p, idle=lambda: idles.append(2))
+    assert p.waited and idles.count(2) >= 1
 
 
 _DAWN_BLOCK = """
