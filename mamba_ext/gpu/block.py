@@ -292,12 +292,10 @@ class BlockLayer:
         g, d, o, M, w = self.g, self.d, self.o, self.M, self.w
         D, P, R = d.D, d.P, d.R
         wh, ho = self.f16
-        Pp, Rp = lf.padded(P), lf.padded(R)
+        Rp = lf.padded(R)
         # u (M, D) in f16: the gated16 scratch, free until this layer's gate
-        x_proj = [lf.pack(g, self.gated16, self.u, M, D),
-                  lf.product(g, self.xproj, self.gated16, wh, M, Pp, D, a_kmajor=True,
-                             b_kmajor=True, lda=D, ldb=D, ldc=P, b_off=ho["wXProj"],
-                             bias=(w, o["bXProj"]), n_valid=P)]
+        x_proj = lf.narrow_forward(g, self.xproj, self.u, self.gated16, wh, M, D, P,
+                                   w_off=ho["wXProj"], bias=(w, o["bXProj"]))
         # dt_low (M, R) in f16, rows Rp apart; the contraction R rounded up to BK
         xlow16 = g.scratch("amp_xlow_f16", M * Rp // 2)
         dt_proj = [lf.pack(g, xlow16, self.xproj, M, R, src_rs=P, dst_cols=Rp),
@@ -312,12 +310,12 @@ class BlockLayer:
         scan's: dxproj[:, 0:R] = ddelta_pre @ wDtProj, dW and db of dt_proj; du +=
         dxproj @ wXProj, dW and db of x_proj. in_proj's f16 operand buffers (dY16,
         dY16_t), free until in_proj's backward, hold ddelta_pre's f16 copies and then u's
-        transpose; dW of x_proj is computed as its transpose (u^T dxproj: k-major A)."""
+        transpose (x_proj's: linear_f16.narrow_backward)."""
         g, d, o, M, gr = self.g, self.d, self.o, self.M, self.gr
         D, P, R = d.D, d.P, d.R
         wh, ho = self.f16
-        Pp, Rp = lf.padded(P), lf.padded(R)
-        dxproj16 = g.scratch("amp_dxproj_f16", M * Pp // 2)   # (M, Pp) f16, zero past P
+        Rp = lf.padded(R)
+        dxproj16 = g.scratch("amp_dxproj_f16", M * lf.padded(P) // 2)   # (M, padded(P)) f16
         return [
             lf.pack_pair(g, sc.dY16, sc.dY16_t, sc.ddelta_pre, M, D),
             lf.product(g, sc.dxproj, sc.dY16, wh, M, Rp, D, a_kmajor=True, b_kmajor=False,
@@ -325,14 +323,9 @@ class BlockLayer:
             *lf.weight_product(g, gr, o["wDtProj"], D, Rp, M, sc.dY16_t, self._xlow16,
                                b_kmajor=False, ldb=Rp, n_valid=R),
             *column_sum(g, M, D, sc.ddelta_pre, 0, D, gr, o["bDtProj"]),
-            lf.pack(g, dxproj16, sc.dxproj, M, P, dst_cols=Pp),
-            lf.product(g, sc.du, dxproj16, wh, M, D, -(-P // lf.BK) * lf.BK, a_kmajor=True,
-                       b_kmajor=False, lda=Pp, ldb=D, ldc=D, b_off=ho["wXProj"],
-                       accumulate=True),
-            lf.pack_pair(g, None, sc.dY16, self.u, M, D),
-            *lf.weight_product(g, gr, o["wXProj"], D, Pp, M, sc.dY16, dxproj16,
-                               b_kmajor=False, ldb=Pp, n_valid=P, c_colmajor=True),
-            *column_sum(g, M, P, sc.dxproj, 0, P, gr, o["bXProj"]),
+            *lf.narrow_backward(g, sc.du, sc.dxproj, self.u, wh, gr, M, D, P,
+                                w_off=ho["wXProj"], dw_off=o["wXProj"], db_off=o["bXProj"],
+                                dy16=dxproj16, x16_t=sc.dY16, accumulate_dx=True),
         ]
 
     def backward_ops(self, dout, dx, sc: BlockScratch):

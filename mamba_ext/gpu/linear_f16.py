@@ -213,6 +213,35 @@ def dweight(g, dw, dy_t, x_t, M: int, I: int, O: int, accumulate: bool = True,
                           accumulate=accumulate)
 
 
+def narrow_forward(g, y, x, x16, w16, M: int, I: int, O: int, *, w_off: int, bias):
+    """Ops of a layer whose O outputs are not whole tiles (x_proj's 80, the tied head's
+    vocabulary), Y (M, O) f32 = X (M, I) @ W (O, I)^T + b: X rounded to f16 into ``x16``
+    (M, I), then the product from W's f16 copy (``w16`` from ``w_off``, rows zero-padded to
+    padded(O): :class:`HalfWeights`) storing only Y's O columns (a multiple of
+    :data:`N_STEP`), started from ``bias`` (buffer, offset)."""
+    return [pack(g, x16, x, M, I),
+            product(g, y, x16, w16, M, padded(O), I, a_kmajor=True, b_kmajor=True, lda=I,
+                    ldb=I, ldc=O, b_off=w_off, bias=bias, n_valid=O)]
+
+
+def narrow_backward(g, dx, dy, x, w16, gr, M: int, I: int, O: int, *, w_off: int,
+                    dw_off: int, db_off: int, dy16, x16_t, accumulate_dx: bool):
+    """Ops of :func:`narrow_forward`'s backward: dX (M, I) [+]= dY @ W; dW (O, I) in the
+    gradient arena ``gr`` from ``dw_off`` += dY^T X, computed as its transpose X^T dY (so
+    that A is k-major) and stored transposed; db (O,) from ``db_off`` += the column sums of
+    the f32 dY. dY (M, O) f32 goes to f16 into ``dy16`` (M, padded(O)), its rows padded
+    with zeros; X (M, I) transposed to f16 into ``x16_t`` (I, M)."""
+    from .device import column_sum
+    Op = padded(O)
+    return [pack(g, dy16, dy, M, O, dst_cols=Op),
+            product(g, dx, dy16, w16, M, I, -(-O // BK) * BK, a_kmajor=True, b_kmajor=False,
+                    lda=Op, ldb=I, ldc=I, b_off=w_off, accumulate=accumulate_dx),
+            pack_pair(g, None, x16_t, x, M, I),
+            *weight_product(g, gr, dw_off, I, Op, M, x16_t, dy16, b_kmajor=False, ldb=Op,
+                            n_valid=O, c_colmajor=True),
+            *column_sum(g, M, O, dy, 0, O, gr, db_off)]
+
+
 def layer_unsupported(M: int, I: int, O: int, w_off: int = 0, dw_off: int = 0) -> str | None:
     """Why the three products of a linear layer X (M, I) -> Y (M, O) cannot all run in
     f16 (f16 weights at ``w_off``, their f32 gradient at ``dw_off``), or None."""

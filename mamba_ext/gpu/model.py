@@ -17,7 +17,7 @@ from ..constants import DEFAULT_EPS
 from . import scan as _scan
 from .block import F16_WEIGHTS, NARROW_F16_WEIGHTS, BlockLayer, BlockScratch, require_float32
 from . import linear_f16 as lf
-from .device import arena_layout, column_sum, elementwise, gpu, slices
+from .device import arena_layout, elementwise, gpu, slices
 from .linear import Mat, gemm, linear_backward
 from .rmsnorm import rmsnorm_backward, rmsnorm_forward
 
@@ -56,28 +56,9 @@ def head_forward(g, M, V, Dm, x, w, o, xn, rstd, logits, eps, f16=None):
         return [norm, *gemm(g, "linear_forward", M, V, Dm, Mat(xn, 0, Dm),
                             Mat(w, o["embedding"], 1, Dm), Mat(logits, 0, V), bias=w,
                             bias_off=o["lm_head_bias"])]
-    xn16 = g.scratch("amp_xn_f16", M * Dm // 2)
-    return [norm, lf.pack(g, xn16, xn, M, Dm),
-            lf.product(g, logits, xn16, f16[0], M, lf.padded(V), Dm, a_kmajor=True,
-                       b_kmajor=True, lda=Dm, ldb=Dm, ldc=V, b_off=f16[1],
-                       bias=(w, o["lm_head_bias"]), n_valid=V)]
-
-
-def head_backward_f16(g, M, V, Dm, dlogits, xn, w, o, gr, dxn, f16):
-    """Ops of the tied head's backward on tensor cores (head_forward's ``f16``): dxn (M, Dm)
-    = dlogits @ embedding; d embedding (V, Dm) += dlogits^T xn, computed as its transpose
-    xn^T dlogits (k-major A); d lm_head_bias += column sums of dlogits (f32). dlogits goes
-    to f16 rows padded to whole tiles with zeros, xn transposed to f16."""
-    Vp = lf.padded(V)
-    dl16 = g.scratch("amp_dlogits_f16", M * Vp // 2)      # (M, Vp) f16, zero past V
-    xn16_t = g.scratch("amp_xn_f16", M * Dm // 2)         # (Dm, M) f16
-    return [lf.pack(g, dl16, dlogits, M, V, dst_cols=Vp),
-            lf.product(g, dxn, dl16, f16[0], M, Dm, -(-V // lf.BK) * lf.BK, a_kmajor=True,
-                       b_kmajor=False, lda=Vp, ldb=Dm, ldc=Dm, b_off=f16[1]),
-            lf.pack_pair(g, None, xn16_t, xn, M, Dm),
-            *lf.weight_product(g, gr, o["embedding"], Dm, Vp, M, xn16_t, dl16,
-                               b_kmajor=False, ldb=Vp, n_valid=V, c_colmajor=True),
-            *column_sum(g, M, V, dlogits, 0, V, gr, o["lm_head_bias"])]
+    return [norm, *lf.narrow_forward(g, logits, xn, g.scratch("amp_xn_f16", M * Dm // 2),
+                                     f16[0], M, Dm, V, w_off=f16[1],
+                                     bias=(w, o["lm_head_bias"]))]
 
 
 class ModelPlan:
@@ -163,8 +144,13 @@ class ModelPlan:
             head = linear_backward(g, M, Dm, V, self.dlogits, 0, V, self.fxn, 0, Dm, w, E,
                                    o["lm_head_bias"], gr, dx=self.fdxn, dx_rs=Dm, part=self.fgw)
         else:
-            head = head_backward_f16(g, M, V, Dm, self.dlogits, self.fxn, w, o, gr, self.fdxn,
-                                     self.head16)
+            # the same on tensor cores (head_forward's f16); dlogits' f16 copy in a scratch
+            # of its own, xn's transpose in the blocks' f16 scratch of their normed input
+            head = lf.narrow_backward(
+                g, self.fdxn, self.dlogits, self.fxn, self.head16[0], gr, M, Dm, V,
+                w_off=self.head16[1], dw_off=E, db_off=o["lm_head_bias"],
+                dy16=g.scratch("amp_dlogits_f16", M * lf.padded(V) // 2),
+                x16_t=g.scratch("amp_xn_f16", M * Dm // 2), accumulate_dx=False)
         ops = list(self.forward_ops) + [
             self.ce_op,
             *head,

@@ -211,7 +211,7 @@ class ResidentTrainer:
         prev, self._pending = self._pending, None
         if prev is not None:
             self._resolve(prev)
-        self._pending = PendingStep(self, plan, reads[0], index)
+        self._pending = PendingStep(self, plan, reads, index)
         return self._pending
 
     def _readback(self, plan, slot):
@@ -322,8 +322,8 @@ class ResidentTrainer:
         if pending is not self._pending and self._pending is not None:
             raise AssertionError("ResidentTrainer: steps are read back in order")
         self._pending = None
-        sizes = [pending.plan.M, 2] + ([3] if self._amp is not None else [])
-        losses, st, *scale = gpu().read_staged(pending.staging, sizes, pending.index)
+        staging, parts = pending.reads            # (_readback: losses, stats[, scale])
+        losses, st, *scale = gpu().read_staged(staging, [n for _, n in parts], pending.index)
         self._account(st, pending.scaler)
         if scale and self._scale_synced is not None:
             # the GPU advanced its scale by the same rule: it must hold the host's values
@@ -529,8 +529,8 @@ class PendingStep:
     it back (once; it waits for the GPU) and returns its loss; ``done``: already read back
     (the trainer reads a pending step back when the next one is submitted)."""
 
-    def __init__(self, trainer, plan, staging, index):
-        self._trainer, self.plan, self.staging = trainer, plan, staging
+    def __init__(self, trainer, plan, reads, index):
+        self._trainer, self.plan, self.reads = trainer, plan, reads   # reads: _readback's
         self.index = index          # its submission (Gpu.submit_encoded), for the read-back
         self.scaler = trainer.scaler    # the loss scaler it ran with (updated by its result)
         self._loss = None
