@@ -83,6 +83,8 @@ cdef extern from "csrc/mx_scan.h" nogil:
                                   const double* h, const double* em1,
                                   double* carry, double* dBC, double* dA_acc, double* dD_acc,
                                   double* du, double* ddelta) noexcept
+    void mx_scan_fold_f(idx_t n_rows, const float* dBC, float* sums) noexcept
+    void mx_scan_fold_d(idx_t n_rows, const double* dBC, double* sums) noexcept
 
 
 cdef inline void* scratch(idx_t n, size_t itemsize) noexcept nogil:
@@ -308,6 +310,7 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
     cdef floating* em1 = NULL
     cdef floating* dBC = NULL
     cdef floating* pbc = NULL
+    cdef floating* sums = NULL
     cdef floating* part = NULL
     cdef floating* partBC = NULL
     cdef floating* partAD = NULL
@@ -329,9 +332,10 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
         # per thread: AT, invAT, carry, dAacc (N, G); dDacc, Dv (G,); dl, uu, dyy, dul, dDl
         # (T, G) (lane copies for a partial group); h (T+1, N, G); em1 (T, N, G);
         # dBC (T, 2N, GB): one chunk's dBs | dCs terms per lane mod GB, folded into the
-        # job's slot of partBC after the chunk (independent of L: issue 12).
+        # job's slot of partBC after the chunk (independent of L: issue 12); sums (T, 2N):
+        # the folded rows when ng == 1, added into dBs | dCs.
         buf = <floating*>scratch((4 * N + 2 + 5 * T + (2 * T + 1) * N) * G
-                                 + 2 * T * N * MX_SCAN_GB, sizeof(floating))
+                                 + 2 * T * N * (MX_SCAN_GB + 1), sizeof(floating))
         if buf == NULL:
             failp[0] = 1
         AT = buf
@@ -348,6 +352,7 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
         h = dDl + T * G
         em1 = h + (T + 1) * N * G
         dBC = em1 + T * N * G
+        sums = dBC + 2 * T * N * MX_SCAN_GB
         for job in prange(B * ng, schedule='static'):
             if buf != NULL:
                 b = job // ng
@@ -388,17 +393,16 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
                                             carry, dBC, dAacc, dDacc, pdu, pdD)
                     # the chunk's rows of the job's slot: dBC summed over its GB lanes
                     # (ng == 1: the job owns these rows of dBs / dCs and adds into them)
-                    pbc = partBC + (job * L + t0) * 2 * N
-                    for k in range(tn * 2 * N):
-                        sum = 0
-                        for g in range(MX_SCAN_GB):
-                            sum = sum + dBC[k * MX_SCAN_GB + g]
-                        if ng > 1:
-                            pbc[k] = sum
-                        elif k % (2 * N) < N:
-                            dBs[(r0 + k // (2 * N)) * ld_bc + k % (2 * N)] += sum
-                        else:
-                            dCs[(r0 + k // (2 * N)) * ld_bc + k % (2 * N) - N] += sum
+                    pbc = partBC + (job * L + t0) * 2 * N if ng > 1 else sums
+                    if floating is float:
+                        mx_scan_fold_f(tn * 2 * N, dBC, pbc)
+                    else:
+                        mx_scan_fold_d(tn * 2 * N, dBC, pbc)
+                    if ng == 1:
+                        for s in range(tn):
+                            for k in range(N):
+                                dBs[(r0 + s) * ld_bc + k] += sums[s * 2 * N + k]
+                                dCs[(r0 + s) * ld_bc + k] += sums[s * 2 * N + N + k]
                     if nl < G:
                         for s in range(tn):
                             for g in range(nl):

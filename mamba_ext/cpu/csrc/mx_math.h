@@ -51,22 +51,26 @@ MX_INLINE float mx_expf(float x) {
 /* expm1f: with x = k ln2 + r, expm1(x) = 2^k (e^r - 1) + (2^k - 1), e^r - 1 = r + r^2 P(r)
    by the same polynomial as mx_exp_parts (no cancellation: k = 0 for |x| < ln2/2, and
    2^k - 1 is exact). One polynomial per value, not two: the scan computes one expm1
-   per (t, d, n). */
+   per (t, d, n). The same values as mx_exp_parts' k and r, with fewer selects (this is
+   the scan's inner loop): only the lower clamp (a NaN passes it and propagates through
+   the polynomial), 2^k from the rounding sum's low bits (no float -> int conversion, so
+   a NaN or a huge x is not undefined behaviour), and x > 88 replaced by inf at the end. */
 MX_INLINE float mx_expm1f(float x) {
-    float xs = x > -87.0f ? x : -87.0f;          /* NaN -> -87; NaN kept below */
-    float kf, r, pm1, s, v;
-    int32_t bits;
-    xs = xs < 88.0f ? xs : 88.0f;
-    kf = (xs * 1.44269504f + 12582912.0f) - 12582912.0f;
+    float xs = x < -87.0f ? -87.0f : x;
+    float t, kf, r, pm1, s, v;
+    uint32_t tb, bits;
+    t = xs * 1.44269504f + 12582912.0f;          /* k in the low mantissa bits */
+    kf = t - 12582912.0f;
     r = (xs - kf * 0.693359375f) + kf * 2.12194440e-4f;
     pm1 = (((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r
            + 4.1665795894e-2f) * r + 1.6666665459e-1f) * r + 5.0000001201e-1f) * r * r
            + r;
-    bits = ((int32_t)kf + 127) << 23;
+    memcpy(&tb, &t, sizeof tb);
+    bits = (tb + (127u - 0x4B400000u)) << 23;    /* 2^k (k = tb - 0x4B400000) */
     memcpy(&s, &bits, sizeof bits);
     v = s * pm1 + (s - 1.0f);
     v = x == 0.0f ? x : v;                        /* expm1(-0) = -0 */
-    return x > 88.0f ? INFINITY : (x == x ? v : x);
+    return x > 88.0f ? INFINITY : v;
 }
 
 /* log1p(y) for y in [0, 1]: w = 1 + y rounded, c = (y - (w - 1)) / w restores the

@@ -135,6 +135,18 @@ MX_KERNEL void mx_scan_backward_chunk_##SFX(mx_idx n_steps, mx_idx N, int zoh,  
             dD_acc[g] += gs[g] * us[g];                                                 \
         }                                                                               \
     }                                                                                   \
+}                                                                                       \
+/* mx_scan_fold: sums (n_rows,) = each row of dBC (n_rows, GB) summed over its GB lanes \
+   in lane order (a fixed order: the gradients stay bitwise reproducible). A kernel of  \
+   its own so that the compiler vectorises it across rows. */                           \
+MX_KERNEL void mx_scan_fold_##SFX(mx_idx n_rows, const T* MX_RESTRICT dBC,             \
+        T* MX_RESTRICT sums)                                                            \
+{                                                                                       \
+    for (mx_idx k = 0; k < n_rows; k++) {                                               \
+        T sum = 0;                                                                      \
+        for (int g = 0; g < MX_SCAN_GB; g++) sum = sum + dBC[k * MX_SCAN_GB + g];       \
+        sums[k] = sum;                                                                  \
+    }                                                                                   \
 }
 
 /* SIMD_EXPM1 1 for float: the inline mx_expm1f vectorises (`omp simd`); 0 for double:
