@@ -105,6 +105,23 @@ cdef inline void part(idx_t n, int nt, int t, idx_t align, idx_t* lo, idx_t* hi)
     hi[0] = min(n, ((t + 1) * units // nt) * align)
 
 
+cdef inline idx_t dx_start(idx_t M, idx_t wn, int nt, int t) noexcept nogil:
+    # first dx row of thread t when the threads also share the dW product's wn split
+    # columns (part(wn, nt, t, SPLIT_N)): a dx row and a dW column cost IC*OC and
+    # M*IC*OC/wn multiply-adds, so thread t starts where the rows and columns before it
+    # hold t/nt of the region's 2*M*IC*OC, at a multiple of SPLIT_N (dx rows are BLAS's
+    # n: any such split is bitwise) and never before an earlier thread's start
+    cdef idx_t s, start = 0, lo, hi, raw
+    if t >= nt:
+        return M
+    for s in range(1, t + 1):
+        part(wn, nt, s, SPLIT_N, &lo, &hi)
+        raw = (2 * M * s) // nt - (M * lo) // wn
+        raw = (raw + SPLIT_N // 2) // SPLIT_N * SPLIT_N
+        start = min(M, max(start, raw))
+    return start
+
+
 cdef void forward_rows(floating* out, const floating* x, const floating* weight,
                        const floating* bias, idx_t r0, idx_t r1, idx_t IC,
                        idx_t OC) noexcept nogil:
@@ -194,10 +211,15 @@ cdef void backward_slice(floating* dx, floating* dweight, floating* dwt, floatin
                          idx_t M, idx_t IC, idx_t OC, int nt, int t) noexcept nogil:
     # thread t of nt: dx rows, dweight rows of OC (dwt NULL) or columns of IC (through
     # dwt), dbias columns (BLAS's n only: the module docstring); see linear_backward
-    cdef idx_t r, o, i, r0, mb, lo, hi, step = row_block(max(IC, OC))
+    cdef idx_t r, o, i, r0, mb, lo, hi, wn, step = row_block(max(IC, OC))
     cdef floating one = 1, beta
     if IC > 0 and dx != NULL:
-        part(M, nt, t, SPLIT_N, &lo, &hi)
+        if dweight != NULL:     # this thread's dx rows balance its share of dW's columns
+            wn = IC if dwt != NULL else OC
+            lo = dx_start(M, wn, nt, t)
+            hi = dx_start(M, wn, nt, t + 1)
+        else:
+            part(M, nt, t, SPLIT_N, &lo, &hi)
         r0 = lo
         while r0 < hi:
             mb = min(step, hi - r0)

@@ -31,9 +31,12 @@ def test_limits_refused_with_message():
 
 
 def test_no_adapter_message(monkeypatch):
-    import wgpu
-    monkeypatch.setattr(wgpu.gpu, "request_adapter_sync", lambda **kw: None)
-    with pytest.raises(RuntimeError, match="mesa-vulkan-drivers"):
+    from mamba_ext.gpu import backends
+    backend = backends.load()       # the module the device asks: wgpu-native's or Dawn's
+    monkeypatch.setattr(backend.module().gpu, "request_adapter_sync", lambda **kw: None)
+    monkeypatch.delenv("MAMBA_EXT_GPU_INDEX", raising=False)
+    want = "mesa-vulkan-drivers" if backend.NAME == "wgpu" else "found no adapter"
+    with pytest.raises(RuntimeError, match=want):
         Gpu()
 
 
