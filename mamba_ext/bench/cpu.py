@@ -5,8 +5,9 @@ For each size: the median over ``--repeat`` runs of ``mamba1_forward`` +
 process's peak RSS (``ru_maxrss``; measured before torch is imported) and the
 cache bytes. Then, in the same process:
 
-* the bound: GEMM FLOPs of forward+backward (6*M*C*OC per linear) at the sgemm
-  rate of a NumPy matmul of the in_proj shape, plus the scan's 2*B*L*D*N
+* the bound: GEMM FLOPs of forward+backward (6*M*C*OC per linear) at the faster of
+  two GEMM rates of the in_proj shape, a NumPy matmul and the core's own product
+  (``mamba_ext.cpu.linear.product``: its GEMM, BLAS or AVX-512, and its threads), plus the scan's 2*B*L*D*N
   exponentials (one per state element in the forward, one when the backward
   recomputes it) at the exp rate of NumPy float32 exp on as many threads as
   our kernels use (both rates the best of several runs);
@@ -62,13 +63,20 @@ def blas_config() -> str | None:
     return None
 
 
-def blas_note(config: str | None, cpu_flags) -> str | None:
+def blas_note(config: str | None, cpu_flags, gemm: str = "blas") -> str | None:
     """A line for the bench when ``config`` (:func:`blas_config`) names an AVX2-only
-    kernel set on a CPU whose flags (``cpu_flags``) include AVX-512, else None."""
+    kernel set on a CPU whose flags (``cpu_flags``) include AVX-512, else None; ``gemm``:
+    the core's float32 GEMM (``mamba_ext.cpu.linear.gemm_kernel()``)."""
     if config is None or "avx512f" not in cpu_flags:
         return None
     if not any(core in config.lower().split() for core in AVX2_CORES):
         return None
+    if gemm == "avx512":
+        return (f"BLAS: SciPy's {config}: kernels for AVX2 on a CPU with AVX-512, so the "
+                f"core's products run mamba_ext's AVX-512 sgemm instead "
+                f"(mamba_ext.cpu.linear.set_gemm); NumPy's own matmul keeps the AVX2 kernels "
+                f"unless the launcher sets OPENBLAS_CORETYPE=SKYLAKEX before Python starts "
+                f"(docs/performance.md, the BLAS's kernels)")
     return (f"BLAS: SciPy's {config}: kernels for AVX2 on a CPU with AVX-512; "
             f"OPENBLAS_CORETYPE=SKYLAKEX, set by the launcher before Python starts, may run "
             f"its sgemm up to 2x faster (docs/performance.md, the BLAS's kernels)")
@@ -160,15 +168,24 @@ def gemm_flops(size):
 
 
 def machine_rates(M, Dm, D, repeat, cores):
-    """(sgemm FLOP/s, exp/s) measured in this process: a NumPy float32 matmul of the in_proj
-    shape (M, Dm) x (Dm, 2D), and NumPy float32 exp on ``cores`` threads; the best of the
-    runs (a busy moment only makes them look slower)."""
+    """(GEMM FLOP/s, exp/s, what the GEMM rate is) measured in this process: the faster of
+    a NumPy float32 matmul of the in_proj shape (M, Dm) x (Dm, 2D) and the core's own
+    product of that shape on ``cores`` threads (where the core runs a GEMM of its own,
+    NumPy's BLAS would understate what the machine does), and NumPy float32 exp on
+    ``cores`` threads; the best of the runs (a busy moment only makes them look slower)."""
+    from ..cpu import linear
     rng = np.random.default_rng(1)
     a = rng.standard_normal((M, Dm), dtype=np.float32)
     w = rng.standard_normal((Dm, 2 * D), dtype=np.float32)
+    wt = np.ascontiguousarray(w.T)
     out = np.empty((M, 2 * D), np.float32)
-    t_mm = _median_time(lambda: np.matmul(a, w, out=out), max(repeat, 10), stat=min)
-    sgemm_rate = 2 * M * Dm * 2 * D / t_mm
+    flop = 2 * M * Dm * 2 * D
+    numpy_rate = flop / _median_time(lambda: np.matmul(a, w, out=out), max(repeat, 10), stat=min)
+    core_rate = flop / _median_time(lambda: linear.product(a, wt, n_threads=cores),
+                                    max(repeat, 10), stat=min)
+    sgemm_rate = max(numpy_rate, core_rate)
+    what = (f"the faster of NumPy's matmul, {numpy_rate / 1e9:.0f}, and the core's product "
+            f"({linear.gemm_kernel()} GEMM), {core_rate / 1e9:.0f}")
     # exp on as many cores as our scan uses (it is parallel over (batch, channel))
     chunk = [-rng.random(1 << 20, dtype=np.float32) for _ in range(cores)]
     outs = [np.empty_like(c) for c in chunk]
@@ -181,15 +198,16 @@ def machine_rates(M, Dm, D, repeat, cores):
         while time.perf_counter() < t_end:
             all_cores()
         t_exp = _median_time(all_cores, max(repeat, 20), stat=min)
-    return sgemm_rate, cores * 4 * (1 << 20) / t_exp
+    return sgemm_rate, cores * 4 * (1 << 20) / t_exp, what
 
 
 def measure_bound(size, repeat, cores):
-    """(bound seconds, sgemm FLOP/s, exp/s) measured in this process; exp on ``cores`` threads."""
+    """(bound seconds, GEMM FLOP/s, exp/s, what the GEMM rate is) measured in this process;
+    both rates on ``cores`` threads."""
     Dm, D, N, K, R, B, L = SIZES[size]
-    sgemm_rate, exp_rate = machine_rates(B * L, Dm, D, repeat, cores)
+    sgemm_rate, exp_rate, what = machine_rates(B * L, Dm, D, repeat, cores)
     n_exp = 2 * B * L * D * N
-    return gemm_flops(size) / sgemm_rate + n_exp / exp_rate, sgemm_rate, exp_rate
+    return gemm_flops(size) / sgemm_rate + n_exp / exp_rate, sgemm_rate, exp_rate, what
 
 
 def block_gemms(size):
@@ -242,7 +260,7 @@ def model_step(name, repeat=5, n_threads=None):
     ``MODEL_STEPS[name]`` and its bound: the GEMM FLOPs of forward + backward (every
     block's four linears and the tied head) at the sgemm rate, plus the scan's 2*M*D*N
     exponentials per layer at the exp rate, both measured in this process.
-    Returns (step s, bound s, sgemm FLOP/s, exp/s)."""
+    Returns (step s, bound s, GEMM FLOP/s, exp/s, what the GEMM rate is)."""
     from ..model import init_model_params, model_loss_and_grads
     from ..optim import AdamW
     V, Dm, nl, B, L = MODEL_STEPS[name]
@@ -254,8 +272,8 @@ def model_step(name, repeat=5, n_threads=None):
                      repeat)
     D, N, R, M = 2 * Dm, 16, math.ceil(Dm / 16), B * L
     flops = nl * 6 * M * (Dm * 2 * D + D * (R + 2 * N) + R * D + D * Dm) + 6 * M * V * Dm
-    sgemm_rate, exp_rate = machine_rates(M, Dm, D, repeat, n_threads or _cores())
-    return t, flops / sgemm_rate + nl * 2 * M * D * N / exp_rate, sgemm_rate, exp_rate
+    sgemm_rate, exp_rate, what = machine_rates(M, Dm, D, repeat, n_threads or _cores())
+    return t, flops / sgemm_rate + nl * 2 * M * D * N / exp_rate, sgemm_rate, exp_rate, what
 
 
 def _child_times(what, repeat, n_threads, configured):
@@ -305,12 +323,12 @@ def run_model_steps(names, repeat=5, n_threads=None, compare=True) -> int:
     """Print one line per model of ``names`` (keys of MODEL_STEPS), then (``compare``)
     the plain and configured calls of the same steps in their own processes; returns 0."""
     for n in names:
-        t, bound, sg, ex = model_step(n, repeat, n_threads)
+        t, bound, sg, ex, what = model_step(n, repeat, n_threads)
         V, Dm, nl, B, L = MODEL_STEPS[n]
         print(f"model {nl} x {Dm}, vocab {V}, B {B} x L {L}: training step (forward, backward, "
               f"AdamW) {t * 1e3:.4g} ms = {B * L / t:,.0f} tokens/s; bound {bound * 1e3:.4g} ms "
               f"(GEMMs at {sg / 1e9:.0f} GFLOP/s, exp at {ex / 1e9:.2f} G/s): step/bound "
-              f"{t / bound:.2f} (median of {repeat})", flush=True)
+              f"{t / bound:.2f} (median of {repeat}); GEMM rate: {what}", flush=True)
     if compare:
         what = [("step", n) for n in names]
         print_plain_vs_configured(plain_vs_configured(what, repeat, n_threads), 2)
@@ -422,10 +440,13 @@ def run(size: str = "all", *, repeat: int = 5, dtype: str = "float32", n_threads
         for r in rows:
             print("  ".join(str(v).rjust(w[i]) for i, v in enumerate(r)))
     config = blas_config()
-    print(blas_note(config, _cpu_flags()) or f"BLAS: SciPy's {config or 'BLAS (unnamed)'}")
+    from ..cpu import linear
+    print(blas_note(config, _cpu_flags(), linear.gemm_kernel())
+          or f"BLAS: SciPy's {config or 'BLAS (unnamed)'}; the core's float32 GEMM: "
+             f"{linear.gemm_kernel()}")
     for s in sizes:
-        _, sg, ex = bound[s]
-        line = (f"size {s}: bound = {gemm_flops(s) / 1e9:.2f} GFLOP at {sg / 1e9:.0f} GFLOP/s (numpy sgemm) "
+        _, sg, ex, what = bound[s]
+        line = (f"size {s}: bound = {gemm_flops(s) / 1e9:.2f} GFLOP at {sg / 1e9:.0f} GFLOP/s ({what}) "
                 f"+ {2 * math.prod(SIZES[s][i] for i in (5, 6, 1, 2)) / 1e6:.1f} M exp at {ex / 1e9:.2f} G/s")
         if s in torch_res:
             line += (f"; torch best with {torch_res[s][1]} thread(s), "

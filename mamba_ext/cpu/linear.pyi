@@ -1,6 +1,16 @@
 """Compiled kernels with a C-level (cimport) API (see linear.pxd), plus the BLAS thread
 controls found at import (csrc/mx_blas.h)."""
 
+import numpy as np
+
 BLAS_CONTROLS: str    # "openblas", "mkl", "blis" or "none": the controls of SciPy's BLAS
 
 def blas_threads() -> int: ...    # SciPy's BLAS thread count now (-1: no known control)
+
+GEMM_KINDS: tuple[str, ...]   # ("auto", "blas", "avx512")
+
+def set_gemm(kind: str = "auto") -> str: ...   # the float32 GEMM of every product; returns the previous kind
+def gemm_kernel() -> str: ...                   # "avx512" (mamba_ext's, csrc/mx_sgemm.h) or "blas"
+def blas_corename() -> str: ...                 # OpenBLAS's kernel set ("" for another BLAS)
+def product(x: np.ndarray, weight: np.ndarray, n_threads: int | None = None) -> np.ndarray: ...
+

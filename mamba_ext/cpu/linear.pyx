@@ -12,6 +12,11 @@ regions, instead of two teams taking the cores from each other, and ``n_threads`
 the BLAS too. A slice never splits the reduction dimension, and the bias gradient sums
 each column over the rows in order.
 
+The float32 GEMM is the BLAS's sgemm, or mamba_ext's own (csrc/mx_sgemm.h, AVX-512)
+where the CPU has AVX-512 and OpenBLAS runs a kernel set without it (set_gemm, "auto"):
+on an AMD Zen 5 OpenBLAS falls back to its Haswell kernels at half its own AVX-512
+speed, and the choice cannot be changed from inside a running process.
+
 Bitwise results for any thread count: slices split only BLAS's n dimension, at multiples
 of SPLIT_N (the rows of the batch; the output columns of dW). OpenBLAS computes a column
 of C the same way whatever n is, once slices start at multiples of its kernel's n-unroll
@@ -44,8 +49,15 @@ from mamba_ext.cpu.threads cimport mx_team
 cdef extern from "csrc/mx_blas.h" nogil:
     const char* mx_blas_bind(const char* path) noexcept
     int mx_blas_threads() noexcept
+    const char* mx_blas_corename() noexcept
     void mx_blas_single_begin() noexcept
     void mx_blas_single_end() noexcept
+
+cdef extern from "csrc/mx_sgemm.h" nogil:
+    int mx_sgemm_supported() noexcept
+    int mx_sgemm(char transa, char transb, idx_t m, idx_t n, idx_t k, float alpha,
+                 const float* A, idx_t lda, const float* B, idx_t ldb, float beta,
+                 float* C, idx_t ldc) noexcept
 
 cdef enum:
     # multiply-adds per thread below which another thread costs more than it saves (a
@@ -71,6 +83,95 @@ def blas_threads():
     return mx_blas_threads()
 
 
+# Which float32 GEMM the products call: 1 = csrc/mx_sgemm.h (AVX-512), 0 = the BLAS's
+# sgemm. "auto" takes ours where the CPU has AVX-512 and OpenBLAS runs a kernel set
+# without it (its detection falls back to AVX2 kernels on CPUs it does not know, e.g.
+# AMD Zen 5: half its own AVX-512 speed there); float64 always goes to the BLAS.
+GEMM_KINDS = ("auto", "blas", "avx512")
+# OpenBLAS's kernel sets that use AVX-512 (openblas_get_corename, lower-cased)
+_AVX512_CORES = ("skylakex", "cooperlake", "sapphirerapids")
+cdef int own_sgemm = 0
+_gemm_kind = "auto"
+
+
+cdef bint auto_own_sgemm():
+    # "auto": ours on a CPU with AVX-512 whose OpenBLAS runs a kernel set without it
+    core = mx_blas_corename().decode("ascii", "replace").lower()
+    return (bool(mx_sgemm_supported()) and BLAS_CONTROLS == "openblas" and core != ""
+            and core not in _AVX512_CORES)
+
+
+def set_gemm(kind="auto"):
+    """Choose the float32 GEMM of every product (process-wide; set it before calls, not
+    while a product runs): "auto" (the default), "blas" (SciPy's sgemm) or "avx512"
+    (mamba_ext's, csrc/mx_sgemm.h; needs a CPU with AVX-512F). Returns the previous kind.
+    The two differ in rounding (float32 sums in another order); each alone is bitwise
+    the same for any thread count."""
+    global own_sgemm, _gemm_kind
+    if not isinstance(kind, str) or kind not in GEMM_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(GEMM_KINDS)}; got {kind!r}")
+    if kind == "avx512" and not mx_sgemm_supported():
+        raise ValueError('kind "avx512" needs an x86-64 CPU with AVX-512F (and a build with '
+                         'GCC or Clang); this one has not')
+    prev = _gemm_kind
+    own_sgemm = 1 if kind == "avx512" or (kind == "auto" and auto_own_sgemm()) else 0
+    _gemm_kind = kind
+    return prev
+
+
+def gemm_kernel():
+    """The float32 GEMM the products call now: "avx512" (mamba_ext's) or "blas"."""
+    return "avx512" if own_sgemm else "blas"
+
+
+def blas_corename():
+    """OpenBLAS's name for the kernel set it runs ("" for another BLAS)."""
+    return mx_blas_corename().decode("ascii", "replace")
+
+
+set_gemm("auto")
+
+
+def product(x, weight, n_threads=None):
+    """out (M, OC) = x (M, IC) @ weight (OC, IC)^T through the core's product (the GEMM
+    ``gemm_kernel()`` names, on ``n_threads`` threads): what every linear layer runs.
+    x, weight: C-contiguous 2-D arrays of one dtype, float32 or float64."""
+    import numpy as np
+    for name, a in (("x", x), ("weight", weight)):
+        if not isinstance(a, np.ndarray) or a.ndim != 2 or a.dtype not in (np.float32, np.float64):
+            raise TypeError(f"{name} must be a 2-D float32 or float64 numpy array; got "
+                            f"{type(a).__name__} {getattr(a, 'dtype', '')} "
+                            f"{getattr(a, 'shape', '')}")
+        if not a.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous")
+    if x.dtype != weight.dtype:
+        raise TypeError(f"x and weight must have one dtype; got {x.dtype} and {weight.dtype}")
+    if x.shape[1] != weight.shape[1]:
+        raise ValueError(f"weight must be (OC, {x.shape[1]}) for x of shape {x.shape}; got "
+                         f"{weight.shape}")
+    if n_threads is not None and (not isinstance(n_threads, int) or n_threads < 1):
+        raise ValueError(f"n_threads must be a positive int or None; got {n_threads!r}")
+    cdef idx_t M = x.shape[0], IC = x.shape[1], OC = weight.shape[0]
+    cdef int nt = n_threads or 0
+    out = np.empty((M, OC), x.dtype)
+    cdef float[:, ::1] of, xf, wf
+    cdef double[:, ::1] od, xd, wd
+    if M == 0 or OC == 0:
+        return out
+    if IC == 0:
+        out[...] = 0
+        return out
+    if x.dtype == np.float32:
+        of, xf, wf = out, x, weight
+        with nogil:
+            linear_forward(&of[0, 0], &xf[0, 0], &wf[0, 0], <float*>NULL, M, IC, OC, nt)
+    else:
+        od, xd, wd = out, x, weight
+        with nogil:
+            linear_forward(&od[0, 0], &xd[0, 0], &wd[0, 0], <double*>NULL, M, IC, OC, nt)
+    return out
+
+
 cdef inline void gemm(char ta, char tb, idx_t m, idx_t n, idx_t k,
                       floating alpha, const floating* a, idx_t lda,
                       const floating* b, idx_t ldb, floating beta,
@@ -81,6 +182,8 @@ cdef inline void gemm(char ta, char tb, idx_t m, idx_t n, idx_t k,
     if m == 0 or n == 0:
         return
     if floating is float:
+        if own_sgemm and mx_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) == 0:
+            return     # (-1: no workspace for its packed panels; the BLAS then)
         sgemm(&ta, &tb, &im, &jn, &kk, &alpha, <float*>a, &ia, <float*>b, &ib, &beta, c, &ic)
     else:
         dgemm(&ta, &tb, &im, &jn, &kk, &alpha, <double*>a, &ia, <double*>b, &ib, &beta, c, &ic)

@@ -100,6 +100,8 @@ def test_blas_note_names_avx2_kernels_on_an_avx512_cpu():
     assert cpu.blas_note(cfg.format("SkylakeX"), {"avx512f"}) is None
     assert cpu.blas_note(cfg.format("Haswell"), {"avx2"}) is None
     assert cpu.blas_note(None, {"avx512f"}) is None
+    own = cpu.blas_note(cfg.format("Haswell"), {"avx512f"}, "avx512")
+    assert "mamba_ext's AVX-512 sgemm" in own and "Haswell" in own
     import pathlib
     import scipy
     libs = pathlib.Path(scipy.__file__).parent.parent / "scipy.libs"   # a pip wheel's OpenBLAS

@@ -20,6 +20,9 @@
  *     calling thread only. Scopes nest and may be entered from several threads at once:
  *     the first to enter saves and lowers the count, the last to leave restores it.
  *   mx_blas_threads(): the BLAS's current thread count (1 inside a scope; -1 if unknown).
+ *   mx_blas_corename(): OpenBLAS's name for the kernel set it runs ("haswell", "zen",
+ *     "skylakex", ...: openblas_get_corename, found by mx_blas_bind), or "" for another
+ *     BLAS or before mx_blas_bind.
  */
 #ifndef MX_BLAS_H
 #define MX_BLAS_H
@@ -43,6 +46,7 @@ typedef void (*mx_blas_set_int_t)(int);
 typedef int (*mx_blas_get_int_t)(void);
 typedef void (*mx_blas_set_i64_t)(long long);   /* BLIS: dim_t is 64-bit */
 typedef long long (*mx_blas_get_i64_t)(void);
+typedef char* (*mx_blas_corename_t)(void);
 
 static struct {
     const char* name;          /* "none" until bound */
@@ -52,7 +56,12 @@ static struct {
     mx_blas_get_i64_t get64;
     int depth;                 /* scopes open, over all threads */
     long long saved;           /* the count before the outermost scope */
-} mx_blas = {"none", NULL, NULL, NULL, NULL, 0, 0};
+    mx_blas_corename_t corename;   /* OpenBLAS only */
+} mx_blas = {"none", NULL, NULL, NULL, NULL, 0, 0, NULL};
+
+static const char* const mx_blas_corename_syms[] = {
+    "scipy_openblas_get_corename", "scipy_openblas_get_corename64_",
+    "openblas_get_corename", "openblas_get_corename64_"};
 
 #if defined(_WIN32)
 static SRWLOCK mx_blas_lock = SRWLOCK_INIT;
@@ -124,6 +133,12 @@ static MX_UNUSED const char* mx_blas_bind(const char* path) {
         }
         break;
     }
+    for (i = 0; i < sizeof mx_blas_corename_syms / sizeof mx_blas_corename_syms[0]; i++) {
+        void* c = mx_blas_sym(handle, mx_blas_corename_syms[i]);
+        if (c == NULL) continue;
+        memcpy(&mx_blas.corename, &c, sizeof c);
+        break;
+    }
     MX_BLAS_UNLOCK();
 #if !defined(_WIN32)
     dlclose(handle);           /* drops the reference dlopen added; the library stays loaded */
@@ -148,6 +163,11 @@ static MX_UNUSED int mx_blas_threads(void) {
     n = mx_blas_get_count();
     MX_BLAS_UNLOCK();
     return (int)n;
+}
+
+static MX_UNUSED const char* mx_blas_corename(void) {
+    const char* name = mx_blas.corename != NULL ? mx_blas.corename() : NULL;
+    return name != NULL ? name : "";
 }
 
 static MX_UNUSED void mx_blas_single_begin(void) {

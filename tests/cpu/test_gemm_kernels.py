@@ -1,0 +1,126 @@
+"""The float32 GEMM behind every linear layer: SciPy's BLAS or mamba_ext's AVX-512 sgemm
+(csrc/mx_sgemm.h; its C test: tests/csrc/test_mx_sgemm.c), chosen by
+mamba_ext.cpu.linear.set_gemm ("auto": ours where the CPU has AVX-512 and OpenBLAS runs
+kernels without it).
+
+Size letters: M rows, IC input columns, OC output columns.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mamba_ext import mamba1_backward, mamba1_forward, model_loss_and_grads
+from mamba_ext.block import init_mamba1_params
+from mamba_ext.cpu import linear
+from mamba_ext.model import init_model_params
+
+try:
+    linear.set_gemm(linear.set_gemm("avx512"))
+    HAS_AVX512 = True
+except ValueError:
+    HAS_AVX512 = False
+needs_avx512 = pytest.mark.skipif(not HAS_AVX512, reason="this CPU has no AVX-512F: the "
+                                  "core never runs mamba_ext's sgemm here")
+KINDS = ["blas"] + (["avx512"] if HAS_AVX512 else [])
+
+
+@pytest.fixture
+def gemm():
+    """set_gemm for one test, restored after it."""
+    prev = linear.set_gemm("auto")
+    yield linear.set_gemm
+    linear.set_gemm(prev)
+
+
+def test_auto_follows_the_cpu_and_the_blas(gemm):
+    gemm("auto")
+    core = linear.blas_corename().lower()
+    want = HAS_AVX512 and linear.BLAS_CONTROLS == "openblas" and core != "" and \
+        core not in ("skylakex", "cooperlake", "sapphirerapids")
+    assert linear.gemm_kernel() == ("avx512" if want else "blas")
+    assert gemm("blas") == "auto" and linear.gemm_kernel() == "blas"
+
+
+def test_bad_choices_refused(gemm):
+    with pytest.raises(ValueError, match="kind must be one of auto, blas, avx512"):
+        gemm("fast")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        gemm(None)
+    if not HAS_AVX512:
+        with pytest.raises(ValueError, match="needs an x86-64 CPU with AVX-512F"):
+            gemm("avx512")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("M, IC, OC", [(1, 7, 5), (3, 33, 70), (95, 64, 13), (300, 200, 97),
+                                       (1000, 385, 40), (70, 1, 2100)])
+def test_product_matches_float64(gemm, kind, dtype, M, IC, OC):
+    gemm(kind)
+    rng = np.random.default_rng(M + IC)
+    x = rng.standard_normal((M, IC)).astype(dtype)
+    w = rng.standard_normal((OC, IC)).astype(dtype)
+    want = x.astype(np.float64) @ w.astype(np.float64).T
+    got = linear.product(x, w, n_threads=2)
+    assert got.dtype == dtype and got.shape == (M, OC)
+    eps = np.finfo(dtype).eps
+    bound = (IC + 2) * eps * (np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64).T)
+    assert np.all(np.abs(got - want) <= bound + 1e-30)
+
+
+def test_product_refuses_bad_input():
+    x = np.zeros((4, 3), np.float32)
+    with pytest.raises(TypeError, match="x must be a 2-D float32 or float64"):
+        linear.product([[1.0]], x)
+    with pytest.raises(TypeError, match="weight must be a 2-D float32 or float64"):
+        linear.product(x, np.zeros((2, 3), np.int64))
+    with pytest.raises(TypeError, match="one dtype"):
+        linear.product(x, np.zeros((2, 3), np.float64))
+    with pytest.raises(ValueError, match=r"weight must be \(OC, 3\)"):
+        linear.product(x, np.zeros((2, 4), np.float32))
+    with pytest.raises(ValueError, match="x must be C-contiguous"):
+        linear.product(np.zeros((3, 4), np.float32).T, x)
+    with pytest.raises(ValueError, match="n_threads must be a positive int"):
+        linear.product(x, x, n_threads=0)
+    assert np.array_equal(linear.product(np.zeros((2, 0), np.float32),
+                                         np.zeros((3, 0), np.float32)), np.zeros((2, 3)))
+
+
+def _block(n_threads):
+    p = init_mamba1_params(80, d_state=8, seed=2, dtype=np.float32)
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 1, (3, 130, 80)).astype(np.float32)
+    dout = rng.normal(0, 1, x.shape).astype(np.float32)
+    out, cache = mamba1_forward(x, p, n_threads=n_threads)
+    dx, g = mamba1_backward(dout, p, cache, n_threads=n_threads)
+    return out, dx, g
+
+
+@needs_avx512
+def test_own_sgemm_block_bitwise_for_any_thread_count_and_close_to_blas(gemm):
+    gemm("avx512")
+    ref = _block(1)
+    for nt in (2, 3, 5):
+        out, dx, g = _block(nt)
+        np.testing.assert_array_equal(out, ref[0])
+        np.testing.assert_array_equal(dx, ref[1])
+        assert all(np.array_equal(g[k], ref[2][k]) for k in g)
+    gemm("blas")
+    out, dx, g = _block(2)
+    for a, b in [(out, ref[0]), (dx, ref[1])] + [(g[k], ref[2][k]) for k in g]:
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.abs(b).max())
+
+
+@needs_avx512
+def test_own_sgemm_model_gradients_close_to_blas(gemm):
+    p = init_model_params(64, 48, 2, seed=0)
+    rng = np.random.default_rng(0)
+    tok, tgt = rng.integers(0, 64, (4, 150)), rng.integers(0, 64, (4, 150))
+    gemm("blas")
+    l0, g0 = model_loss_and_grads(tok, tgt, p, n_threads=2)
+    gemm("avx512")
+    l1, g1 = model_loss_and_grads(tok, tgt, p, n_threads=3)
+    assert abs(l1 - l0) <= 1e-6 * abs(l0)
+    for k in g0:
+        np.testing.assert_allclose(g1[k], g0[k], rtol=1e-3, atol=1e-5 * np.abs(g0[k]).max())
