@@ -299,7 +299,12 @@ def _child_times(what, repeat, n_threads, configured):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def plain_vs_configured(what, repeat=5, n_threads=None, rounds=2):
+# rounds of plain_vs_configured in the bench: with 2, calls of a few ms (size b, the 2 x 64
+# step) moved the ratio from 0.76 to 1.19 between runs on a 2-core machine
+PLAIN_ROUNDS = 4
+
+
+def plain_vs_configured(what, repeat=5, n_threads=None, rounds=PLAIN_ROUNDS):
     """{(kind, name): (plain s, configured s)}: each in its own process, the two kinds of
     process alternated ``rounds`` times; the median over the rounds of each one's median."""
     plain, conf = [], []
@@ -331,7 +336,7 @@ def run_model_steps(names, repeat=5, n_threads=None, compare=True) -> int:
               f"{t / bound:.2f} (median of {repeat}); GEMM rate: {what}", flush=True)
     if compare:
         what = [("step", n) for n in names]
-        print_plain_vs_configured(plain_vs_configured(what, repeat, n_threads), 2)
+        print_plain_vs_configured(plain_vs_configured(what, repeat, n_threads), PLAIN_ROUNDS)
     return 0
 
 
@@ -466,5 +471,5 @@ def run(size: str = "all", *, repeat: int = 5, dtype: str = "float32", n_threads
     if compare and dtype == np.float32:
         progress("plain and configured calls, in their own processes")
         print_plain_vs_configured(plain_vs_configured([("block", s) for s in sizes], repeat,
-                                                      n_threads), 2)
+                                                      n_threads), PLAIN_ROUNDS)
     return 0
