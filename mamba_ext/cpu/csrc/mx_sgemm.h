@@ -106,7 +106,10 @@ MX_AVX512 static void mx_sgemm_pack_a(int ta, const float* A, ptrdiff_t lda, ptr
             for (ir = 0; ir < mc; ir += MX_SGEMM_MR) {
                 float* d = dst + ir * kc + p * MX_SGEMM_MR;
                 ptrdiff_t n = mc - ir < MX_SGEMM_MR ? mc - ir : MX_SGEMM_MR;
-                for (i = 0; i < n; i++) d[i] = s[ir + i];
+                if (n == MX_SGEMM_MR)
+                    for (i = 0; i < MX_SGEMM_MR; i++) d[i] = s[ir + i];
+                else
+                    for (i = 0; i < n; i++) d[i] = s[ir + i];
             }
         }
     else                /* row i of op(A): kc contiguous values; a sliver's MR rows read
@@ -135,7 +138,10 @@ MX_AVX512 static void mx_sgemm_pack_b(int tb, const float* B, ptrdiff_t ldb, ptr
             for (jr = 0; jr < nc; jr += MX_SGEMM_NR) {
                 float* d = dst + jr * kc + p * MX_SGEMM_NR;
                 ptrdiff_t n = nc - jr < MX_SGEMM_NR ? nc - jr : MX_SGEMM_NR;
-                for (j = 0; j < n; j++) d[j] = s[jr + j];
+                if (n == MX_SGEMM_NR)  /* a constant count: one unrolled copy, not a loop */
+                    for (j = 0; j < MX_SGEMM_NR; j++) d[j] = s[jr + j];
+                else
+                    for (j = 0; j < n; j++) d[j] = s[jr + j];
             }
         }
     else                /* column j of op(B): kc contiguous values, a sliver's NR columns
