@@ -255,12 +255,9 @@ def gemm_layouts(size, repeat):
 MODEL_STEPS = {"2x64": (256, 64, 2, 16, 128), "4x256": (256, 256, 4, 8, 512)}
 
 
-def model_step(name, repeat=5, n_threads=None):
+def step_time(name, repeat=5, n_threads=None):
     """Median seconds of one training step (model_loss_and_grads + AdamW) of
-    ``MODEL_STEPS[name]`` and its bound: the GEMM FLOPs of forward + backward (every
-    block's four linears and the tied head) at the sgemm rate, plus the scan's 2*M*D*N
-    exponentials per layer at the exp rate, both measured in this process.
-    Returns (step s, bound s, GEMM FLOP/s, exp/s, what the GEMM rate is)."""
+    ``MODEL_STEPS[name]`` over ``repeat`` steps after one."""
     from ..model import init_model_params, model_loss_and_grads
     from ..optim import AdamW
     V, Dm, nl, B, L = MODEL_STEPS[name]
@@ -268,8 +265,18 @@ def model_step(name, repeat=5, n_threads=None):
     opt = AdamW(params, lr=1e-3, n_threads=n_threads)
     tok = np.random.default_rng(0).integers(0, V, (B, L + 1))
     x, y = tok[:, :-1], tok[:, 1:]
-    t = _median_time(lambda: opt.step(model_loss_and_grads(x, y, params, n_threads=n_threads)[1]),
-                     repeat)
+    return _median_time(
+        lambda: opt.step(model_loss_and_grads(x, y, params, n_threads=n_threads)[1]), repeat)
+
+
+def model_step(name, repeat=5, n_threads=None):
+    """Median seconds of one training step (model_loss_and_grads + AdamW) of
+    ``MODEL_STEPS[name]`` and its bound: the GEMM FLOPs of forward + backward (every
+    block's four linears and the tied head) at the sgemm rate, plus the scan's 2*M*D*N
+    exponentials per layer at the exp rate, both measured in this process.
+    Returns (step s, bound s, GEMM FLOP/s, exp/s, what the GEMM rate is)."""
+    V, Dm, nl, B, L = MODEL_STEPS[name]
+    t = step_time(name, repeat, n_threads)
     D, N, R, M = 2 * Dm, 16, math.ceil(Dm / 16), B * L
     flops = nl * 6 * M * (Dm * 2 * D + D * (R + 2 * N) + R * D + D * Dm) + 6 * M * V * Dm
     sgemm_rate, exp_rate, what = machine_rates(M, Dm, D, repeat, n_threads or _cores())
@@ -284,13 +291,18 @@ def _child_times(what, repeat, n_threads, configured):
     import subprocess
     code = ("import json, sys\n"
             + ("import mamba_ext; mamba_ext.configure_threads()\n" if configured else "")
-            + "from mamba_ext.bench.cpu import MODEL_STEPS, SIZES, bench_ours, model_step\n"
+            + "from mamba_ext.bench.cpu import MODEL_STEPS, SIZES, bench_ours, step_time\n"
             # the configurations as this process has them (a caller may have added some)
             + f"MODEL_STEPS.update({ {n: MODEL_STEPS[n] for k, n in what if k == 'step'}!r})\n"
             + f"SIZES.update({ {n: SIZES[n] for k, n in what if k == 'block'}!r})\n"
             + f"what, rep, nt = {list(what)!r}, {int(repeat)}, {n_threads!r}\n"
-            + "res = [bench_ours(n, 'float32', rep, nt)['t'] if k == 'block' else "
-              "model_step(n, rep, nt)[0] for k, n in what]\n"
+            # at least ~1 s of timed calls each (up to 60 calls): the median of a few calls
+            # of a few ms moved the plain/configured ratio by 20% between runs
+            + "def one(k, n, r):\n"
+              "    return bench_ours(n, 'float32', r, nt)['t'] if k == 'block' else "
+              "step_time(n, r, nt)\n"
+              "res = [one(k, n, max(rep, min(60, int(1.0 / max(one(k, n, 1), 1e-4))))) "
+              "for k, n in what]\n"
             + "print(json.dumps(res))\n")
     # the child imports mamba_ext from where this process does (as multiprocessing's spawn)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
@@ -299,8 +311,9 @@ def _child_times(what, repeat, n_threads, configured):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-# rounds of plain_vs_configured in the bench: with 2, calls of a few ms (size b, the 2 x 64
-# step) moved the ratio from 0.76 to 1.19 between runs on a 2-core machine
+# rounds of plain_vs_configured in the bench: with 2 (and a few calls per process), calls of
+# a few ms (size b, the 2 x 64 step) moved the ratio from 0.76 to 1.19 between runs on a
+# 2-core machine
 PLAIN_ROUNDS = 4
 
 
