@@ -90,68 +90,38 @@ MX_AVX512 static void mx_sgemm_kernel(ptrdiff_t kc, const float* MX_RESTRICT a,
     }
 }
 
-/* dst (ceil(mc / MR) slivers of (kc, MR)) = rows i0 .. i0+mc-1, steps p0 .. p0+kc-1 of
-   op(A), zero rows past mc; op(A)(i, p) = A[p lda + i] (ta 0) or A[i lda + p] (ta 1).
-   Both orders read A along its contiguous direction, each stretch once (a sliver at a
-   time over rows lda apart touched a new page per step: TLB misses, 10% of a step). */
-MX_AVX512 static void mx_sgemm_pack_a(int ta, const float* A, ptrdiff_t lda, ptrdiff_t i0,
-                                      ptrdiff_t mc, ptrdiff_t p0, ptrdiff_t kc, float* dst)
+/* dst (ceil(rows / w) slivers of (kc, w)) = rows r0 .. r0+rows-1, steps p0 .. p0+kc-1 of
+   a matrix X, zero rows past `rows`; X(r, p) = X[p ldx + r] (t 0) or X[r ldx + p] (t 1).
+   op(A) packs as rows i of width MR, t = ta; op(B) as its columns j of width NR, t = !tb.
+   Both orders read X along its contiguous direction (a sliver at a time over rows ldx
+   apart touched a new page per step: TLB misses, 10% of a step); inlined, so that w is a
+   constant and a whole sliver's copy is unrolled. */
+MX_AVX512 static inline __attribute__((always_inline)) void mx_sgemm_pack(
+    int w, int t, const float* X, ptrdiff_t ldx, ptrdiff_t r0, ptrdiff_t rows, ptrdiff_t p0,
+    ptrdiff_t kc, float* dst)
 {
-    ptrdiff_t mr = mc % MX_SGEMM_MR, i, p, ir;
-    if (mr)                            /* the last sliver's padding rows */
-        memset(dst + (mc - mr) * kc, 0, (size_t)kc * MX_SGEMM_MR * sizeof(float));
-    if (!ta)            /* column p of op(A): mc contiguous values */
+    ptrdiff_t rem = rows % w, r, p, s0;
+    if (rem)                           /* the last sliver's padding rows */
+        memset(dst + (rows - rem) * kc, 0, (size_t)kc * (size_t)w * sizeof(float));
+    if (!t)             /* step p: `rows` contiguous values */
         for (p = 0; p < kc; p++) {
-            const float* s = A + (p0 + p) * lda + i0;
-            for (ir = 0; ir < mc; ir += MX_SGEMM_MR) {
-                float* d = dst + ir * kc + p * MX_SGEMM_MR;
-                ptrdiff_t n = mc - ir < MX_SGEMM_MR ? mc - ir : MX_SGEMM_MR;
-                if (n == MX_SGEMM_MR)
-                    for (i = 0; i < MX_SGEMM_MR; i++) d[i] = s[ir + i];
+            const float* s = X + (p0 + p) * ldx + r0;
+            for (s0 = 0; s0 < rows; s0 += w) {
+                float* d = dst + s0 * kc + p * w;
+                ptrdiff_t n = rows - s0 < w ? rows - s0 : w;
+                if (n == w)            /* a constant count: one unrolled copy, not a loop */
+                    for (r = 0; r < w; r++) d[r] = s[s0 + r];
                 else
-                    for (i = 0; i < n; i++) d[i] = s[ir + i];
+                    for (r = 0; r < n; r++) d[r] = s[s0 + r];
             }
         }
-    else                /* row i of op(A): kc contiguous values; a sliver's MR rows read
-                           side by side (MR sequential streams), written a step at a time */
-        for (ir = 0; ir < mc; ir += MX_SGEMM_MR) {
-            const float* s = A + (i0 + ir) * lda + p0;
-            ptrdiff_t n = mc - ir < MX_SGEMM_MR ? mc - ir : MX_SGEMM_MR;
-            float* d = dst + ir * kc;
+    else                /* row r: kc contiguous values; a sliver's w rows read side by side */
+        for (s0 = 0; s0 < rows; s0 += w) {
+            const float* s = X + (r0 + s0) * ldx + p0;
+            ptrdiff_t n = rows - s0 < w ? rows - s0 : w;
+            float* d = dst + s0 * kc;
             for (p = 0; p < kc; p++)
-                for (i = 0; i < n; i++) d[p * MX_SGEMM_MR + i] = s[i * lda + p];
-        }
-}
-
-/* dst (ceil(nc / NR) slivers of (kc, NR)) = steps p0 .. p0+kc-1, columns j0 .. j0+nc-1
-   of op(B), zero columns past nc; op(B)(p, j) = B[j ldb + p] (tb 0) or B[p ldb + j]
-   (tb 1); read along B's contiguous direction as pack_a */
-MX_AVX512 static void mx_sgemm_pack_b(int tb, const float* B, ptrdiff_t ldb, ptrdiff_t p0,
-                                      ptrdiff_t kc, ptrdiff_t j0, ptrdiff_t nc, float* dst)
-{
-    ptrdiff_t nr = nc % MX_SGEMM_NR, j, p, jr;
-    if (nr)                            /* the last sliver's padding columns */
-        memset(dst + (nc - nr) * kc, 0, (size_t)kc * MX_SGEMM_NR * sizeof(float));
-    if (tb)             /* step p of op(B): nc contiguous values */
-        for (p = 0; p < kc; p++) {
-            const float* s = B + (p0 + p) * ldb + j0;
-            for (jr = 0; jr < nc; jr += MX_SGEMM_NR) {
-                float* d = dst + jr * kc + p * MX_SGEMM_NR;
-                ptrdiff_t n = nc - jr < MX_SGEMM_NR ? nc - jr : MX_SGEMM_NR;
-                if (n == MX_SGEMM_NR)  /* a constant count: one unrolled copy, not a loop */
-                    for (j = 0; j < MX_SGEMM_NR; j++) d[j] = s[jr + j];
-                else
-                    for (j = 0; j < n; j++) d[j] = s[jr + j];
-            }
-        }
-    else                /* column j of op(B): kc contiguous values, a sliver's NR columns
-                           read side by side */
-        for (jr = 0; jr < nc; jr += MX_SGEMM_NR) {
-            const float* s = B + (j0 + jr) * ldb + p0;
-            ptrdiff_t n = nc - jr < MX_SGEMM_NR ? nc - jr : MX_SGEMM_NR;
-            float* d = dst + jr * kc;
-            for (p = 0; p < kc; p++)
-                for (j = 0; j < n; j++) d[p * MX_SGEMM_NR + j] = s[j * ldb + p];
+                for (r = 0; r < n; r++) d[p * w + r] = s[r * ldx + p];
         }
 }
 
@@ -191,10 +161,10 @@ MX_AVX512 static int mx_sgemm(char transa, char transb, ptrdiff_t m, ptrdiff_t n
         for (ptrdiff_t p0 = 0; p0 < k; p0 += MX_SGEMM_KC) {
             ptrdiff_t kc = k - p0 < MX_SGEMM_KC ? k - p0 : MX_SGEMM_KC;
             float be = p0 == 0 ? beta : 1.0f;
-            mx_sgemm_pack_b(tb, B, ldb, p0, kc, j0, nc, bpack);
+            mx_sgemm_pack(MX_SGEMM_NR, !tb, B, ldb, j0, nc, p0, kc, bpack);
             for (ptrdiff_t i0 = 0; i0 < m; i0 += MX_SGEMM_MC) {
                 ptrdiff_t mc = m - i0 < MX_SGEMM_MC ? m - i0 : MX_SGEMM_MC;
-                mx_sgemm_pack_a(ta, A, lda, i0, mc, p0, kc, apack);
+                mx_sgemm_pack(MX_SGEMM_MR, ta, A, lda, i0, mc, p0, kc, apack);
                 for (ptrdiff_t jr = 0; jr < nc; jr += MX_SGEMM_NR) {
                     int nr = (int)(nc - jr < MX_SGEMM_NR ? nc - jr : MX_SGEMM_NR);
                     for (ptrdiff_t ir = 0; ir < mc; ir += MX_SGEMM_MR)
