@@ -44,23 +44,10 @@ AVX2_CORES = ("haswell", "zen")
 def blas_config() -> str | None:
     """SciPy's BLAS as it describes itself (OpenBLAS: version, build and the kernel set
     its CPU detection picked, e.g. "OpenBLAS 0.3.30 DYNAMIC_ARCH NO_AFFINITY Haswell
-    MAX_THREADS=64"), or None where it cannot be asked (not OpenBLAS, not Linux)."""
-    import ctypes
-    import scipy.linalg.cython_blas  # noqa: F401  (loads the library our kernels call)
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-            paths = {line.split()[-1] for line in f if "scipy_openblas" in line
-                     and "scipy.libs" in line}
-    except OSError:
-        return None
-    for path in sorted(paths):
-        lib = ctypes.CDLL(path)
-        for name in ("scipy_openblas_get_config", "openblas_get_config"):
-            fn = getattr(lib, name, None)
-            if fn is not None:
-                fn.restype = ctypes.c_char_p
-                return fn().decode(errors="replace")
-    return None
+    MAX_THREADS=64"), or None where it cannot be asked (not OpenBLAS): the library that
+    csrc/mx_blas.h binds for the core's products."""
+    from ..cpu import linear
+    return linear.blas_config() or None
 
 
 def blas_note(config: str | None, cpu_flags, gemm: str = "blas") -> str | None:
@@ -272,8 +259,9 @@ def step_time(name, repeat=5, n_threads=None):
 def model_step(name, repeat=5, n_threads=None):
     """Median seconds of one training step (model_loss_and_grads + AdamW) of
     ``MODEL_STEPS[name]`` and its bound: the GEMM FLOPs of forward + backward (every
-    block's four linears and the tied head) at the sgemm rate, plus the scan's 2*M*D*N
-    exponentials per layer at the exp rate, both measured in this process.
+    block's four linears and the tied head) at the GEMM rate of :func:`machine_rates`,
+    plus the scan's 2*M*D*N exponentials per layer at the exp rate, both measured in this
+    process.
     Returns (step s, bound s, GEMM FLOP/s, exp/s, what the GEMM rate is)."""
     V, Dm, nl, B, L = MODEL_STEPS[name]
     t = step_time(name, repeat, n_threads)

@@ -50,6 +50,7 @@ cdef extern from "csrc/mx_blas.h" nogil:
     const char* mx_blas_bind(const char* path) noexcept
     int mx_blas_threads() noexcept
     const char* mx_blas_corename() noexcept
+    const char* mx_blas_config() noexcept
     void mx_blas_single_begin() noexcept
     void mx_blas_single_end() noexcept
 
@@ -96,9 +97,8 @@ _gemm_kind = "auto"
 
 cdef bint auto_own_sgemm():
     # "auto": ours on a CPU with AVX-512 whose OpenBLAS runs a kernel set without it
-    core = mx_blas_corename().decode("ascii", "replace").lower()
-    return (bool(mx_sgemm_supported()) and BLAS_CONTROLS == "openblas" and core != ""
-            and core not in _AVX512_CORES)
+    core = blas_corename().lower()      # "" unless the BLAS is OpenBLAS
+    return bool(mx_sgemm_supported()) and core != "" and core not in _AVX512_CORES
 
 
 def set_gemm(kind="auto"):
@@ -127,6 +127,12 @@ def gemm_kernel():
 def blas_corename():
     """OpenBLAS's name for the kernel set it runs ("" for another BLAS)."""
     return mx_blas_corename().decode("ascii", "replace")
+
+
+def blas_config():
+    """OpenBLAS's description of its build, e.g. "OpenBLAS 0.3.30 DYNAMIC_ARCH NO_AFFINITY
+    Haswell MAX_THREADS=64" ("" for another BLAS)."""
+    return mx_blas_config().decode("ascii", "replace")
 
 
 set_gemm("auto")

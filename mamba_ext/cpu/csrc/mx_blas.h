@@ -20,9 +20,10 @@
  *     calling thread only. Scopes nest and may be entered from several threads at once:
  *     the first to enter saves and lowers the count, the last to leave restores it.
  *   mx_blas_threads(): the BLAS's current thread count (1 inside a scope; -1 if unknown).
- *   mx_blas_corename(): OpenBLAS's name for the kernel set it runs ("haswell", "zen",
- *     "skylakex", ...: openblas_get_corename, found by mx_blas_bind), or "" for another
- *     BLAS or before mx_blas_bind.
+ *   mx_blas_corename(), mx_blas_config(): OpenBLAS's name for the kernel set it runs
+ *     ("Haswell", "Zen", "SkylakeX", ...: openblas_get_corename) and its description of
+ *     its build ("OpenBLAS 0.3.30 DYNAMIC_ARCH NO_AFFINITY Haswell MAX_THREADS=64":
+ *     openblas_get_config), both found by mx_blas_bind; "" for another BLAS or before.
  */
 #ifndef MX_BLAS_H
 #define MX_BLAS_H
@@ -46,7 +47,7 @@ typedef void (*mx_blas_set_int_t)(int);
 typedef int (*mx_blas_get_int_t)(void);
 typedef void (*mx_blas_set_i64_t)(long long);   /* BLIS: dim_t is 64-bit */
 typedef long long (*mx_blas_get_i64_t)(void);
-typedef char* (*mx_blas_corename_t)(void);
+typedef char* (*mx_blas_describe_t)(void);
 
 static struct {
     const char* name;          /* "none" until bound */
@@ -56,12 +57,17 @@ static struct {
     mx_blas_get_i64_t get64;
     int depth;                 /* scopes open, over all threads */
     long long saved;           /* the count before the outermost scope */
-    mx_blas_corename_t corename;   /* OpenBLAS only */
-} mx_blas = {"none", NULL, NULL, NULL, NULL, 0, 0, NULL};
+    mx_blas_describe_t corename;   /* OpenBLAS only, as config */
+    mx_blas_describe_t config;
+} mx_blas = {"none", NULL, NULL, NULL, NULL, 0, 0, NULL, NULL};
 
+/* OpenBLAS's self-descriptions under the prefixes and suffixes of its builds */
 static const char* const mx_blas_corename_syms[] = {
     "scipy_openblas_get_corename", "scipy_openblas_get_corename64_",
     "openblas_get_corename", "openblas_get_corename64_"};
+static const char* const mx_blas_config_syms[] = {
+    "scipy_openblas_get_config", "scipy_openblas_get_config64_",
+    "openblas_get_config", "openblas_get_config64_"};
 
 #if defined(_WIN32)
 static SRWLOCK mx_blas_lock = SRWLOCK_INIT;
@@ -107,6 +113,18 @@ static MX_UNUSED void* mx_blas_sym(void* handle, const char* name) {
 }
 #endif
 
+/* *fn = the first of the four symbols `names` that the library has (left as is if none) */
+static MX_UNUSED void mx_blas_describer(void* handle, const char* const names[4],
+                                        mx_blas_describe_t* fn) {
+    size_t i;
+    for (i = 0; i < 4; i++) {
+        void* c = mx_blas_sym(handle, names[i]);
+        if (c == NULL) continue;
+        memcpy(fn, &c, sizeof c);
+        return;
+    }
+}
+
 static MX_UNUSED const char* mx_blas_bind(const char* path) {
     void* handle = NULL;
     size_t i;
@@ -133,12 +151,8 @@ static MX_UNUSED const char* mx_blas_bind(const char* path) {
         }
         break;
     }
-    for (i = 0; i < sizeof mx_blas_corename_syms / sizeof mx_blas_corename_syms[0]; i++) {
-        void* c = mx_blas_sym(handle, mx_blas_corename_syms[i]);
-        if (c == NULL) continue;
-        memcpy(&mx_blas.corename, &c, sizeof c);
-        break;
-    }
+    mx_blas_describer(handle, mx_blas_corename_syms, &mx_blas.corename);
+    mx_blas_describer(handle, mx_blas_config_syms, &mx_blas.config);
     MX_BLAS_UNLOCK();
 #if !defined(_WIN32)
     dlclose(handle);           /* drops the reference dlopen added; the library stays loaded */
@@ -165,10 +179,13 @@ static MX_UNUSED int mx_blas_threads(void) {
     return (int)n;
 }
 
-static MX_UNUSED const char* mx_blas_corename(void) {
-    const char* name = mx_blas.corename != NULL ? mx_blas.corename() : NULL;
-    return name != NULL ? name : "";
+static MX_UNUSED const char* mx_blas_describe(mx_blas_describe_t fn) {
+    const char* text = fn != NULL ? fn() : NULL;
+    return text != NULL ? text : "";
 }
+
+static MX_UNUSED const char* mx_blas_corename(void) { return mx_blas_describe(mx_blas.corename); }
+static MX_UNUSED const char* mx_blas_config(void) { return mx_blas_describe(mx_blas.config); }
 
 static MX_UNUSED void mx_blas_single_begin(void) {
     MX_BLAS_LOCK();
