@@ -36,11 +36,6 @@ import numpy as np
 from .sizes import SIZES
 
 
-# OpenBLAS's kernel sets for AVX2 only, which its run-time CPU detection may pick on a CPU
-# with AVX-512 that it does not know (an AMD Zen 5 in a VM, docs/performance.md)
-AVX2_CORES = ("haswell", "zen")
-
-
 def blas_config() -> str | None:
     """SciPy's BLAS as it describes itself (OpenBLAS: version, build and the kernel set
     its CPU detection picked, e.g. "OpenBLAS 0.3.30 DYNAMIC_ARCH NO_AFFINITY Haswell
@@ -51,12 +46,16 @@ def blas_config() -> str | None:
 
 
 def blas_note(config: str | None, cpu_flags, gemm: str = "blas") -> str | None:
-    """A line for the bench when ``config`` (:func:`blas_config`) names an AVX2-only
-    kernel set on a CPU whose flags (``cpu_flags``) include AVX-512, else None; ``gemm``:
-    the core's float32 GEMM (``mamba_ext.cpu.linear.gemm_kernel()``)."""
+    """A line for the bench when ``config`` (:func:`blas_config`) names none of
+    OpenBLAS's AVX-512 kernel sets (``mamba_ext.cpu.linear.AVX512_CORES``, the list
+    ``set_gemm("auto")`` decides by) on a CPU whose flags (``cpu_flags``) include AVX-512,
+    else None: its run-time detection fell back on a CPU it does not know (an AMD Zen 5
+    in a VM, docs/performance.md); ``gemm``: the core's float32 GEMM
+    (``mamba_ext.cpu.linear.gemm_kernel()``)."""
+    from ..cpu.linear import AVX512_CORES
     if config is None or "avx512f" not in cpu_flags:
         return None
-    if not any(core in config.lower().split() for core in AVX2_CORES):
+    if any(core in config.lower().split() for core in AVX512_CORES):
         return None
     if gemm == "avx512":
         return (f"BLAS: SciPy's {config}: kernels for AVX2 on a CPU with AVX-512, so the "

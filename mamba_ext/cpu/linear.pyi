@@ -8,6 +8,7 @@ BLAS_CONTROLS: str    # "openblas", "mkl", "blis" or "none": the controls of Sci
 def blas_threads() -> int: ...    # SciPy's BLAS thread count now (-1: no known control)
 
 GEMM_KINDS: tuple[str, ...]   # ("auto", "blas", "avx512")
+AVX512_CORES: tuple[str, ...]   # OpenBLAS's kernel sets with AVX-512 (lower case)
 
 def set_gemm(kind: str = "auto") -> str: ...   # the float32 GEMM of every product; returns the previous kind
 def gemm_kernel() -> str: ...                   # "avx512" (mamba_ext's, csrc/mx_sgemm.h) or "blas"

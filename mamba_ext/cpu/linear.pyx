@@ -89,8 +89,9 @@ def blas_threads():
 # without it (its detection falls back to AVX2 kernels on CPUs it does not know, e.g.
 # AMD Zen 5: half its own AVX-512 speed there); float64 always goes to the BLAS.
 GEMM_KINDS = ("auto", "blas", "avx512")
-# OpenBLAS's kernel sets that use AVX-512 (openblas_get_corename, lower-cased)
-_AVX512_CORES = ("skylakex", "cooperlake", "sapphirerapids")
+# OpenBLAS's kernel sets that use AVX-512 (openblas_get_corename, lower-cased); any
+# other runs without it (the bench's BLAS line reads the same list)
+AVX512_CORES = ("skylakex", "cooperlake", "sapphirerapids")
 cdef int own_sgemm = 0
 _gemm_kind = "auto"
 
@@ -98,7 +99,7 @@ _gemm_kind = "auto"
 cdef bint auto_own_sgemm():
     # "auto": ours on a CPU with AVX-512 whose OpenBLAS runs a kernel set without it
     core = blas_corename().lower()      # "" unless the BLAS is OpenBLAS
-    return bool(mx_sgemm_supported()) and core != "" and core not in _AVX512_CORES
+    return bool(mx_sgemm_supported()) and core != "" and core not in AVX512_CORES
 
 
 def set_gemm(kind="auto"):
