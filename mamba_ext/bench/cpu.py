@@ -58,12 +58,12 @@ def blas_note(config: str | None, cpu_flags, gemm: str = "blas") -> str | None:
     if any(core in config.lower().split() for core in AVX512_CORES):
         return None
     if gemm == "avx512":
-        return (f"BLAS: SciPy's {config}: kernels for AVX2 on a CPU with AVX-512, so the "
+        return (f"BLAS: SciPy's {config}: kernels without AVX-512 on a CPU with it, so the "
                 f"core's products run mamba_ext's AVX-512 sgemm instead "
-                f"(mamba_ext.cpu.linear.set_gemm); NumPy's own matmul keeps the AVX2 kernels "
+                f"(mamba_ext.cpu.linear.set_gemm); NumPy's own matmul keeps those kernels "
                 f"unless the launcher sets OPENBLAS_CORETYPE=SKYLAKEX before Python starts "
                 f"(docs/performance.md, the BLAS's kernels)")
-    return (f"BLAS: SciPy's {config}: kernels for AVX2 on a CPU with AVX-512; "
+    return (f"BLAS: SciPy's {config}: kernels without AVX-512 on a CPU with it; "
             f"OPENBLAS_CORETYPE=SKYLAKEX, set by the launcher before Python starts, may run "
             f"its sgemm up to 2x faster (docs/performance.md, the BLAS's kernels)")
 
