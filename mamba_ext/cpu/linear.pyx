@@ -144,6 +144,8 @@ def product(x, weight, n_threads=None):
     ``gemm_kernel()`` names, on ``n_threads`` threads): what every linear layer runs.
     x, weight: C-contiguous 2-D arrays of one dtype, float32 or float64."""
     import numpy as np
+    from mamba_ext._validate import check_n_threads
+    cdef int nt = check_n_threads(n_threads)    # the limits every n_threads of the API has
     for name, a in (("x", x), ("weight", weight)):
         if not isinstance(a, np.ndarray) or a.ndim != 2 or a.dtype not in (np.float32, np.float64):
             raise TypeError(f"{name} must be a 2-D float32 or float64 numpy array; got "
@@ -156,10 +158,7 @@ def product(x, weight, n_threads=None):
     if x.shape[1] != weight.shape[1]:
         raise ValueError(f"weight must be (OC, {x.shape[1]}) for x of shape {x.shape}; got "
                          f"{weight.shape}")
-    if n_threads is not None and (not isinstance(n_threads, int) or n_threads < 1):
-        raise ValueError(f"n_threads must be a positive int or None; got {n_threads!r}")
     cdef idx_t M = x.shape[0], IC = x.shape[1], OC = weight.shape[0]
-    cdef int nt = n_threads or 0
     out = np.empty((M, OC), x.dtype)
     cdef float[:, ::1] of, xf, wf
     cdef double[:, ::1] od, xd, wd

@@ -81,8 +81,10 @@ def test_product_refuses_bad_input():
         linear.product(x, np.zeros((2, 4), np.float32))
     with pytest.raises(ValueError, match="x must be C-contiguous"):
         linear.product(np.zeros((3, 4), np.float32).T, x)
-    with pytest.raises(ValueError, match="n_threads must be a positive int"):
+    with pytest.raises(ValueError, match="n_threads: expected None or an integer"):
         linear.product(x, x, n_threads=0)
+    with pytest.raises(TypeError, match="n_threads: expected None or an integer"):
+        linear.product(x, x, n_threads=True)
     assert np.array_equal(linear.product(np.zeros((2, 0), np.float32),
                                          np.zeros((3, 0), np.float32)), np.zeros((2, 3)))
 
