@@ -183,6 +183,14 @@ cdef void copy_cols(floating* dst, const floating* src, idx_t M, idx_t ncol,
         memcpy(dst + r * ncol, src + r * ld_src, ncol * sizeof(floating))
 
 
+cdef void zero_cols(floating* a, idx_t M, idx_t ncol, idx_t ld, int nt) noexcept nogil:
+    # a[:, 0:ncol] = 0, rows ld apart
+    cdef idx_t r
+    nt = mx_team(nt, M * ncol, 4 * MIN_ELEMENTS_PER_THREAD, M)
+    for r in prange(M, schedule='static', num_threads=nt):
+        memset(a + r * ld, 0, ncol * sizeof(floating))
+
+
 # Conv history (state passing): the K-1 steps before x, cs (B, D, K-1) oldest first,
 # i.e. cs[b, d, K-1+s] is xc of step s < 0. Only the first K-1 outputs see it; the work
 # is B*D*K^2/2 multiply-adds, so plain loops.
@@ -335,25 +343,27 @@ cdef int backward_window(floating* dx, floating** grads,
     cdef floating* dxn
     if M == 0:
         return 0
-    # scratch: s1 (gated, then dy), s2 (dgated, then conv), s3 (u), du, ddelta (M, D);
-    # dxz (M, 2D); dxproj (M, P); dt_low, ddt_low (M, R); xn, dxn (M, Dm).
-    # Accumulated into (zeroed below): s2 .. ddt_low, dxn.
+    # scratch, written before it is read: s1 (gated, then dy), s3 (u) (M, D); dt_low (M, R);
+    # xn (M, Dm). Accumulated into, so zeroed here: s2 (dgated, then conv), du, ddelta
+    # (M, D); dxz (M, 2D), its first D columns (the z half is written whole by
+    # gate_backward); dxproj (M, P); ddt_low (M, R); dxn (M, Dm).
     buf = <floating*>mx_workspace(M * (7 * D + P + 2 * R + 2 * Dm) * sizeof(floating))
     if buf == NULL:
         return -1
-    flat_op(FLAT_ZERO, buf + M * D, NULL, M * (6 * D + P + 2 * R), nt)
-    flat_op(FLAT_ZERO, buf + M * (7 * D + P + 2 * R + Dm), NULL, M * Dm, nt)
     s1 = buf
-    s2 = s1 + M * D
-    s3 = s2 + M * D
-    du = s3 + M * D
+    s3 = s1 + M * D
+    dt_low = s3 + M * D
+    xn = dt_low + M * R
+    s2 = xn + M * Dm
+    du = s2 + M * D
     ddelta = du + M * D
     dxz = ddelta + M * D
     dxproj = dxz + M * 2 * D
-    dt_low = dxproj + M * P
-    ddt_low = dt_low + M * R
-    xn = ddt_low + M * R
-    dxn = xn + M * Dm
+    ddt_low = dxproj + M * P
+    dxn = ddt_low + M * R
+    flat_op(FLAT_ZERO, s2, NULL, M * 3 * D, nt)
+    zero_cols(dxz, M, D, 2 * D, nt)
+    flat_op(FLAT_ZERO, dxproj, NULL, M * (P + R + Dm), nt)
 
     # residual and out_proj: s1 = gated (M, D), s2 = dgated
     flat_op(FLAT_ADD, dx, dout, M * Dm, nt)

@@ -68,6 +68,10 @@ cdef enum:
     # of every kernel n-unroll of OpenBLAS (4, 8, 12, 16, 24); m for few rows only
     SPLIT_M = 64
     SPLIT_N = 48
+    # linear_backward forms dW^T in scratch and adds it transposed only below this many
+    # output columns: a split of fewer OC leaves threads idle, while for more the strided
+    # add costs more than it saves (docs/performance.md)
+    DWT_MAX_OC = 4 * SPLIT_N
 
 
 # The thread-count controls of SciPy's BLAS, found once among the libraries that
@@ -375,13 +379,14 @@ cdef int linear_backward(floating* dx, floating* dweight, floating* dbias,
                          idx_t M, idx_t IC, idx_t OC, int n_threads) noexcept nogil:
     # dx (M, IC) += dout (M, OC) @ weight (OC, IC); dweight (OC, IC) += dout^T @ x;
     # dbias (OC,) += column sums of dout; one region, each thread on its slices.
-    # dweight with fewer rows than columns (OC < IC, e.g. x_proj, out_proj) is split by
-    # its IC columns, which only the transposed product has on BLAS's n: it is formed in
-    # scratch dwt (IC, OC) and added transposed (a split of OC would leave threads idle).
+    # dweight with few rows and more columns (OC < IC and OC < DWT_MAX_OC, e.g. x_proj) is
+    # split by its IC columns, which only the transposed product has on BLAS's n: it is
+    # formed in scratch dwt (IC, OC) and added transposed (a split of OC would leave threads
+    # idle). The choice depends on the shape only, so results stay bitwise for any n_threads.
     # Returns 0, or -1 when that scratch cannot be allocated (nothing written then).
     cdef int nt, t
     cdef floating* dwt = NULL
-    if dweight != NULL and IC > 0 and OC < IC and M > 0:   # (M 0: nothing to add)
+    if dweight != NULL and IC > 0 and OC < IC and OC < DWT_MAX_OC and M > 0:   # (M 0: nothing to add)
         dwt = <floating*>malloc(IC * OC * sizeof(floating))
         if dwt == NULL:
             return -1
