@@ -30,9 +30,10 @@
 //   amp_pack_f16_pair: the same (rows, cols) block packed twice: row-major into packed
 //                      (when ROW) as amp_pack_f16, and transposed, (cols, rows) f16, into
 //                      packed_t from word dst_t_off: the k-major operands of a weight
-//                      gradient's product. Through a 64 x 32 tile of workgroup memory, so
-//                      that reads and both writes are coalesced; rows a multiple of 64,
-//                      cols of 32 (checked on the host).
+//                      gradient's product. Through a 64 x 64 tile of workgroup memory (as
+//                      64 x 32 words of f16 pairs), so that reads and both writes are
+//                      coalesced in runs of 128 bytes; rows and cols multiples of 64
+//                      (checked on the host).
 //   amp_unpack_f16:    out (2n) f32 = the f16 values of packed (n words), exactly: the
 //                      activations the mixed-precision block keeps in f16 between its
 //                      forward and backward (mamba_ext.gpu.block, BlockLayer's f16 mode).
@@ -67,7 +68,7 @@ override WG: u32 = 256u;
 @group(0) @binding(6) var<storage, read> stat: array<f32>;          // (4,) AdamW's (kernels/adamw.wgsl)
 
 override ROW: bool = true;                     // amp_pack_f16_pair: also the row-major copy
-var<workgroup> tile: array<u32, 64u * 33u>;    // (64, 32) f16 bits of the block, rows 33 apart
+var<workgroup> tile: array<u32, 64u * 33u>;    // (64, 32) words of the block's f16 pairs, rows 33 apart
 
 fn round_f16(x: f32) -> f32 {
     if ((bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u) { return x; }   // NaN, payload kept
@@ -120,25 +121,26 @@ fn amp_pack_f16(@builtin(local_invocation_index) li: u32,
 @compute @workgroup_size(256)
 fn amp_pack_f16_pair(@builtin(local_invocation_index) t: u32,
                      @builtin(workgroup_id) wid: vec3<u32>) {
-    let r0 = wid.y * 64u;                      // this workgroup's 64 rows and 32 columns
-    let c0 = wid.x * 32u;
-    for (var q = 0u; q < 8u; q++) {
-        let r = t / 32u + 8u * q;
-        tile[r * 33u + t % 32u] = f16_bits(w[p.src_off + (r0 + r) * p.src_rs + c0 + t % 32u]);
+    let r0 = wid.y * 64u;                      // this workgroup's 64 rows and 64 columns
+    let c0 = wid.x * 64u;
+    for (var q = 0u; q < 8u; q++) {            // word k of row r: columns c0 + 2k, 2k + 1
+        let e = t + 256u * q;
+        let r = e / 32u;
+        let k = e % 32u;
+        let src = p.src_off + (r0 + r) * p.src_rs + c0 + 2u * k;
+        let v = f16_bits(w[src]) | (f16_bits(w[src + 1u]) << 16u);
+        tile[r * 33u + k] = v;
+        if (ROW) { packed[p.dst_off + (r0 + r) * (p.cols / 2u) + c0 / 2u + k] = v; }
     }
     workgroupBarrier();
-    for (var q = 0u; q < 4u; q++) {
+    for (var q = 0u; q < 8u; q++) {            // column c, word j: rows 2j, 2j + 1
         let e = t + 256u * q;
-        if (ROW) {                             // row r, words 16 per row of the tile
-            let r = e / 16u;
-            let k = 2u * (e % 16u);
-            packed[p.dst_off + (r0 + r) * (p.cols / 2u) + c0 / 2u + e % 16u] =
-                tile[r * 33u + k] | (tile[r * 33u + k + 1u] << 16u);
-        }
-        let c = e / 32u;                       // column c, words of two rows each
-        let r = 2u * (e % 32u);
-        packed_t[p.dst_t_off + (c0 + c) * (p.rows / 2u) + r0 / 2u + e % 32u] =
-            tile[r * 33u + c] | (tile[(r + 1u) * 33u + c] << 16u);
+        let c = e / 32u;
+        let j = e % 32u;
+        let s = 16u * (c % 2u);
+        let lo = (tile[(2u * j) * 33u + c / 2u] >> s) & 0xffffu;
+        let hi = (tile[(2u * j + 1u) * 33u + c / 2u] >> s) & 0xffffu;
+        packed_t[p.dst_t_off + (c0 + c) * (p.rows / 2u) + r0 / 2u + j] = lo | (hi << 16u);
     }
 }
 

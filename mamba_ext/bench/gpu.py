@@ -74,11 +74,18 @@ def scan_bytes(d: BlockDims, B, L, T, G):
     return 4 * words
 
 
-def _time_ops(g, ops, clears, repeat, warmup=2):
-    """(GPU ms median or None, wall ms median) of one pass with ``ops``."""
+def _time_ops(g, ops, clears, repeat, warmup=2, warmup_s=0.0):
+    """(GPU ms median or None, wall ms median) of one pass with ``ops``, after ``warmup``
+    passes and at least ``warmup_s`` seconds of them (short passes timed after two warm-up
+    passes ran up to 5x slower on an H200 than after half a second of them:
+    docs/gpu_h200.txt, session 19)."""
     ts = g.timestamp_pair()
-    for _ in range(warmup):
+    t0 = time.perf_counter()
+    done = 0
+    while done < warmup or time.perf_counter() - t0 < warmup_s:
         g.submit(ops, clears)
+        g.sync()
+        done += 1
     g.sync()
     gpu_ms, wall_ms = [], []
     for _ in range(repeat):
@@ -353,6 +360,8 @@ def run(size: str = "all", *, repeat: int = 10, use_torch: bool = True, loops: b
 # The products of block d's in_proj and out_proj (M = B*L = 16384, Dm 768, D 1536) that
 # ``--f16-gemm`` times: (name, M, I, O) of Y (M, O) = X (M, I) W (O, I)^T.
 F16_GEMM_SHAPES = (("in_proj", 16384, 768, 3072), ("out_proj", 16384, 1536, 768))
+# seconds of each product's passes before ``--f16-gemm`` times it (:func:`_time_ops`)
+WARMUP_S = 0.5
 
 
 def check_f16_products(g, lf, rng):
@@ -519,7 +528,7 @@ def run_f16_gemm(repeat: int = 10) -> int:
         for kind, ops in (("forward", lf.forward(g, y, x, w, M, I, O)),
                           ("dX", lf.dinput(g, dx, dy, w, M, I, O)),
                           ("dW", lf.dweight(g, dw, dyt, xt, M, I, O))):
-            gpu_ms, wall_ms = _time_ops(g, ops * reps, (), repeat)
+            gpu_ms, wall_ms = _time_ops(g, ops * reps, (), repeat, warmup_s=WARMUP_S)
             ms = (gpu_ms if gpu_ms is not None else wall_ms) / reps
             line.append(f"{kind} {ms:.3f} ms = {flop / ms / 1e9:.1f} TFLOP/s")
         print(f"f16 {name} (M {M}, I {I}, O {O}): " + "; ".join(line), flush=True)
@@ -530,7 +539,7 @@ def run_f16_gemm(repeat: int = 10) -> int:
         y32 = g.buffer(M * O, "y32")
         ops = lin.gemm(g, "linear_forward", M, O, I, lin.Mat(x32, 0, I), lin.Mat(w32, 0, 1, I),
                        lin.Mat(y32, 0, O))
-        gpu_ms, wall_ms = _time_ops(g, ops * reps, (), repeat)
+        gpu_ms, wall_ms = _time_ops(g, ops * reps, (), repeat, warmup_s=WARMUP_S)
         ms = (gpu_ms if gpu_ms is not None else wall_ms) / reps
         print(f"fp32 {name} forward (linear.wgsl, same device): {ms:.3f} ms = "
               f"{flop / ms / 1e9:.1f} TFLOP/s", flush=True)

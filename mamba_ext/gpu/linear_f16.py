@@ -285,12 +285,12 @@ def pack_pair(g, dst, dst_t, src, rows: int, cols: int, src_off: int = 0,
     """Op: the (rows, cols) f32 block of ``src`` (as :func:`pack`) rounded to f16 into
     ``dst`` row-major (skipped when ``dst`` is None) and into ``dst_t`` transposed,
     (cols, rows): the k-major operands of a weight gradient (:func:`dweight`), read once.
-    ``rows`` a multiple of 64, ``cols`` of 32."""
+    ``rows`` and ``cols`` multiples of 64."""
     from .amp import amp_params
-    if rows % 64 or cols % 32:
-        raise ValueError(f"linear_f16.pack_pair: rows {rows} must be a multiple of 64 and "
-                         f"cols {cols} of 32")
-    return g.op("amp", "amp_pack_f16_pair", g.check_grid((cols // 32, rows // 64, 1), "pack_pair"),
+    if rows % 64 or cols % 64:
+        raise ValueError(f"linear_f16.pack_pair: rows {rows} and cols {cols} must be "
+                         f"multiples of 64")
+    return g.op("amp", "amp_pack_f16_pair", g.check_grid((cols // 64, rows // 64, 1), "pack_pair"),
                 amp_params(rows * cols // 2, cols=cols, src_off=src_off,
                            src_rs=cols if src_rs is None else src_rs, rows=rows),
                 [src, None, g.dummy(0) if dst is None else dst, dst_t],

@@ -193,7 +193,7 @@ def test_pack_pair_is_both_layouts(row):
     """pack_pair: the row-major copy (when asked) and the transposed one of a strided
     block, bit for bit NumPy's float16 (edge values included)."""
     rng = np.random.default_rng(2)
-    rows, cols, rs = 128, 64, 70
+    rows, cols, rs = 128, 128, 134          # 2 x 2 tiles of 64 x 64
     x = np.zeros((rows, rs), np.float32)
     vals = _edge_values()
     x[:, 3:3 + cols] = rng.choice(vals, (rows, cols))
@@ -209,8 +209,9 @@ def test_pack_pair_is_both_layouts(row):
         nan = np.isnan(ref)
         assert np.array_equal(np.isnan(got), nan)
         assert np.array_equal(got.view(np.uint16)[~nan], np.ascontiguousarray(ref).view(np.uint16)[~nan])
-    with pytest.raises(ValueError, match="multiple of 64"):
-        lf.pack_pair(g, dst, dst_t, src, 96, 64)
+    for bad in ((96, 64), (128, 96)):
+        with pytest.raises(ValueError, match="multiples of 64"):
+            lf.pack_pair(g, dst, dst_t, src, *bad)
 
 
 @pytest.mark.parametrize("accumulate", [False, True])
