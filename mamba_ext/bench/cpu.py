@@ -157,8 +157,9 @@ def machine_rates(M, Dm, D, repeat, cores):
     """(GEMM FLOP/s, exp/s, what the GEMM rate is) measured in this process: the faster of
     a NumPy float32 matmul of the in_proj shape (M, Dm) x (Dm, 2D) and the core's own
     product of that shape on ``cores`` threads (where the core runs a GEMM of its own,
-    NumPy's BLAS would understate what the machine does), and NumPy float32 exp on
-    ``cores`` threads; the best of the runs (a busy moment only makes them look slower)."""
+    NumPy's BLAS would understate what the machine does), both into one preallocated
+    output, and NumPy float32 exp on ``cores`` threads; the best of the runs (a busy
+    moment only makes them look slower)."""
     from ..cpu import linear
     rng = np.random.default_rng(1)
     a = rng.standard_normal((M, Dm), dtype=np.float32)
@@ -166,9 +167,11 @@ def machine_rates(M, Dm, D, repeat, cores):
     wt = np.ascontiguousarray(w.T)
     out = np.empty((M, 2 * D), np.float32)
     flop = 2 * M * Dm * 2 * D
-    numpy_rate = flop / _median_time(lambda: np.matmul(a, w, out=out), max(repeat, 10), stat=min)
-    core_rate = flop / _median_time(lambda: linear.product(a, wt, n_threads=cores),
+    # the core's first: NumPy's BLAS threads spin on after its matmul returns, and timed
+    # right after it the core's product ran at half its rate in some processes (session 19)
+    core_rate = flop / _median_time(lambda: linear.product(a, wt, n_threads=cores, out=out),
                                     max(repeat, 10), stat=min)
+    numpy_rate = flop / _median_time(lambda: np.matmul(a, w, out=out), max(repeat, 10), stat=min)
     sgemm_rate = max(numpy_rate, core_rate)
     what = (f"the faster of NumPy's matmul, {numpy_rate / 1e9:.0f}, and the core's product "
             f"({linear.gemm_kernel()} GEMM), {core_rate / 1e9:.0f}")

@@ -14,5 +14,6 @@ def set_gemm(kind: str = "auto") -> str: ...   # the float32 GEMM of every produ
 def gemm_kernel() -> str: ...                   # "avx512" (mamba_ext's, csrc/mx_sgemm.h) or "blas"
 def blas_corename() -> str: ...                 # OpenBLAS's kernel set ("" for another BLAS)
 def blas_config() -> str: ...                   # OpenBLAS's description of its build ("" for another BLAS)
-def product(x: np.ndarray, weight: np.ndarray, n_threads: int | None = None) -> np.ndarray: ...
+def product(x: np.ndarray, weight: np.ndarray, n_threads: int | None = None,
+            out: np.ndarray | None = None) -> np.ndarray: ...
 

@@ -143,10 +143,12 @@ def blas_config():
 set_gemm("auto")
 
 
-def product(x, weight, n_threads=None):
+def product(x, weight, n_threads=None, out=None):
     """out (M, OC) = x (M, IC) @ weight (OC, IC)^T through the core's product (the GEMM
     ``gemm_kernel()`` names, on ``n_threads`` threads): what every linear layer runs.
-    x, weight: C-contiguous 2-D arrays of one dtype, float32 or float64."""
+    x, weight: C-contiguous 2-D arrays of one dtype, float32 or float64; out: None (a new
+    array), or a writeable C-contiguous (M, OC) array of that dtype to write and return
+    (a timing loop then measures the product, not the fresh pages of a new array)."""
     import numpy as np
     from mamba_ext._validate import check_n_threads
     cdef int nt = check_n_threads(n_threads)    # the limits every n_threads of the API has
@@ -163,7 +165,16 @@ def product(x, weight, n_threads=None):
         raise ValueError(f"weight must be (OC, {x.shape[1]}) for x of shape {x.shape}; got "
                          f"{weight.shape}")
     cdef idx_t M = x.shape[0], IC = x.shape[1], OC = weight.shape[0]
-    out = np.empty((M, OC), x.dtype)
+    if out is None:
+        out = np.empty((M, OC), x.dtype)
+    elif not isinstance(out, np.ndarray) or out.dtype != x.dtype or out.shape != (M, OC):
+        raise TypeError(f"out must be None or a {x.dtype} numpy array of shape ({M}, {OC}); "
+                        f"got {type(out).__name__} {getattr(out, 'dtype', '')} "
+                        f"{getattr(out, 'shape', '')}")
+    elif not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("out must be C-contiguous and writeable")
+    elif np.shares_memory(out, x) or np.shares_memory(out, weight):
+        raise ValueError("out must not overlap x or weight")
     cdef float[:, ::1] of, xf, wf
     cdef double[:, ::1] od, xd, wd
     if M == 0 or OC == 0:

@@ -89,6 +89,33 @@ def test_product_refuses_bad_input():
                                          np.zeros((3, 0), np.float32)), np.zeros((2, 3)))
 
 
+def test_product_into_out():
+    """out=: the product written into the given array (which is returned), bitwise the
+    product into a new one; an unusable out is refused, naming it."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((70, 24)).astype(np.float32)
+    w = rng.standard_normal((33, 24)).astype(np.float32)
+    out = np.full((70, 33), np.nan, np.float32)
+    got = linear.product(x, w, n_threads=2, out=out)
+    assert got is out
+    assert np.array_equal(out, linear.product(x, w, n_threads=2))
+    with pytest.raises(TypeError, match=r"out must be None or a float32 numpy array of shape \(70, 33\)"):
+        linear.product(x, w, out=np.zeros((70, 33), np.float64))
+    with pytest.raises(TypeError, match="out must be None"):
+        linear.product(x, w, out=np.zeros((33, 70), np.float32))
+    with pytest.raises(TypeError, match="out must be None"):
+        linear.product(x, w, out=[[0.0] * 33] * 70)
+    with pytest.raises(ValueError, match="out must be C-contiguous and writeable"):
+        linear.product(x, w, out=np.zeros((33, 70), np.float32).T)
+    ro = np.zeros((70, 33), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="out must be C-contiguous and writeable"):
+        linear.product(x, w, out=ro)
+    sq = rng.standard_normal((24, 24)).astype(np.float32)
+    with pytest.raises(ValueError, match="out must not overlap"):
+        linear.product(sq, sq, out=sq)
+
+
 def _block(n_threads):
     p = init_mamba1_params(80, d_state=8, seed=2, dtype=np.float32)
     rng = np.random.default_rng(0)
