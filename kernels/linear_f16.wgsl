@@ -51,9 +51,10 @@
 //
 // Tile: BM x BN = 128 x 128 outputs per workgroup of 256 invocations; subgroup s owns
 // the (128/WM) x (128/WN) block at (s / WN, s % WN) as FM x FN result matrices. k
-// advances in steps of BK = 32 through workgroup memory, double-buffered: the next
-// step's 16-byte global loads are issued before this step's multiplies and stored into
-// the other buffer after them, so one barrier per step separates the two. Each operand
+// advances in steps of BK = 32 through workgroup memory, double-buffered: the 16-byte
+// global loads of the step after next are issued before this step's multiplies, and the
+// next step's (loaded one step earlier) are stored into the other buffer after them, so
+// one barrier per step separates the two. Each operand
 // is staged in its global layout (rows of BK + 8 k-values, or rows of 128 + 8 m/n
 // values; the 8 extra keep rows 16 bytes apart off one bank) and read back with the
 // matching col_major flag, so no operand is transposed on the way.
@@ -173,14 +174,17 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
     // global words advance by a fixed step per k step: BK columns, or BK rows
     let da = select(BK * LDA, BK, A_KMAJOR) / 8u;
     let db = select(BK * LDB, BK, B_KMAJOR) / 8u;
-    var ra0 = a[wa0.y];
-    var ra1 = a[wa1.y];
-    var rb0 = b[wb0.y];
-    var rb1 = b[wb1.y];
-    put_a(wa0.x, ra0);
-    put_a(wa1.x, ra1);
-    put_b(wb0.x, rb0);
-    put_b(wb1.x, rb1);
+    put_a(wa0.x, a[wa0.y]);
+    put_a(wa1.x, a[wa1.y]);
+    put_b(wb0.x, b[wb0.y]);
+    put_b(wb1.x, b[wb1.y]);
+    // step 1's words in registers (step 0 is staged); each step then loads the words of
+    // the step after next, so a load has two steps of multiplies to arrive in
+    let s1 = min(1u, nk - 1u);
+    var ra0 = a[wa0.y + s1 * da];
+    var ra1 = a[wa1.y + s1 * da];
+    var rb0 = b[wb0.y + s1 * db];
+    var rb1 = b[wb1.y + s1 * db];
     workgroupBarrier();
 
     let sta = select(PMN, PK, A_KMAJOR);
@@ -188,13 +192,11 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
     for (var kt = 0u; kt < nk; kt++) {
         let cur = (kt & 1u) * STAGE;
         let more = kt + 1u < nk;
-        if (more) {                  // the next step's words, in flight during the multiplies
-            let s = kt + 1u;
-            ra0 = a[wa0.y + s * da];
-            ra1 = a[wa1.y + s * da];
-            rb0 = b[wb0.y + s * db];
-            rb1 = b[wb1.y + s * db];
-        }
+        let s2 = min(kt + 2u, nk - 1u);      // (past the last step: its words again, unused)
+        let qa0 = a[wa0.y + s2 * da];
+        let qa1 = a[wa1.y + s2 * da];
+        let qb0 = b[wb0.y + s2 * db];
+        let qb1 = b[wb1.y + s2 * db];
         for (var kk = 0u; kk < BK; kk += TK) {
             var l : array<subgroup_matrix_left<f16, TK, TM>, FM>;
             var r : array<subgroup_matrix_right<f16, TN, TK>, FN>;
@@ -221,6 +223,10 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
             put_b(nxt + wb0.x, rb0);
             put_b(nxt + wb1.x, rb1);
         }
+        ra0 = qa0;
+        ra1 = qa1;
+        rb0 = qb0;
+        rb1 = qb1;
         workgroupBarrier();
     }
 
