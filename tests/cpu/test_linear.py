@@ -42,6 +42,21 @@ def test_backward_skips_none_and_accumulates(rng):
     np.testing.assert_allclose(dx, 1.0 + dout @ w, rtol=1e-13)
 
 
+# (M, IC, OC): a weight gradient formed transposed in scratch (OC < IC, OC < 192), split by
+# its OC rows (OC < IC, OC >= linear.pyx's DWT_MAX_OC = 192), and one with more rows than columns
+@pytest.mark.parametrize("M, C, OC", [(150, 400, 100), (150, 400, 250), (150, 100, 250)])
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-12), (np.float32, 2e-5)])
+def test_backward_weight_gradient_layouts_accumulate(rng, M, C, OC, dtype, tol):
+    x, w, b = (a.astype(dtype) for a in _case(rng, M, C, OC))
+    dout = rng.standard_normal((M, OC)).astype(dtype)
+    dx0, dw0, db0 = (rng.standard_normal(a.shape).astype(dtype) for a in (x, w, b))
+    dx, dw, db = dx0.copy(), dw0.copy(), db0.copy()
+    steps.linear_backward(dx, dw, db, dout, x, w)
+    d64, x64, w64 = (a.astype(np.float64) for a in (dout, x, w))
+    for got, want in ((dx, dx0 + d64 @ w64), (dw, dw0 + d64.T @ x64), (db, db0 + d64.sum(0))):
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+
+
 def test_zero_width_input_gives_bias(rng):
     x, w, b = np.zeros((4, 0)), np.zeros((3, 0)), rng.standard_normal(3)
     out = np.full((4, 3), np.nan)
