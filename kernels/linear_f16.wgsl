@@ -54,10 +54,10 @@
 // advances in steps of BK = 32 through workgroup memory, double-buffered: the 16-byte
 // global loads of the step after next are issued before this step's multiplies, and the
 // next step's (loaded one step earlier) are stored into the other buffer after them, so
-// one barrier per step separates the two. Each operand
-// is staged in its global layout (rows of BK + 8 k-values, or rows of 128 + 8 m/n
-// values; the 8 extra keep rows 16 bytes apart off one bank) and read back with the
-// matching col_major flag, so no operand is transposed on the way.
+// one barrier per step separates the two. Each operand is staged in its global layout
+// (rows of BK + 8 k-values, or rows of 128 + 8 m/n values; the 8 extra keep rows 16
+// bytes apart off one bank) and read back with the matching col_major flag, so no
+// operand is transposed on the way.
 
 struct Params {
     a_off : u32, b_off : u32, c_off : u32, bias_off : u32,
