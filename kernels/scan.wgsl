@@ -41,6 +41,12 @@
 // through workgroup memory; dBs, dCs (sums over the CPW channels) always do, every
 // RB steps.
 //
+// Pipelining (why: a block's global loads, issued where they are used, left their latency
+// and a barrier exposed at every block): each chunk kernel loads the next block's Bs | Cs
+// (this invocation's share, into nbc) and its per-step inputs (into n_dp, n_u, n_dy) before
+// it runs the current block's steps, and stores the staged share into the other half of bc
+// after them: one barrier per block, the loads in flight during the steps.
+//
 // Bindings (0 is the uniform Params in every entry point; one name per buffer, at one
 // binding number in every entry point that binds it). xproj (M, P) holds dt_low =
 // xproj[:, 0:R], Bs = xproj[:, R:R+N], Cs = xproj[:, R+N:P]; delta = softplus(delta_pre)
@@ -116,12 +122,10 @@ const RS: u32 = 35u;       // floats per (step, invocation) row of red: dBs 16 |
 @group(0) @binding(16) var<storage, read_write> dxproj: array<f32>;
 @group(0) @binding(17) var<storage, read_write> grad: array<f32>;
 
-// delta = softplus(delta_pre) of row r of (M, D) (as dt_proj's CPU store computes it).
-fn delta_at(r: u32) -> f32 { return softplus(delta_pre[r]); }
-
-// (TS, 2, SG, 4) vec4: Bs (0) | Cs (1) of a block of TS steps, 16 states per group
-// (zero past N and past the block's last step).
-var<workgroup> bc: array<vec4<f32>, TS * 2u * SG * 4u>;
+// (2, TS, 2, SG, 4) vec4: two buffers (the block being run, the next one staged) of
+// Bs (0) | Cs (1) of a block of TS steps, 16 states per group (zero past N and past
+// the block's last step).
+var<workgroup> bc: array<vec4<f32>, 2u * TS * 2u * SG * 4u>;
 // (TS, WG) partial y of each invocation (scan_forward_output, SG > 1).
 var<workgroup> ysum: array<f32, TS * WG>;
 // (RB, WG, RS) per-step contributions of scan_backward_grads, see RS.
@@ -166,21 +170,86 @@ fn load_a(l: Lane) {
     }
 }
 
-// Stage Bs, Cs of steps [tb, te) of batch row b into bc (called between barriers).
-fn stage_bc(li: u32, b: u32, tb: u32, te: u32) {
+// (BCMAX,) this invocation's share of the next block's Bs | Cs, element e = li + k WG of
+// the block's TS * 32 SG floats (the host keeps TS * 32 SG <= BCMAX * WG).
+const BCMAX: u32 = 32u;
+var<private> nbc: array<f32, BCMAX>;
+
+// Load this invocation's share of Bs, Cs of steps [tb, te) of batch row b into nbc.
+fn fetch_bc(li: u32, b: u32, tb: u32, te: u32) {
     let per = 32u * SG;                       // floats per step
-    for (var e = li; e < TS * per; e += WG) {
-        let ts = e / per;
-        let wsel = (e % per) / (16u * SG);    // 0 = Bs, 1 = Cs
-        let n = e % (16u * SG);
-        var v = 0.0;
-        if (tb + ts < te && n < p.N) { v = xproj[(b * p.L + tb + ts) * p.P + p.R + wsel * p.N + n]; }
-        bc[((ts * 2u + wsel) * SG + n / 16u) * 4u + (n % 16u) / 4u][n % 4u] = v;
+    for (var k = 0u; k < BCMAX; k++) {
+        let e = li + k * WG;
+        if (e < TS * per) {
+            let ts = e / per;
+            let wsel = (e % per) / (16u * SG);    // 0 = Bs, 1 = Cs
+            let n = e % (16u * SG);
+            var v = 0.0;
+            if (tb + ts < te && n < p.N) { v = xproj[(b * p.L + tb + ts) * p.P + p.R + wsel * p.N + n]; }
+            nbc[k] = v;
+        }
     }
 }
 
-fn bc_at(ts: u32, wsel: u32, s: u32, q: u32) -> vec4<f32> {
-    return bc[((ts * 2u + wsel) * SG + s) * 4u + q];
+// Store nbc into buffer buf of bc (the other buffer is being read: a barrier after).
+fn store_bc(li: u32, buf: u32) {
+    let per = 32u * SG;
+    for (var k = 0u; k < BCMAX; k++) {
+        let e = li + k * WG;
+        if (e < TS * per) {
+            let ts = e / per;
+            let wsel = (e % per) / (16u * SG);
+            let n = e % (16u * SG);
+            bc[(((buf * TS + ts) * 2u + wsel) * SG + n / 16u) * 4u + (n % 16u) / 4u][n % 4u] = nbc[k];
+        }
+    }
+}
+
+fn bc_at(buf: u32, ts: u32, wsel: u32, s: u32, q: u32) -> vec4<f32> {
+    return bc[(((buf * TS + ts) * 2u + wsel) * SG + s) * 4u + q];
+}
+
+// (TSMAX,) each: delta_pre, u and dy of the next block's steps (n_) and of the block being
+// run (c_), rows of (M, D) (values past the chunk's end are not read).
+var<private> n_dp: array<f32, TSMAX>;
+var<private> n_u: array<f32, TSMAX>;
+var<private> n_dy: array<f32, TSMAX>;
+var<private> c_dp: array<f32, TSMAX>;
+var<private> c_u: array<f32, TSMAX>;
+var<private> c_dy: array<f32, TSMAX>;
+
+// Load delta_pre (n_dp), u (n_u) or dy (n_dy) of steps [tb, min(tb + TS, te)) (three
+// functions: an entry point binds only the buffers it reads).
+fn fetch_dp(l: Lane, tb: u32, te: u32) {
+    for (var ts = 0u; ts < TSMAX; ts++) {
+        if (ts < TS && l.on && tb + ts < te) { n_dp[ts] = delta_pre[(l.b * p.L + tb + ts) * p.D + l.d]; }
+    }
+}
+
+fn fetch_u(l: Lane, tb: u32, te: u32) {
+    for (var ts = 0u; ts < TSMAX; ts++) {
+        if (ts < TS && l.on && tb + ts < te) { n_u[ts] = u[(l.b * p.L + tb + ts) * p.D + l.d]; }
+    }
+}
+
+fn fetch_dy(l: Lane, tb: u32, te: u32) {
+    for (var ts = 0u; ts < TSMAX; ts++) {
+        if (ts < TS && l.on && tb + ts < te) { n_dy[ts] = dy[(l.b * p.L + tb + ts) * p.D + l.d]; }
+    }
+}
+
+// The loads every walk issues for a block: its Bs | Cs share and delta_pre.
+fn fetch_block(l: Lane, li: u32, tb: u32, te: u32) {
+    fetch_bc(li, l.b, tb, te);
+    fetch_dp(l, tb, te);
+}
+
+// Start a block: the staged per-step inputs become the current ones (the caller then
+// issues the next block's loads).
+fn rotate() {
+    c_dp = n_dp;
+    c_u = n_u;
+    c_dy = n_dy;
 }
 
 // ZOH / Euler input factor coef = b_t / Bs_t of register q (ex = exp(x), x = delta A).
@@ -192,14 +261,14 @@ fn coef_of(q: u32, x: vec4<f32>, ex: vec4<f32>, dl: f32) -> vec4<f32> {
 // Decay product prod a_t of the chunk (scan_forward_chunk).
 var<private> acp: array<vec4<f32>, 4>;
 
-// One step of the recurrence on hv (row r of (M, D), staged step ts); ``track``:
-// also acp *= a_t.
-fn step_h(l: Lane, ts: u32, dl: f32, uu: f32, track: bool) {
+// One step of the recurrence on hv (staged step ts of buffer buf); ``track``: also
+// acp *= a_t.
+fn step_h(l: Lane, buf: u32, ts: u32, dl: f32, uu: f32, track: bool) {
     for (var q = 0u; q < 4u; q++) {
         if (q < NV) {
             let x = dl * Av[q];
             let ex = exp(x);
-            hv[q] = fma(ex, hv[q], coef_of(q, x, ex, dl) * bc_at(ts, 0u, l.s, q) * uu);
+            hv[q] = fma(ex, hv[q], coef_of(q, x, ex, dl) * bc_at(buf, ts, 0u, l.s, q) * uu);
             if (track) { acp[q] *= ex; }
         }
     }
@@ -222,16 +291,18 @@ fn scan_forward_chunk(@builtin(local_invocation_index) li: u32, @builtin(workgro
     let t1 = min(t0 + p.chunk, p.L);
     load_a(l);
     for (var q = 0u; q < 4u; q++) { hv[q] = vec4<f32>(0.0); acp[q] = vec4<f32>(1.0); }
+    fetch_block(l, li, t0, t1); fetch_u(l, t0, t1);
+    store_bc(li, 0u);
+    workgroupBarrier();
     for (var tb = t0; tb < t1; tb += TS) {
-        workgroupBarrier();
-        stage_bc(li, l.b, tb, t1);
-        workgroupBarrier();
+        let buf = ((tb - t0) / TS) % 2u;
+        rotate();
+        if (tb + TS < t1) { fetch_block(l, li, tb + TS, t1); fetch_u(l, tb + TS, t1); }
         for (var ts = 0u; ts < TS; ts++) {
-            if (l.on && tb + ts < t1) {
-                let r = (l.b * p.L + tb + ts) * p.D + l.d;
-                step_h(l, ts, delta_at(r), u[r], true);
-            }
+            if (l.on && tb + ts < t1) { step_h(l, buf, ts, softplus(c_dp[ts]), c_u[ts], true); }
         }
+        if (tb + TS < t1) { store_bc(li, 1u - buf); }
+        workgroupBarrier();
     }
     for (var q = 0u; q < 4u; q++) {
         for (var k = 0u; k < 4u; k++) {
@@ -273,19 +344,22 @@ fn scan_forward_output(@builtin(local_invocation_index) li: u32, @builtin(workgr
             }
         }
     }
+    let dvec = select(0.0, w[p.dvec_off + min(l.d, p.D - 1u)], l.on);
+    fetch_block(l, li, t0, t1); fetch_u(l, t0, t1);
+    store_bc(li, 0u);
+    workgroupBarrier();
     for (var tb = t0; tb < t1; tb += TS) {
-        workgroupBarrier();
-        stage_bc(li, l.b, tb, t1);
-        workgroupBarrier();
+        let buf = ((tb - t0) / TS) % 2u;
+        rotate();
+        if (tb + TS < t1) { fetch_block(l, li, tb + TS, t1); fetch_u(l, tb + TS, t1); }
         for (var ts = 0u; ts < TS; ts++) {
             var yv = 0.0;
             if (l.on && tb + ts < t1) {
-                let r = (l.b * p.L + tb + ts) * p.D + l.d;
-                step_h(l, ts, delta_at(r), u[r], false);
+                step_h(l, buf, ts, softplus(c_dp[ts]), c_u[ts], false);
                 for (var q = 0u; q < 4u; q++) {
-                    if (q < NV) { yv += dot(bc_at(ts, 1u, l.s, q), hv[q]); }
+                    if (q < NV) { yv += dot(bc_at(buf, ts, 1u, l.s, q), hv[q]); }
                 }
-                if (SG == 1u) { y[r] = yv + w[p.dvec_off + l.d] * u[r]; }
+                if (SG == 1u) { y[(l.b * p.L + tb + ts) * p.D + l.d] = yv + dvec * c_u[ts]; }
             }
             if (SG > 1u) { ysum[ts * WG + li] = yv; }
         }
@@ -296,11 +370,12 @@ fn scan_forward_output(@builtin(local_invocation_index) li: u32, @builtin(workgr
                 if (l.on && l.s == 0u && tb + ts < t1) {
                     var ys = 0.0;
                     for (var j = 0u; j < SG; j++) { ys += ysum[ts * WG + li + j]; }
-                    let r = (l.b * p.L + tb + ts) * p.D + l.d;
-                    y[r] = ys + w[p.dvec_off + l.d] * u[r];
+                    y[(l.b * p.L + tb + ts) * p.D + l.d] = ys + dvec * c_u[ts];
                 }
             }
         }
+        if (tb + TS < t1) { store_bc(li, 1u - buf); }
+        workgroupBarrier();
     }
 }
 
@@ -314,25 +389,30 @@ fn scan_backward_chunk(@builtin(local_invocation_index) li: u32, @builtin(workgr
     load_a(l);
     var an: array<vec4<f32>, 4>;              // a_{t+1} of the step after t (0 past the chunk)
     for (var q = 0u; q < 4u; q++) { hv[q] = vec4<f32>(0.0); an[q] = vec4<f32>(0.0); }
+    let tl = t0 + (nblk - 1u) * TS;           // the last block
+    fetch_block(l, li, tl, t1); fetch_dy(l, tl, t1);
+    store_bc(li, 0u);
+    workgroupBarrier();
     for (var jj = 0u; jj < nblk; jj++) {      // blocks from the last
-        let tb = t0 + (nblk - 1u - jj) * TS;
-        workgroupBarrier();
-        stage_bc(li, l.b, tb, t1);
-        workgroupBarrier();
+        let tb = tl - jj * TS;
+        let buf = jj % 2u;
+        rotate();
+        if (jj + 1u < nblk) { fetch_block(l, li, tb - TS, t1); fetch_dy(l, tb - TS, t1); }
         for (var k = 0u; k < TS; k++) {
             let ts = TS - 1u - k;
             if (l.on && tb + ts < t1) {
-                let r = (l.b * p.L + tb + ts) * p.D + l.d;
-                let dyv = dy[r];
-                let dl = delta_at(r);
+                let dyv = c_dy[ts];
+                let dl = softplus(c_dp[ts]);
                 for (var q = 0u; q < 4u; q++) {
                     if (q < NV) {
-                        hv[q] = fma(an[q], hv[q], bc_at(ts, 1u, l.s, q) * dyv);
+                        hv[q] = fma(an[q], hv[q], bc_at(buf, ts, 1u, l.s, q) * dyv);
                         an[q] = exp(dl * Av[q]);
                     }
                 }
             }
         }
+        if (jj + 1u < nblk) { store_bc(li, 1u - buf); }
+        workgroupBarrier();
     }
     for (var q = 0u; q < 4u; q++) {
         for (var k = 0u; k < 4u; k++) {
@@ -367,10 +447,8 @@ fn scan_backward_carry(@builtin(local_invocation_index) li: u32,
 var<private> hist: array<vec4<f32>, 4u * TSMAX>;   // (TSMAX, 4): h_{t-1} of the block's steps
 var<private> gc: array<vec4<f32>, 4>;              // carry a_{t+1} g_{t+1}
 var<private> dA: array<vec4<f32>, 4>;              // dLoss/dA summed over the chunk
-var<private> b_dl: array<f32, TSMAX>;              // the block's delta, u, dy and
-var<private> b_u: array<f32, TSMAX>;               // sigmoid(delta_pre) (the softplus
-var<private> b_dy: array<f32, TSMAX>;              // backward), loaded once per block
-var<private> b_sg: array<f32, TSMAX>;
+var<private> b_dl: array<f32, TSMAX>;              // the block's delta and sigmoid(delta_pre)
+var<private> b_sg: array<f32, TSMAX>;              // (the softplus backward)
 
 // One step of the adjoint recurrence on the carry of register q: g_t = Cs_t dy_t +
 // a_{t+1} g_{t+1}, returned, and the carry becomes a_t g_t (ex = a_t). Both walks of
@@ -381,16 +459,15 @@ fn adjoint_step(q: u32, ex: vec4<f32>, cs: vec4<f32>, dyv: f32) -> vec4<f32> {
     return g;
 }
 
-// Where a block of TS steps starts (tb), where its chunk ends (t1), and what pass 2 needs.
-struct Blk { tb: u32, t1: u32, dvec: f32, gx: u32 }
+// Where a block of TS steps starts (tb), where its chunk ends (t1), its buffer of bc,
+// and what pass 2 needs.
+struct Blk { tb: u32, t1: u32, buf: u32, dvec: f32, gx: u32 }
 
-// Step ts's inputs (all of a block's loads are issued before its recomputation).
+// Step ts's delta and softplus derivative, from the block's staged delta_pre.
 fn pass2_load(l: Lane, bk: Blk, ts: u32) {
     if (ts < TS && l.on && bk.tb + ts < bk.t1) {
-        let r = (l.b * p.L + bk.tb + ts) * p.D + l.d;
-        let dp = delta_pre[r];
-        b_dl[ts] = softplus(dp); b_u[ts] = u[r]; b_dy[ts] = dy[r];
-        b_sg[ts] = sigmoid(dp);
+        b_dl[ts] = softplus(c_dp[ts]);
+        b_sg[ts] = sigmoid(c_dp[ts]);
     }
 }
 
@@ -398,7 +475,7 @@ fn pass2_load(l: Lane, bk: Blk, ts: u32) {
 fn pass2_recompute(l: Lane, bk: Blk, ts: u32) {
     if (ts < TS && l.on && bk.tb + ts < bk.t1) {
         for (var q = 0u; q < 4u; q++) { hist[ts * 4u + q] = hv[q]; }
-        step_h(l, ts, b_dl[ts], b_u[ts], false);
+        step_h(l, bk.buf, ts, b_dl[ts], c_u[ts], false);
     }
 }
 
@@ -422,15 +499,15 @@ fn pass2_back(l: Lane, li: u32, bk: Blk, ts: u32) {
     if (l.on && t < t1) {
         let r = (l.b * p.L + t) * p.D + l.d;
         let dl = b_dl[ts];
-        let uu = b_u[ts];
-        let dyv = b_dy[ts];
+        let uu = c_u[ts];
+        let dyv = c_dy[ts];
         for (var q = 0u; q < 4u; q++) {
             if (q < NV) {
                 let A = Av[q];
                 let x = dl * A;
                 let ex = exp(x);
-                let Bq = bc_at(ts, 0u, l.s, q);
-                let Cq = bc_at(ts, 1u, l.s, q);
+                let Bq = bc_at(bk.buf, ts, 0u, l.s, q);
+                let Cq = bc_at(bk.buf, ts, 1u, l.s, q);
                 let em1 = expm1_v4(x, ex);
                 let coef = select(vec4<f32>(dl), em1 * rA[q], p.zoh == 1u);
                 let hp = hist[ts * 4u + q];
@@ -531,38 +608,47 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
     }
     // 1. walk the chunk backward from its carry, keeping the carry a_{t+1} g_{t+1} into the
     // last step of each block (g needs no input factor: a third of the work of a walk of h)
+    fetch_block(l, li, t0 + (nblk - 1u) * TS, t1); fetch_dy(l, t0 + (nblk - 1u) * TS, t1);
+    store_bc(li, 0u);
+    workgroupBarrier();
     for (var jj = 0u; jj < nblk; jj++) {
         let j = nblk - 1u - jj;
         let tb = t0 + j * TS;
-        workgroupBarrier();
-        stage_bc(li, l.b, tb, t1);
-        workgroupBarrier();
+        let buf = jj % 2u;
+        rotate();
+        if (j > 0u) { fetch_block(l, li, tb - TS, t1); fetch_dy(l, tb - TS, t1); }
         if (l.on) {
             for (var q = 0u; q < 4u; q++) { gblock[j * 4u + q] = gc[q]; }
             for (var k = 0u; k < TS; k++) {
                 let ts = TS - 1u - k;
                 if (tb + ts < t1) {
-                    let r = (l.b * p.L + tb + ts) * p.D + l.d;
-                    let dl = delta_at(r);
-                    let dyv = dy[r];
+                    let dl = softplus(c_dp[ts]);
+                    let dyv = c_dy[ts];
                     for (var q = 0u; q < 4u; q++) {
                         if (q < NV) {
-                            adjoint_step(q, exp(dl * Av[q]), bc_at(ts, 1u, l.s, q), dyv);
+                            adjoint_step(q, exp(dl * Av[q]), bc_at(buf, ts, 1u, l.s, q), dyv);
                         }
                     }
                 }
             }
         }
+        if (j > 0u) { store_bc(li, 1u - buf); }
+        workgroupBarrier();
     }
     let dvec = select(0.0, w[p.dvec_off + min(l.d, p.D - 1u)], l.on);
     // 2. the blocks in order, the state carried from one to the next: recompute the block's
     // states into registers, then its steps backward from the block's carry (TS <= TSMAX = 8;
-    // the calls past TS return at once)
+    // the calls past TS return at once). The next block's Bs | Cs are stored before the
+    // block's last step, whose sums end in a barrier (TS % RB == 0).
+    fetch_block(l, li, t0, t1); fetch_u(l, t0, t1); fetch_dy(l, t0, t1);
+    store_bc(li, 0u);
+    workgroupBarrier();
     for (var j = 0u; j < nblk; j++) {
-        let bk = Blk(t0 + j * TS, t1, dvec, wid.x);
-        workgroupBarrier();
-        stage_bc(li, l.b, bk.tb, t1);
-        workgroupBarrier();
+        let bk = Blk(t0 + j * TS, t1, j % 2u, dvec, wid.x);
+        rotate();
+        if (j + 1u < nblk) {
+            fetch_block(l, li, bk.tb + TS, t1); fetch_u(l, bk.tb + TS, t1); fetch_dy(l, bk.tb + TS, t1);
+        }
         pass2_load(l, bk, 0u); pass2_load(l, bk, 1u); pass2_load(l, bk, 2u); pass2_load(l, bk, 3u);
         pass2_load(l, bk, 4u); pass2_load(l, bk, 5u); pass2_load(l, bk, 6u); pass2_load(l, bk, 7u);
         if (l.on) { for (var q = 0u; q < 4u; q++) { gc[q] = gblock[j * 4u + q]; } }
@@ -571,7 +657,9 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
         pass2_recompute(l, bk, 6u); pass2_recompute(l, bk, 7u);
         pass2_back(l, li, bk, 7u); pass2_back(l, li, bk, 6u); pass2_back(l, li, bk, 5u);
         pass2_back(l, li, bk, 4u); pass2_back(l, li, bk, 3u); pass2_back(l, li, bk, 2u);
-        pass2_back(l, li, bk, 1u); pass2_back(l, li, bk, 0u);
+        pass2_back(l, li, bk, 1u);
+        if (j + 1u < nblk) { store_bc(li, 1u - bk.buf); }
+        pass2_back(l, li, bk, 0u);
     }
     for (var q = 0u; q < 4u; q++) {
         for (var k = 0u; k < 4u; k++) {

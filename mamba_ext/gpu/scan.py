@@ -31,7 +31,7 @@ SCAN_RB = 1
 # invocation of a 64-wide workgroup sums half of the channels of one column, where 1
 # leaves half of them idle at each step's sums; dbc_part holds HS times more partials.
 SCAN_SUM_PARTS = 2
-_TSMAX, _CKMAX, _RS = 8, 16, 35           # consts of kernels/scan.wgsl
+_TSMAX, _CKMAX, _RS, _BCMAX = 8, 16, 35, 32   # consts of kernels/scan.wgsl
 # Workgroup memory the chunk kernels may use when the caller does not pass the
 # device's limit: WebGPU's guaranteed minimum of max_compute_workgroup_storage_size.
 WG_MEMORY_MIN = 16384
@@ -58,10 +58,16 @@ class ScanShape:
             raise ValueError(f"scan chunk length must be in [1, {SCAN_CHUNK_MAX}], got {chunk}")
         self.SG = math.ceil(N / 16)                     # state groups of 16 per channel
         self.NV = 4 if self.SG > 1 else math.ceil(N / 4)
-        self.wg = self.SG * max(1, SCAN_WG // self.SG)
-        self.cpw = self.wg // self.SG                   # channels per workgroup
         per_step = 32 * self.SG                         # floats of Bs | Cs staged per step
-        fits = lambda ts, extra: 4 * (ts * per_step + extra) <= wg_memory
+        # two staged blocks of Bs | Cs (+ extra floats) in the device's workgroup memory,
+        # and a block within the BCMAX floats each invocation stages in registers
+        fits = lambda ts, extra: (4 * (2 * ts * per_step + extra) <= wg_memory
+                                  and ts * per_step <= _BCMAX * self.wg)
+        self.cpw = max(1, SCAN_WG // self.SG)           # channels per workgroup: fewer where
+        self.wg = self.cpw * self.SG                    # one step's sums would not fit
+        while self.cpw > 1 and not fits(1, self.wg * _RS):
+            self.cpw //= 2
+            self.wg = self.cpw * self.SG
         self.ts_f = max(1, SCAN_TS_FORWARD)
         while self.ts_f > 1 and not fits(self.ts_f, self.ts_f * self.wg):
             self.ts_f //= 2

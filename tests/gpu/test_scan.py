@@ -234,7 +234,9 @@ def test_scan_layout(N, SG, NV):
     s = S.ScanShape(1, 100, 64, N, 2, 64, True)
     assert (s.SG, s.NV) == (SG, NV)
     assert s.wg % s.SG == 0 and s.cpw * s.SG == s.wg
-    assert 4 * (s.ts_b * 32 * s.SG + s.rb * s.wg * 35) <= 16384
+    assert 4 * (2 * s.ts_b * 32 * s.SG + s.rb * s.wg * 35) <= 16384    # two staged blocks
+    assert 4 * (2 * s.ts_f * 32 * s.SG + s.ts_f * s.wg) <= 16384
+    assert max(s.ts_b, s.ts_f) * 32 * s.SG <= 32 * s.wg        # BCMAX floats per invocation
     assert s.ts_b % s.rb == 0 and s.chunk <= 16 * s.ts_b
     big = S.ScanShape(1, 100, 64, N, 2, 64, True, wg_memory=49152)    # a larger device limit
     assert big.ts_b >= s.ts_b and big.rb >= s.rb and big.chunk >= s.chunk
