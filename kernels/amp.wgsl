@@ -34,9 +34,6 @@
 //                      64 x 32 words of f16 pairs), so that reads and both writes are
 //                      coalesced in runs of 128 bytes; rows and cols multiples of 64
 //                      (checked on the host).
-//   amp_unpack_f16:    out (2n) f32 = the f16 values of packed (n words), exactly: the
-//                      activations the mixed-precision block keeps in f16 between its
-//                      forward and backward (mamba_ext.gpu.block, BlockLayer's f16 mode).
 //
 // Size letters: n elements (words of amp_pack_f16: rows * dst_cols / 2), cols (even) per
 // row, dst_cols (even, >= cols) per packed row.
@@ -48,7 +45,6 @@
 // | amp_round_grads   | 0 p Params uniform; 2 g (n) rw; 5 state (4) rw            |
 // | amp_pack_f16      | 0 p Params uniform; 1 x r; 3 packed (n words) rw          |
 // | amp_pack_f16_pair | 0 p Params uniform; 1 x r; 3 packed rw; 4 packed_t rw     |
-// | amp_unpack_f16    | 0 p Params uniform; 2 out (2n) rw; 3 packed (n words) rw  |
 // | amp_update_scale  | 0 sp ScaleParams uniform; 5 state (4) rw; 6 stat (4) r    |
 
 struct Params { n: u32, inv_scale: f32, cols: u32, src_off: u32, src_rs: u32, dst_off: u32,
@@ -89,17 +85,6 @@ fn f16_bits(x: f32) -> u32 {
         return sign | ((a + 0xfffu + ((a >> 13u) & 1u) - 0x38000000u) >> 13u);   // bit 13, rebias
     }
     return sign | u32(round(bitcast<f32>(a) * 16777216.0));   // subnormal: units of 2^-24
-}
-
-@compute @workgroup_size(WG)
-fn amp_unpack_f16(@builtin(local_invocation_index) li: u32,
-                  @builtin(workgroup_id) wid: vec3<u32>,
-                  @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(wid, nwg, li, WG);
-    if (i >= p.n) { return; }
-    let v = packed[i];
-    out[2u * i] = f16_value(v & 0xffffu);
-    out[2u * i + 1u] = f16_value(v >> 16u);
 }
 
 @compute @workgroup_size(WG)

@@ -108,8 +108,8 @@ fn not_finite(x: f32) -> bool {
 }
 
 // The f32 value of the float16 bits h (the low 16 bits), exactly: every f16 value is an
-// f32; subnormals decoded here (unpack2x16float may flush them). amp.wgsl's unpack and the
-// reference f16 product read f16 operands through it.
+// f32; subnormals decoded here (unpack2x16float may flush them). act_value (the f16 mode's
+// cache), amp.wgsl's rounding and the reference f16 product read f16 values through it.
 fn f16_value(h : u32) -> f32 {
     let sign = (h & 0x8000u) << 16u;
     let e = (h >> 10u) & 0x1fu;
@@ -119,4 +119,14 @@ fn f16_value(h : u32) -> f32 {
     }
     if (e == 31u) { return bitcast<f32>(sign | 0x7f800000u | (m << 13u)); }   // inf, NaN
     return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
+}
+
+// Element e of an activation buffer held as f32 words or, with ``half``, as f16 pairs (two
+// per word, element e in half e % 2: the f16 mode's cache, read where it is used instead
+// of unpacked into an f32 copy): act_value(buf[act_word(e, half)], e, half).
+fn act_word(e: u32, half: bool) -> u32 { return select(e, e / 2u, half); }
+
+fn act_value(w: u32, e: u32, half: bool) -> f32 {
+    if (half) { return f16_value(select(w & 0xffffu, w >> 16u, (e & 1u) == 1u)); }
+    return bitcast<f32>(w);
 }

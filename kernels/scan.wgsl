@@ -43,9 +43,11 @@
 //
 // Pipelining (why: a block's global loads, issued where they are used, left their latency
 // and a barrier exposed at every block): each chunk kernel loads the next block's Bs | Cs
-// (this invocation's share, into nbc) and its per-step inputs (into n_dp, n_u, n_dy) before
-// it runs the current block's steps, and stores the staged share into the other half of bc
-// after them: one barrier per block, the loads in flight during the steps.
+// (this invocation's share, into nbc) before it runs the current block's steps, and stores
+// it into the other half of bc after them: one barrier per block, the loads in flight
+// during the steps. The backward kernels load the next block's per-step inputs ahead too
+// (into n_dp, n_u, n_dy); the forward ones, with more work per step, read them where they
+// use them (ahead, they ran slower: docs/performance.md, GPU tuning).
 //
 // Bindings (0 is the uniform Params in every entry point; one name per buffer, at one
 // binding number in every entry point that binds it). xproj (M, P) holds dt_low =
@@ -291,15 +293,17 @@ fn scan_forward_chunk(@builtin(local_invocation_index) li: u32, @builtin(workgro
     let t1 = min(t0 + p.chunk, p.L);
     load_a(l);
     for (var q = 0u; q < 4u; q++) { hv[q] = vec4<f32>(0.0); acp[q] = vec4<f32>(1.0); }
-    fetch_block(l, li, t0, t1); fetch_u(l, t0, t1);
+    fetch_bc(li, l.b, t0, t1);
     store_bc(li, 0u);
     workgroupBarrier();
     for (var tb = t0; tb < t1; tb += TS) {
         let buf = ((tb - t0) / TS) % 2u;
-        rotate();
-        if (tb + TS < t1) { fetch_block(l, li, tb + TS, t1); fetch_u(l, tb + TS, t1); }
+        if (tb + TS < t1) { fetch_bc(li, l.b, tb + TS, t1); }
         for (var ts = 0u; ts < TS; ts++) {
-            if (l.on && tb + ts < t1) { step_h(l, buf, ts, softplus(c_dp[ts]), c_u[ts], true); }
+            if (l.on && tb + ts < t1) {
+                let r = (l.b * p.L + tb + ts) * p.D + l.d;
+                step_h(l, buf, ts, softplus(delta_pre[r]), u[r], true);
+            }
         }
         if (tb + TS < t1) { store_bc(li, 1u - buf); }
         workgroupBarrier();
@@ -345,21 +349,22 @@ fn scan_forward_output(@builtin(local_invocation_index) li: u32, @builtin(workgr
         }
     }
     let dvec = select(0.0, w[p.dvec_off + min(l.d, p.D - 1u)], l.on);
-    fetch_block(l, li, t0, t1); fetch_u(l, t0, t1);
+    fetch_bc(li, l.b, t0, t1);
     store_bc(li, 0u);
     workgroupBarrier();
     for (var tb = t0; tb < t1; tb += TS) {
         let buf = ((tb - t0) / TS) % 2u;
-        rotate();
-        if (tb + TS < t1) { fetch_block(l, li, tb + TS, t1); fetch_u(l, tb + TS, t1); }
+        if (tb + TS < t1) { fetch_bc(li, l.b, tb + TS, t1); }
         for (var ts = 0u; ts < TS; ts++) {
             var yv = 0.0;
+            let r = (l.b * p.L + tb + ts) * p.D + l.d;
             if (l.on && tb + ts < t1) {
-                step_h(l, buf, ts, softplus(c_dp[ts]), c_u[ts], false);
+                let uu = u[r];
+                step_h(l, buf, ts, softplus(delta_pre[r]), uu, false);
                 for (var q = 0u; q < 4u; q++) {
                     if (q < NV) { yv += dot(bc_at(buf, ts, 1u, l.s, q), hv[q]); }
                 }
-                if (SG == 1u) { y[(l.b * p.L + tb + ts) * p.D + l.d] = yv + dvec * c_u[ts]; }
+                if (SG == 1u) { y[r] = yv + dvec * uu; }
             }
             if (SG > 1u) { ysum[ts * WG + li] = yv; }
         }
@@ -370,7 +375,8 @@ fn scan_forward_output(@builtin(local_invocation_index) li: u32, @builtin(workgr
                 if (l.on && l.s == 0u && tb + ts < t1) {
                     var ys = 0.0;
                     for (var j = 0u; j < SG; j++) { ys += ysum[ts * WG + li + j]; }
-                    y[(l.b * p.L + tb + ts) * p.D + l.d] = ys + dvec * c_u[ts];
+                    let r = (l.b * p.L + tb + ts) * p.D + l.d;
+                    y[r] = ys + dvec * u[r];
                 }
             }
         }

@@ -14,7 +14,8 @@ def gate_forward(g, M, D, y, Y, gated):
     return elementwise(g, "activations", "gate_forward", M * D, [M * D, D, 2 * D], [y, Y, gated])
 
 
-def gate_backward(g, M, D, dgated, y, Y, dy, dY):
-    """Op: dy (M, D) = dgated * SiLU(z); dY[:, D:2D] = dgated * y * SiLU'(z)."""
+def gate_backward(g, M, D, dgated, y, Y, dy, dY, half=False):
+    """Op: dy (M, D) = dgated * SiLU(z); dY[:, D:2D] = dgated * y * SiLU'(z); y and Y
+    f32, or f16 pairs with ``half`` (the f16 mode's cache)."""
     return elementwise(g, "activations", "gate_backward", M * D, [M * D, D, 2 * D],
-                       [dgated, y, Y, dy, dY])
+                       [dgated, y, Y, dy, dY], constants={"HALF": bool(half)})

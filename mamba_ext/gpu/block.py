@@ -119,15 +119,13 @@ class BlockScratch:
         # Buffers whose lifetimes within backward_ops do not overlap share one (the
         # steps: 1 out_proj, 2 gate, 3 scan, 4 dt_proj, 5 x_proj, 6 conv1d, 7 in_proj,
         # 8 RMSNorm): dgated [1, 2] / ddelta_pre [3, 4] / dxn [7, 8], and
-        # dy [2, 3] / dconv [6] / gw [8]. The split-K partials of the dW products (see
-        # linear.gemm) live in a buffer dead at their step: dy's at steps 1, 4 and 5,
-        # du's at step 7.
+        # dy [2, 3] / gw [8]. The split-K partials of the dW products (see linear.gemm)
+        # live in a buffer dead at their step: dy's at steps 1, 4 and 5, du's at step 7.
         W = max(D, Dm)                               # the widest tenant of a shared buffer
         self.dgated = mk(M * W, "dgated")            # (M, D)
         self.ddelta_pre = self.dgated                # (M, D)
         self.dxn = self.dgated                       # (M, Dm)
         self.dy = mk(M * W, "dy")                    # (M, D)
-        self.dconv = self.dy                         # (M, D)
         self.gw = self.dy                            # (M, Dm) per-row gain-gradient terms
         self.du = mk(M * D, "du")                    # (M, D)
         self.dY = mk(M * 2 * D, "dY")                # (M, 2D) = [dxc | dz]
@@ -151,9 +149,10 @@ class BlockLayer:
     its bias, out_proj's accumulates onto its bias and the residual (linear.bias_fill), the
     bias gradients are column sums of the f32 gradients. The f16 mode's cache is small
     (mixed precision's memory): Y and y are kept in f16 (rounded as the products' operands
-    are) and u and delta_pre not at all; the backward first restores them into f32 buffers shared by
-    all layers (Y and y unpacked, u and delta_pre recomputed from them as the forward
-    made them), so every kernel after it reads f32 as before.
+    are) and u and delta_pre not at all; the backward first restores u and delta_pre into
+    f32 buffers shared by all layers (recomputed as the forward made them, u by the conv
+    from the f16 Y), and the kernels that read Y or y (the gate's and the conv's backward)
+    read their f16 copies, the same values as f32 copies of them would hold.
     """
 
     # the forward cache: what the backward reads (buffers() lists them)
@@ -249,7 +248,6 @@ class BlockLayer:
             # u = SiLU(conv(xc)); dt_proj: delta_pre (M, D) = dt_low @ wDtProj^T + bDtProj
             # (the scan kernels take delta = softplus(delta_pre) where they read it). Kept:
             # the f16 mode's backward runs them again to restore u and delta_pre
-            self._conv_op = conv1d_forward(g, M, L, D, d.K, self.Y, w, o, self.u)
             if self.narrow16:
                 x_proj, self._dt_proj_ops = self._narrow_forward_ops()
             else:
@@ -262,7 +260,7 @@ class BlockLayer:
             self._fwd = [
                 rmsnorm_forward(g, M, Dm, self.x, w, o["normWeight"], self.xn, self.rstd, self.eps),
                 *in_proj,
-                self._conv_op,
+                conv1d_forward(g, M, L, D, d.K, self.Y, w, o, self.u),
                 *x_proj,
                 *self._dt_proj_ops,
                 *_scan.scan_forward(g, self.s, self.xproj, self.u, self.delta_pre, w, o,
@@ -333,6 +331,9 @@ class BlockLayer:
         g, d, o, M, L, w, gr = self.g, self.d, self.o, self.M, self.L, self.w, self.gr
         D, P, R, Dm = d.D, d.P, d.R, d.Dm
         restore = []
+        # the gate's and the conv's backward read Y and y: f32, or the f16 mode's cache
+        half = self.f16 is not None
+        y, Y = (self.y16, self.Y16) if half else (self.y, self.Y)
         if self.f16 is None:
             # out_proj: dgated = dout @ wOutProj; dW += dout^T gated; db += colsum(dout)
             out_proj = linear_backward(g, M, D, Dm, dout, 0, Dm, self.gated, 0, D, w,
@@ -359,9 +360,8 @@ class BlockLayer:
             # the f32 activations the cache does not hold, from the f16 Y and y by the
             # forward's own ops
             self.cache_ops()
-            restore = [lf.unpack(g, self.Y, self.Y16, M * 2 * D),
-                       lf.unpack(g, self.y, self.y16, M * D),
-                       self._conv_op, *self._dt_proj_ops]
+            restore = [conv1d_forward(g, M, L, D, d.K, self.Y16, w, o, self.u, half=True),
+                       *self._dt_proj_ops]
         if self.narrow16:
             narrow = self._narrow_backward_ops(sc)
         else:
@@ -372,18 +372,18 @@ class BlockLayer:
                                  part=sc.dy),
                 # x_proj: du += dxproj @ wXProj; dW += dxproj^T u; db += colsum(dxproj)
                 *linear_backward(g, M, D, P, sc.dxproj, 0, P, self.u, 0, D, w, o["wXProj"],
-                                 o["bXProj"], gr, dx=sc.du, dx_rs=D, dx_beta=1, part=sc.dconv),
+                                 o["bXProj"], gr, dx=sc.du, dx_rs=D, dx_beta=1, part=sc.dy),
             ]
         return [
             *out_proj,
             *restore,
-            gate_backward(g, M, D, sc.dgated, self.y, self.Y, sc.dy, sc.dY),
+            gate_backward(g, M, D, sc.dgated, y, Y, sc.dy, sc.dY, half=half),
             *_scan.scan_backward(g, self.s, sc.scan, self.xproj, self.u, self.delta_pre, w, o,
                                  sc.dy, self.hstate, self.achunk, sc.du, sc.ddelta_pre,
                                  sc.dxproj, gr),
             *narrow,
-            # conv + SiLU: dconv, dY[:, 0:D]; dwConv, dbConv
-            *conv1d_backward(g, M, L, D, d.K, sc.du, w, o, sc.dconv, sc.dY, self.Y, gr),
+            # conv + SiLU: dY[:, 0:D]; dwConv, dbConv
+            *conv1d_backward(g, M, L, D, d.K, sc.du, w, o, sc.dY, Y, gr, half=half),
             *in_proj,
             # RMSNorm + residual: dx = dout + norm backward; dnormWeight = colsum(gw)
             *rmsnorm_backward(g, M, Dm, self.x, w, o["normWeight"], sc.dxn, self.rstd, dx, sc.gw,

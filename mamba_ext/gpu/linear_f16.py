@@ -10,9 +10,9 @@ f16 x f16 -> f32 subgroup-matrix configuration (``Gpu.f16_matrices``: the Dawn b
 NVIDIA, AMD RDNA3, Intel Xe and Apple GPUs); :func:`available` says whether it does, and
 :func:`unsupported` why a product's sizes do not fit the kernel (then the fp32 kernels
 of linear.py are the fallback). :func:`pack` makes the f16 operands (kernels/amp.wgsl's
-rounding, as NumPy's ``astype(float16)``), :func:`unpack` reads f16 values back as f32,
-and :class:`HalfWeights` makes the f16 copies of a parameter arena's weight matrices that
-mixed-precision training multiplies with.
+rounding, as NumPy's ``astype(float16)``; the kernels that read the f16 mode's cache take
+its values exactly, common.wgsl's act_value), and :class:`HalfWeights` makes the f16
+copies of a parameter arena's weight matrices that mixed-precision training multiplies with.
 
 ``REFERENCE``: run kernels/linear_f16_ref.wgsl instead, a plain kernel of the same
 product for devices without subgroup matrices (slow; the tests of the mixed-precision
@@ -268,16 +268,6 @@ def pack(g, dst, src, rows: int, cols: int, src_off: int = 0, src_rs: int | None
                                   src_rs=cols if src_rs is None else src_rs,
                                   dst_off=dst_off // 2, rows=rows, dst_cols=dc),
                        [src, None, dst])
-
-
-def unpack(g, dst, src, n: int):
-    """Op: ``dst`` (n,) f32 = the n f16 values of ``src`` (dense, two per word; n even),
-    exactly: :func:`pack`'s inverse on its values."""
-    from .amp import amp_params
-    from .device import elementwise
-    if n % 2:
-        raise ValueError(f"linear_f16.unpack: n {n} must be even")
-    return elementwise(g, "amp", "amp_unpack_f16", n // 2, amp_params(n // 2), [None, dst, src])
 
 
 def pack_pair(g, dst, dst_t, src, rows: int, cols: int, src_off: int = 0,

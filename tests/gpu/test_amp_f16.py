@@ -68,24 +68,34 @@ def test_pack_is_numpys_float16():
     assert np.array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
 
 
-def test_unpack_is_exact():
-    """unpack: every f16 value (all 65536 bit patterns: subnormals, -0, inf, NaN) read back
-    as the f32 of the same value; pack then unpack is NumPy's round trip."""
+def test_f16_cache_reads_are_exact():
+    """The kernels that read the f16 mode's cache (act_value in common.wgsl; here
+    gate_backward's y): every f16 value (all 65536 bit patterns: subnormals, -0, inf, NaN)
+    read as the f32 of the same value, so the results are those of an f32 copy, bit for
+    bit; pack then that read is NumPy's round trip."""
+    from mamba_ext.gpu.activations import gate_backward
+
+    def gate_dY(n, yb, half, z=0.75):
+        """dY's z half of gate_backward with dgated = 1: y * SiLU'(z), for n values y (yb:
+        f32, or f16 pairs with ``half``)."""
+        Y = np.full((n, 2), z, np.float32)
+        dg, dy, dY = upload(g, "dg", np.ones(n, np.float32)), g.buffer(n, "dy"), g.buffer(2 * n, "dY")
+        Yb = upload(g, "Y", Y) if not half else g.buffer(n, "Y16", _f16(Y).view(np.uint32))
+        run(g, gate_backward(g, n, 1, dg, yb, Yb, dy, dY, half=half))
+        return read(g, dY, (n, 2))[:, 1]
+
     bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
-    src, dst = g.buffer(bits.size // 2, "src", bits.view(np.uint32)), g.buffer(bits.size, "dst")
-    run(g, lf.unpack(g, dst, src, bits.size))
-    got, want = read(g, dst, (bits.size,)), bits.view(np.float16).astype(np.float32)
+    got = gate_dY(bits.size, g.buffer(bits.size // 2, "y16", bits.view(np.uint32)), True)
+    want = gate_dY(bits.size, upload(g, "y", bits.view(np.float16).astype(np.float32)), False)
     nan = np.isnan(want)
     assert np.array_equal(np.isnan(got), nan)
     assert np.array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan])   # -0 too
     x = _edge_values()[:256]
-    xb, hb, back = upload(g, "x", x), g.buffer(128, "h"), g.buffer(256, "back")
-    run(g, [lf.pack(g, hb, xb, 1, 256), lf.unpack(g, back, hb, 256)])
-    got, want = read(g, back, (256,)), _f16(x).astype(np.float32)
+    hb = g.buffer(128, "h")
+    run(g, lf.pack(g, hb, upload(g, "x", x), 1, 256))
+    got, want = gate_dY(256, hb, True), gate_dY(256, upload(g, "y", _f16(x).astype(np.float32)), False)
     assert np.array_equal(np.isnan(got), np.isnan(want))
     assert np.array_equal(got[~np.isnan(want)], want[~np.isnan(want)])
-    with pytest.raises(ValueError, match="even"):
-        lf.unpack(g, back, hb, 3)
 
 
 def test_pack_pads_rows_with_zeros():
