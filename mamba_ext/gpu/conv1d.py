@@ -9,7 +9,7 @@ import math
 
 # Rows per invocation's tile (override T of kernels/conv1d.wgsl): each tile loads K - 1
 # rows of xc before it (and the backward 2 (K - 1) more after it) besides its own.
-CONV_TILE = 16
+CONV_TILE = 32
 _WMAX = 48            # const WMAX of kernels/conv1d.wgsl: T + 2 (K - 1) rows in registers
 MAX_DCONV = (_WMAX - 1) // 2 + 1        # the largest K with a tile of one row: 24
 # Tiles per invocation in the backward (each row block has 4 invocations per channel).
