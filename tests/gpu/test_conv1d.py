@@ -87,11 +87,21 @@ def test_conv1d_causal_per_sequence():
 
 
 def test_conv1d_refuses_wide_kernel():
-    """dConv past the kernels' register window: a clear error, not a wrong convolution."""
+    """dConv past the kernels' register window: a clear error, not a wrong convolution,
+    from the op and from the public block API (the CPU takes it)."""
+    import mamba_ext
+    import mamba_ext.gpu as G
+    from mamba_ext.block import init_mamba1_params
     from mamba_ext.gpu.conv1d import MAX_DCONV
     b = g.buffer(4, "b")
     with pytest.raises(ValueError, match="dConv"):
         conv1d_forward(g, 4, 4, 2, MAX_DCONV + 1, b, b, {"wConv": 0, "bConv": 0}, b)
+    p = init_mamba1_params(32, d_state=4, d_conv=MAX_DCONV + 1, expand=2, dt_rank=2, seed=0,
+                           dtype=np.float32)
+    x = np.random.default_rng(0).standard_normal((1, 40, 32)).astype(np.float32)
+    assert np.all(np.isfinite(mamba_ext.mamba1_forward(x, p)[0]))
+    with pytest.raises(ValueError, match=f"dConv must be in \\[1, {MAX_DCONV}\\]"):
+        G.mamba1_forward(x, p)
 
 
 def test_conv1d_reads_f16_pairs_as_f32():
