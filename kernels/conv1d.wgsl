@@ -86,16 +86,24 @@ fn conv_of(d: u32, j: u32, t: u32) -> f32 {
     return s;
 }
 
+// This workgroup's channel group (x: channels 64 x .. 64 x + 63) and its place along the
+// rows (y: the forward's group of four tiles, the backward's row block), from the
+// flattened grid (flat_index's split).
+fn wg_place(wid: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
+    let G = (p.D + 63u) / 64u;
+    let wf = wid.y * nwg.x + wid.x;
+    return vec2<u32>(wf % G, wf / G);
+}
+
 @group(0) @binding(3) var<storage, read_write> f_u: array<f32>;
 
 @compute @workgroup_size(256)
 fn conv1d_forward(@builtin(local_invocation_index) li: u32,
                   @builtin(workgroup_id) wid: vec3<u32>,
                   @builtin(num_workgroups) nwg: vec3<u32>) {
-    let G = (p.D + 63u) / 64u;
-    let wf = wid.y * nwg.x + wid.x;
-    let d = (wf % G) * 64u + li % 64u;
-    let r0 = ((wf / G) * 4u + li / 64u) * T;
+    let pl = wg_place(wid, nwg);
+    let d = pl.x * 64u + li % 64u;
+    let r0 = (pl.y * 4u + li / 64u) * T;
     if (d >= p.D || r0 >= p.M) { return; }
     load_window(d, r0, 0u);
     for (var j = 0u; j < WMAX; j++) {
@@ -120,10 +128,9 @@ var<workgroup> red: array<f32, 256>;
 fn conv1d_backward(@builtin(local_invocation_index) li: u32,
                    @builtin(workgroup_id) wid: vec3<u32>,
                    @builtin(num_workgroups) nwg: vec3<u32>) {
-    let G = (p.D + 63u) / 64u;
-    let wf = wid.y * nwg.x + wid.x;
-    let rb = wf / G;                            // uniform per workgroup: barriers below
-    let d = (wf % G) * 64u + li % 64u;
+    let pl = wg_place(wid, nwg);
+    let rb = pl.y;                              // uniform per workgroup: barriers below
+    let d = pl.x * 64u + li % 64u;
     let on = d < p.D && rb < p.RB;
     let r1 = min(p.M, (rb + 1u) * p.rows_per);
     for (var k = 0u; k <= KMAX; k++) { acc[k] = 0.0; }
