@@ -246,8 +246,9 @@ class BlockLayer:
                            *lf.forward(g, self.Y, self.xn16, wh, M, Dm, 2 * D,
                                        w_off=ho["wInProj"], bias=(w, o["bInProj"]))]
             # u = SiLU(conv(xc)); dt_proj: delta_pre (M, D) = dt_low @ wDtProj^T + bDtProj
-            # (the scan kernels take delta = softplus(delta_pre) where they read it). Kept:
-            # the f16 mode's backward runs them again to restore u and delta_pre
+            # (the scan kernels take delta = softplus(delta_pre) where they read it). dt_proj's
+            # ops are kept: the f16 mode's backward runs them again, and the conv from the
+            # f16 Y, to restore delta_pre and u
             if self.narrow16:
                 x_proj, self._dt_proj_ops = self._narrow_forward_ops()
             else:
@@ -357,8 +358,8 @@ class BlockLayer:
                        *lf.dweight(g, gr, sc.dY16_t, self.xn16_t, M, Dm, 2 * D,
                                    dw_off=o["wInProj"]),
                        *column_sum(g, M, 2 * D, sc.dY, 0, 2 * D, gr, o["bInProj"])]
-            # the f32 activations the cache does not hold, from the f16 Y and y by the
-            # forward's own ops
+            # u and delta_pre, which the cache does not hold: the conv again from the f16 Y,
+            # dt_proj's ops again
             self.cache_ops()
             restore = [conv1d_forward(g, M, L, D, d.K, self.Y16, w, o, self.u, half=True),
                        *self._dt_proj_ops]

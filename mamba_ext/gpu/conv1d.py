@@ -12,7 +12,7 @@ import math
 CONV_TILE = 32
 _WMAX = 48            # const WMAX of kernels/conv1d.wgsl: T + 2 (K - 1) rows in registers
 MAX_DCONV = (_WMAX - 1) // 2 + 1        # the largest K with a tile of one row: 24
-# Tiles per invocation in the backward (each row block has 4 invocations per channel).
+# Tiles per invocation in the backward, at least (see conv1d_backward's row blocks).
 _BACKWARD_TILES = 4
 
 
@@ -42,7 +42,11 @@ def conv1d_backward(g, M, L, D, K, du, w, o, dY, Y, gr, half=False):
     f16 pairs with ``half``), held in registers); wConv, bConv gradients (at ``o`` of the
     gradient arena ``gr``) += their sums: per row block, then the blocks' fixed-order sum."""
     T = _tile(K)
-    rows_per = T * _BACKWARD_TILES * 4 * max(1, math.ceil(M / (T * _BACKWARD_TILES * 4 * 64)))
+    # row blocks of rows_per rows, a multiple of the 4 T rows that a block's four
+    # invocations per channel take at a time: each invocation at least _BACKWARD_TILES
+    # tiles, at most 64 blocks (the partials the final pass sums)
+    step = 4 * T * _BACKWARD_TILES
+    rows_per = step * max(1, math.ceil(M / (step * 64)))
     RB = max(1, math.ceil(M / rows_per))
     prm = _params(M, L, D, K, o, rows_per, RB)
     part = g.scratch("conv1d_weight", RB * (K + 1) * D)      # (RB, K+1, D)
