@@ -20,10 +20,15 @@ speed, and the choice cannot be changed from inside a running process.
 Bitwise results for any thread count: slices split only BLAS's n dimension, at multiples
 of SPLIT_N (the rows of the batch; the output columns of dW). OpenBLAS computes a column
 of C the same way whatever n is, once slices start at multiples of its kernel's n-unroll
-(12 for the Haswell kernels that also serve AMD Zen, 16 for SkylakeX); a split of m
+(12 for the Haswell kernels, which also serve AMD Zen 1-3 and, in OpenBLAS 0.3.30, Zen 5;
+16 for SkylakeX, which serves Intel's AVX-512 CPUs and AMD Zen 4); a split of m
 changes the bits except at its own blocking boundaries, which depend on the shape. The
 exception is a forward of 2 .. 2*SPLIT_N - 1 rows (small-batch generation), where the
-output columns (BLAS's m) are split for speed; one row (gemv) stays bitwise.
+output columns (BLAS's m) are split for speed; one row (gemv) stays bitwise. OpenBLAS's
+AVX-512 kernel sets (SkylakeX and later) also run products of at most 10^6 multiply-adds
+through a separate small-matrix kernel that sums in another order, so every slice of a
+split product holds more than that many (its boundaries at multiples of blas_unit rows or
+columns): a slice never takes another kernel than the whole product would.
 
 BLAS is column-major: a row-major (rows, cols) buffer is the column-major
 (cols, rows) matrix with leading dimension cols. So the row-major product
@@ -72,6 +77,10 @@ cdef enum:
     # output columns: a split of fewer OC leaves threads idle, while for more the strided
     # add costs more than it saves (docs/performance.md)
     DWT_MAX_OC = 4 * SPLIT_N
+
+# multiply-adds (m*n*k) up to which OpenBLAS's AVX-512 kernel sets (SkylakeX, Cooper Lake,
+# Sapphire Rapids) take their small-matrix kernel (its *_small_kernel_permit_skylakex.c)
+cdef long long BLAS_SMALL_GEMM = 1000000
 
 
 # The thread-count controls of SciPy's BLAS, found once among the libraries that
@@ -221,29 +230,44 @@ cdef inline int team_size(idx_t work, idx_t parts, int n_threads) noexcept nogil
     return mx_team(n_threads, work, MIN_WORK_PER_THREAD, parts)
 
 
+cdef inline idx_t blas_unit(idx_t per_slot) noexcept nogil:
+    # rows (or columns) of a slice unit of a product whose rows (columns) cost per_slot
+    # multiply-adds each: a multiple of SPLIT_N holding more than BLAS_SMALL_GEMM of them
+    cdef idx_t need = BLAS_SMALL_GEMM // max(per_slot, <idx_t>1) + 1
+    return (need + SPLIT_N - 1) // SPLIT_N * SPLIT_N
+
+
+cdef inline idx_t cut(idx_t n, idx_t align, idx_t b) noexcept nogil:
+    # slice boundary b of range(n), or n where fewer than align elements would follow it
+    return b if b == 0 or b <= n - align else n
+
+
 cdef inline void part(idx_t n, int nt, int t, idx_t align, idx_t* lo, idx_t* hi) noexcept nogil:
-    # slice t of nt of range(n): [lo, hi), boundaries at multiples of align; the
-    # ceil(n / align) units are dealt out as evenly as they go
+    # slice t of nt of range(n): [lo, hi), boundaries at multiples of align (cut); the
+    # ceil(n / align) units dealt out as evenly as they go, so a non-empty slice has at
+    # least align elements (or all n)
     cdef idx_t units = (n + align - 1) // align
-    lo[0] = min(n, (t * units // nt) * align)
-    hi[0] = min(n, ((t + 1) * units // nt) * align)
+    lo[0] = cut(n, align, min(n, (t * units // nt) * align))
+    hi[0] = cut(n, align, min(n, ((t + 1) * units // nt) * align))
 
 
-cdef inline idx_t dx_start(idx_t M, idx_t wn, int nt, int t) noexcept nogil:
+cdef inline idx_t dx_start(idx_t M, idx_t wn, idx_t row_unit, idx_t col_unit, int nt,
+                           int t) noexcept nogil:
     # first dx row of thread t when the threads also share the dW product's wn split
-    # columns (part(wn, nt, t, SPLIT_N)): a dx row and a dW column cost IC*OC and
+    # columns (part(wn, nt, t, col_unit)): a dx row and a dW column cost IC*OC and
     # M*IC*OC/wn multiply-adds, so thread t starts where the rows and columns before it
-    # hold t/nt of the region's 2*M*IC*OC, at a multiple of SPLIT_N (dx rows are BLAS's
-    # n: any such split is bitwise) and never before an earlier thread's start
+    # hold t/nt of the region's 2*M*IC*OC, at a multiple of row_unit (dx rows are BLAS's
+    # n: any such split is bitwise), never before an earlier thread's start, and at M
+    # where fewer than row_unit rows would follow (no slice below blas_unit's size)
     cdef idx_t s, start = 0, lo, hi, raw
-    if t >= nt:
-        return M
+    if t == 0 or t >= nt:
+        return 0 if t == 0 else M
     for s in range(1, t + 1):
-        part(wn, nt, s, SPLIT_N, &lo, &hi)
+        part(wn, nt, s, col_unit, &lo, &hi)
         raw = (2 * M * s) // nt - (M * lo) // wn
-        raw = (raw + SPLIT_N // 2) // SPLIT_N * SPLIT_N
+        raw = (raw + row_unit // 2) // row_unit * row_unit
         start = min(M, max(start, raw))
-    return start
+    return cut(M, row_unit, start)
 
 
 cdef void forward_rows(floating* out, const floating* x, const floating* weight,
@@ -303,12 +327,23 @@ cdef void forward_cols(floating* out, const floating* x, const floating* weight,
     gemm(c'T', c'N', n, M, IC, one, weight + o0 * IC, IC, x, IC, beta, out + o0, OC)
 
 
+cdef inline void dx_rows(idx_t M, idx_t wn, idx_t row_unit, idx_t col_unit, bint with_dw,
+                         int nt, int t, idx_t* lo, idx_t* hi) noexcept nogil:
+    # thread t's dx rows [lo, hi) in linear_backward: balanced against its dW columns
+    # (wn of them) when dW is formed too, else an even split
+    if with_dw:
+        lo[0] = dx_start(M, wn, row_unit, col_unit, nt, t)
+        hi[0] = dx_start(M, wn, row_unit, col_unit, nt, t + 1)
+    else:
+        part(M, nt, t, row_unit, lo, hi)
+
+
 cdef void forward_slice(floating* out, const floating* x, const floating* weight,
                         const floating* bias, idx_t M, idx_t IC, idx_t OC, bint by_rows,
                         int nt, int t) noexcept nogil:
     # thread t of nt: its rows, or its columns, of out
     cdef idx_t lo, hi
-    part(M if by_rows else OC, nt, t, SPLIT_N if by_rows else SPLIT_M, &lo, &hi)
+    part(M if by_rows else OC, nt, t, blas_unit(IC * OC) if by_rows else SPLIT_M, &lo, &hi)
     if by_rows:
         forward_rows(out, x, weight, bias, lo, hi, IC, OC)
     else:
@@ -323,7 +358,8 @@ cdef void linear_forward(floating* out, const floating* x, const floating* weigh
     # M * max(IC, OC) fits an int)
     cdef int nt, t
     cdef bint by_rows = M >= min(OC, <idx_t>(2 * SPLIT_N)) or M * max(IC, OC) >= <idx_t>INT_MAX
-    nt = team_size(M * max(IC, <idx_t>1) * OC, M if by_rows else OC, n_threads)
+    nt = team_size(M * max(IC, <idx_t>1) * OC, M // blas_unit(IC * OC) if by_rows else OC,
+                   n_threads)
     mx_blas_single_begin()
     for t in prange(nt, schedule='static', num_threads=nt):
         forward_slice(out, x, weight, bias, M, IC, OC, by_rows, nt, t)
@@ -335,15 +371,12 @@ cdef void backward_slice(floating* dx, floating* dweight, floating* dwt, floatin
                          idx_t M, idx_t IC, idx_t OC, int nt, int t) noexcept nogil:
     # thread t of nt: dx rows, dweight rows of OC (dwt NULL) or columns of IC (through
     # dwt), dbias columns (BLAS's n only: the module docstring); see linear_backward
-    cdef idx_t r, o, i, r0, mb, lo, hi, wn, step = row_block(max(IC, OC))
+    cdef idx_t r, o, i, r0, mb, lo, hi, step = row_block(max(IC, OC))
+    cdef idx_t wn = IC if dwt != NULL else OC       # dW's split columns
+    cdef idx_t row_unit = blas_unit(IC * OC), col_unit = blas_unit(M * IC * OC // max(wn, <idx_t>1))
     cdef floating one = 1, beta
     if IC > 0 and dx != NULL:
-        if dweight != NULL:     # this thread's dx rows balance its share of dW's columns
-            wn = IC if dwt != NULL else OC
-            lo = dx_start(M, wn, nt, t)
-            hi = dx_start(M, wn, nt, t + 1)
-        else:
-            part(M, nt, t, SPLIT_N, &lo, &hi)
+        dx_rows(M, wn, row_unit, col_unit, dweight != NULL, nt, t, &lo, &hi)
         r0 = lo
         while r0 < hi:
             mb = min(step, hi - r0)
@@ -352,7 +385,7 @@ cdef void backward_slice(floating* dx, floating* dweight, floating* dwt, floatin
                  one, dx + r0 * IC, IC)
             r0 += mb
     if IC > 0 and dweight != NULL and dwt != NULL:
-        part(IC, nt, t, SPLIT_N, &lo, &hi)
+        part(IC, nt, t, col_unit, &lo, &hi)
         r0 = 0
         beta = 0
         while r0 < M and hi > lo:
@@ -367,7 +400,7 @@ cdef void backward_slice(floating* dx, floating* dweight, floating* dwt, floatin
             for i in range(lo, hi):
                 dweight[o * IC + i] += dwt[i * OC + o]
     elif IC > 0 and dweight != NULL:
-        part(OC, nt, t, SPLIT_N, &lo, &hi)
+        part(OC, nt, t, col_unit, &lo, &hi)
         r0 = 0
         while r0 < M and hi > lo:
             mb = min(step, M - r0)
@@ -401,8 +434,10 @@ cdef int linear_backward(floating* dx, floating* dweight, floating* dbias,
         dwt = <floating*>malloc(IC * OC * sizeof(floating))
         if dwt == NULL:
             return -1
-    nt = team_size(M * max(IC, <idx_t>1) * OC,
-                   (max(M, max(OC, IC)) + SPLIT_N - 1) // SPLIT_N, n_threads)
+    # slices: dx rows and dW's wn split columns (backward_slice), in units of blas_unit
+    cdef idx_t wn = IC if dwt != NULL else OC
+    cdef idx_t parts = max(M // blas_unit(IC * OC), wn // blas_unit(M * IC * OC // max(wn, <idx_t>1)))
+    nt = team_size(M * max(IC, <idx_t>1) * OC, max(parts, <idx_t>1), n_threads)
     mx_blas_single_begin()
     for t in prange(nt, schedule='static', num_threads=nt):
         backward_slice(dx, dweight, dwt, dbias, dout, x, weight, M, IC, OC, nt, t)

@@ -116,6 +116,25 @@ def test_product_into_out():
         linear.product(sq, sq, out=sq)
 
 
+# Shapes around OpenBLAS's small-matrix bound (10^6 multiply-adds; its AVX-512 kernel sets
+# sum such products in another order): whole products just above it, whose slices on 2-8
+# threads would fall below, a TN product of few output columns (its small kernel needs
+# OC * rows <= 1200), and one below the bound (one call on every thread count).
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("M, IC, OC", [(390, 160, 21), (1000, 40, 26), (480, 100, 30),
+                                       (200, 64, 64), (4096, 4, 128)])
+def test_product_bitwise_for_any_thread_count(gemm, kind, dtype, M, IC, OC):
+    gemm(kind)
+    rng = np.random.default_rng(M * OC)
+    x = rng.standard_normal((M, IC)).astype(dtype)
+    w = rng.standard_normal((OC, IC)).astype(dtype)
+    ref = linear.product(x, w, n_threads=1)
+    for nt in range(2, 9):
+        np.testing.assert_array_equal(linear.product(x, w, n_threads=nt), ref,
+                                      err_msg=f"n_threads={nt}")
+
+
 def _block(n_threads, dm=80):
     p = init_mamba1_params(dm, d_state=8, seed=2, dtype=np.float32)
     rng = np.random.default_rng(0)
