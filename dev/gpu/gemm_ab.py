@@ -1,0 +1,78 @@
+"""GEMM A/B on the device (dev/README.md): kernels/linear_f16.wgsl against variants of it
+(dev/gpu/linear_f16_*.wgsl, copied into kernels/ first: run this on the device's copy of the
+tree only) on block d's in_proj and out_proj products, forward, dX and dW, two alternated
+rounds; GPU ms per product (timestamps, median of 7 passes of 5), TFLOP/s, and the max error
+against float64 over a slice of the result.
+
+    MAMBA_EXT_GPU_BACKEND=dawn MAMBA_EXT_GPU_CHECKS=none \\
+        python3 dev/gpu/gemm_ab.py linear_f16,linear_f16_direct
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+SHAPES = [("in_proj", 16384, 768, 3072), ("out_proj", 16384, 1536, 768)]   # (M, I, O)
+REPS = 5            # products per timed pass
+
+
+def main(variants: list[str]) -> int:
+    root = Path(__file__).resolve().parents[2]
+    for f in Path(__file__).parent.glob("linear_f16_*.wgsl"):
+        shutil.copy(f, root / "kernels" / f.name)
+    from mamba_ext.bench.gpu import _time_ops
+    from mamba_ext.gpu import linear_f16 as lf
+    from mamba_ext.gpu.device import gpu
+    g = gpu()
+    print("adapter", g.info.get("device"), g.backend.NAME, g.checks, g.subgroup_size,
+          lf.plan(g), flush=True)
+    current = {"file": "linear_f16"}
+    recorded = g.op
+
+    def op(file, entry, *args, **kw):     # every linear_f16 op from the variant under test
+        return recorded(current["file"] if file == "linear_f16" else file, entry, *args, **kw)
+    g.op = op
+    rng = np.random.default_rng(0)
+    for name, M, I, O in SHAPES:
+        X = rng.standard_normal((M, I)).astype(np.float16)
+        W = rng.standard_normal((O, I)).astype(np.float16)
+        dY = rng.standard_normal((M, O)).astype(np.float16)
+        x, w, dy = (lf.f16_buffer(g, a, n) for a, n in ((X, "x"), (W, "w"), (dY, "dy")))
+        xt, dyt = lf.f16_buffer(g, X.T.copy(), "xt"), lf.f16_buffer(g, dY.T.copy(), "dyt")
+        y, dx, dw = g.buffer(M * O, "y"), g.buffer(M * I, "dx"), g.buffer(O * I, "dw")
+        X64, W64, dY64 = (a.astype(np.float64) for a in (X, W, dY))
+        cases = [("fwd", partial(lf.forward, g, y, x, w, M, I, O), y, (M, O), X64[:2048] @ W64.T),
+                 ("dX", partial(lf.dinput, g, dx, dy, w, M, I, O, accumulate=False), dx, (M, I),
+                  dY64[:2048] @ W64),
+                 ("dW", partial(lf.dweight, g, dw, dyt, xt, M, I, O, accumulate=False), dw, (O, I),
+                  dY64.T @ X64)]
+        flop = 2.0 * M * I * O
+        for _ in range(2):
+            for v in variants:
+                current["file"] = v
+                line = []
+                for kind, make, out, shape, want in cases:
+                    try:
+                        ops = make()
+                        gpu_ms, _ = _time_ops(g, ops * REPS, (), 7, warmup_s=0.5)
+                        g.submit(ops, ())
+                        g.sync()
+                        got = g.read(out, shape[0] * shape[1]).reshape(shape)[:want.shape[0]]
+                        err = np.abs(got - want).max() / np.abs(want).max()
+                        ms = gpu_ms / REPS
+                        line.append(f"{kind} {ms * 1e3:7.1f} us {flop / ms / 1e9:6.1f} TF "
+                                    f"err {err:.1e}")
+                    except Exception as e:     # a variant that does not compile: say why
+                        line.append(f"{kind} FAILED {type(e).__name__}: {str(e)[:300]}")
+                print(f"{name:8s} {v:22s} " + " | ".join(line), flush=True)
+        for b in (x, w, dy, xt, dyt, y, dx, dw):
+            b.destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1].split(",")))
