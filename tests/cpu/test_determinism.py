@@ -115,3 +115,19 @@ def test_model_reused_workspace_stale_contents_and_threads():
     for l2, g2 in results:
         assert l2 == l0
         assert not [k for k in g0 if not np.array_equal(g0[k], g2[k])]
+
+
+# Shapes whose products straddle OpenBLAS's small-matrix bound (10^6 multiply-adds, below
+# which its AVX-512 kernel sets sum in another order) once split over 2-8 threads: x_proj's
+# and dt_proj's products, and in_proj's backward, whose dx rows are balanced against dW's
+# columns (linear.pyx, blas_unit).
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("d_model, B, L", [(64, 2, 256), (48, 5, 200), (96, 1, 600)])
+def test_block_bitwise_on_1_to_8_threads(dtype, d_model, B, L):
+    p = init_mamba1_params(d_model, seed=1, dtype=dtype)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((B, L, d_model)).astype(dtype)
+    dout = rng.standard_normal(x.shape).astype(dtype)
+    ref = _run_block(p, x, dout, 1)
+    for nt in range(2, 9):
+        _assert_same(_run_block(p, x, dout, nt), ref)
