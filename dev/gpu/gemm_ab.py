@@ -1,5 +1,5 @@
 """GEMM A/B on the device (dev/README.md): kernels/linear_f16.wgsl against variants of it
-(dev/gpu/linear_f16_*.wgsl, copied into kernels/ first: run this on the device's copy of the
+(dev/gpu/variants.py, written into kernels/ first: run this on the device's copy of the
 tree only) on block d's in_proj and out_proj products, forward, dX and dW, two alternated
 rounds; GPU ms per product (timestamps, median of 7 passes of 5), TFLOP/s, and the max error
 against float64 over a slice of the result.
@@ -9,7 +9,6 @@ against float64 over a slice of the result.
 """
 from __future__ import annotations
 
-import shutil
 import sys
 from functools import partial
 from pathlib import Path
@@ -21,9 +20,13 @@ REPS = 5            # products per timed pass
 
 
 def main(variants: list[str]) -> int:
-    root = Path(__file__).resolve().parents[2]
-    for f in Path(__file__).parent.glob("linear_f16_*.wgsl"):
-        shutil.copy(f, root / "kernels" / f.name)
+    sys.path.insert(0, str(Path(__file__).parent))
+    from variants import VARIANTS
+    kernels = Path(__file__).resolve().parents[2] / "kernels"
+    src = (kernels / "linear_f16.wgsl").read_text()
+    for name in variants:
+        if name in VARIANTS:
+            (kernels / f"{name}.wgsl").write_text(VARIANTS[name](src))
     from mamba_ext.bench.gpu import _time_ops
     from mamba_ext.gpu import linear_f16 as lf
     from mamba_ext.gpu.device import gpu

@@ -1,0 +1,69 @@
+"""Variants of kernels/linear_f16.wgsl for dev/gpu/gemm_ab.py, each derived from the current
+kernel text (so a variant is its difference, not a second copy): name -> function(src) ->
+WGSL. gemm_ab.py writes kernels/<name>.wgsl from them on the device's copy of the tree.
+
+linear_f16_direct (not yet run): the operands loaded straight from storage into subgroup
+matrices, with no workgroup staging (whose f16 stores cost ~13% of the in_proj product in a
+diagnostic, docs/gpu_h200.txt session 20) and no barriers in the k loop; the fragments of
+the next k-step are loaded before the multiplies of this one; a and b bind as array<f16>.
+"""
+from __future__ import annotations
+
+
+def _cut(src: str, start: str, end: str) -> tuple[str, str]:
+    """(src before `start`, src from `end` on); both must be there."""
+    i, j = src.index(start), src.index(end)
+    return src[:i], src[j:]
+
+
+def _loads(l: str, r: str, k: str) -> str:
+    """WGSL: left fragments `l` and right fragments `r` of k-step `k` from storage."""
+    a_at = f"select(a_off + ({k}) * LDA + mi, a_off + mi * LDA + ({k}), A_KMAJOR)"
+    b_at = f"select(b_off + ({k}) * LDB + nj, b_off + nj * LDB + ({k}), B_KMAJOR)"
+    return (f"        for (var i = 0u; i < FM; i++) {{\n"
+            f"            let mi = bm + sm + i * TM;\n"
+            f"            {l}[i] = subgroupMatrixLoad<subgroup_matrix_left<f16, TK, TM>>(\n"
+            f"                &a, {a_at}, !A_KMAJOR, LDA);\n"
+            f"        }}\n"
+            f"        for (var j = 0u; j < FN; j++) {{\n"
+            f"            let nj = bn + sn + j * TN;\n"
+            f"            {r}[j] = subgroupMatrixLoad<subgroup_matrix_right<f16, TN, TK>>(\n"
+            f"                &b, {b_at}, B_KMAJOR, LDB);\n"
+            f"        }}\n")
+
+
+def _mma(l: str, r: str) -> str:
+    return (f"        for (var i = 0u; i < FM; i++) {{\n"
+            f"            for (var j = 0u; j < FN; j++) {{\n"
+            f"                acc[i][j] = subgroupMatrixMultiplyAccumulate({l}[i], {r}[j], acc[i][j]);\n"
+            f"            }}\n"
+            f"        }}\n")
+
+
+def direct(src: str) -> str:
+    src = src.replace("var<storage, read> a : array<vec4<u32>>;", "var<storage, read> a : array<f16>;")
+    src = src.replace("var<storage, read> b : array<vec4<u32>>;", "var<storage, read> b : array<f16>;")
+    for buf in ("sa", "sb"):
+        src = src.replace(f"var<workgroup> {buf} : array<f16, 2u * STAGE>;\n", "")
+    head, tail = _cut(src, "// the 16-byte word e", "// where element (i, j) of C is")
+    src = head + tail
+    head, tail = _cut(src, "fn put_a(", "@compute @workgroup_size(256)")
+    src = head + tail
+    head, tail = _cut(src, "    // this invocation's two words of each operand per step",
+                      "    for (var i = 0u; i < FM; i++) {\n        for (var j = 0u; j < FN; j++) {\n"
+                      "            if (bn + sn + j * TN < NVALID) {\n                subgroupMatrixStore")
+    frag = ("    var l : array<subgroup_matrix_left<f16, TK, TM>, FM>;\n"
+            "    var r : array<subgroup_matrix_right<f16, TN, TK>, FN>;\n"
+            "    var l2 : array<subgroup_matrix_left<f16, TK, TM>, FM>;\n"
+            "    var r2 : array<subgroup_matrix_right<f16, TN, TK>, FN>;\n")
+    body = ("    // fragments straight from storage, the next k-step's loaded before this one's\n"
+            "    // multiplies (KLEN is a multiple of 32 >= 2 TK; past the end: the last again)\n"
+            + frag + "    {\n" + _loads("l", "r", "0u") + "    }\n"
+            + "    for (var k = 0u; k < KLEN; k += 2u * TK) {\n"
+            + _loads("l2", "r2", "k + TK") + _mma("l", "r")
+            + _loads("l", "r", "min(k + 2u * TK, KLEN - 2u * TK)") + _mma("l2", "r2")
+            + "    }\n\n")
+    return (head + body + tail).replace("    let nk = KLEN / BK;\n", "")
+
+
+VARIANTS = {"linear_f16_direct": direct}
