@@ -125,8 +125,11 @@ def make_inputs(size, dtype, seed=0):
     return x, params, dout
 
 
-def bench_ours(size, dtype, repeat, n_threads):
+def bench_ours(size, dtype, repeat, n_threads, settle_s=None):
+    """Median seconds of fwd+bwd and of the forward of ``size`` (after ``settle_s``, default
+    SETTLE_S, seconds of warm-up calls), with the run's outputs, peak RSS and cache MiB."""
     from ..block import mamba1_backward, mamba1_forward
+    settle = SETTLE_S if settle_s is None else settle_s
     x, params, dout = make_inputs(size, dtype)
     state = {}
 
@@ -135,10 +138,10 @@ def bench_ours(size, dtype, repeat, n_threads):
         dx, grads = mamba1_backward(dout, params, cache)
         state.update(out=out, dx=dx, grads=grads, cache_bytes=cache.nbytes)
 
-    t = _median_time(step, repeat, settle_s=SETTLE_S)
+    t = _median_time(step, repeat, settle_s=settle)
     # forward alone, for the split
     t_fwd = _median_time(lambda: mamba1_forward(x, params, n_threads=n_threads), repeat,
-                         settle_s=SETTLE_S)
+                         settle_s=settle)
     return dict(t=t, t_fwd=t_fwd, rss=peak_rss_mib(), cache_mib=state["cache_bytes"] / 2 ** 20,
                 out=state["out"], dx=state["dx"], grads=state["grads"])
 
@@ -151,7 +154,8 @@ def _one_thread_time(size, dtype, repeat):
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
                BLIS_NUM_THREADS="1")
     code = (f"from mamba_ext.bench.cpu import bench_ours; "
-            f"print(bench_ours({size!r}, {np.dtype(dtype).name!r}, {int(repeat)}, 1)['t'])")
+            f"print(bench_ours({size!r}, {np.dtype(dtype).name!r}, {int(repeat)}, 1, "
+            f"{SETTLE_S!r})['t'])")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=True)
     return float(out.stdout.strip().splitlines()[-1])
@@ -255,9 +259,10 @@ def gemm_layouts(size, repeat):
 MODEL_STEPS = {"2x64": (256, 64, 2, 16, 128), "4x256": (256, 256, 4, 8, 512)}
 
 
-def step_time(name, repeat=5, n_threads=None):
+def step_time(name, repeat=5, n_threads=None, settle_s=None):
     """Median seconds of one training step (model_loss_and_grads + AdamW) of
-    ``MODEL_STEPS[name]`` over ``repeat`` steps after SETTLE_S seconds of them."""
+    ``MODEL_STEPS[name]`` over ``repeat`` steps after ``settle_s`` (default SETTLE_S)
+    seconds of them."""
     from ..model import init_model_params, model_loss_and_grads
     from ..optim import AdamW
     V, Dm, nl, B, L = MODEL_STEPS[name]
@@ -267,7 +272,7 @@ def step_time(name, repeat=5, n_threads=None):
     x, y = tok[:, :-1], tok[:, 1:]
     return _median_time(
         lambda: opt.step(model_loss_and_grads(x, y, params, n_threads=n_threads)[1]), repeat,
-        settle_s=SETTLE_S)
+        settle_s=SETTLE_S if settle_s is None else settle_s)
 
 
 def model_step(name, repeat=5, n_threads=None):
@@ -299,11 +304,13 @@ def _child_times(what, repeat, n_threads, configured):
             + f"SIZES.update({ {n: SIZES[n] for k, n in what if k == 'block'}!r})\n"
             + f"what, rep, nt = {list(what)!r}, {int(repeat)}, {n_threads!r}\n"
             # at least ~1 s of timed calls each (up to 60 calls): the median of a few calls
-            # of a few ms moved the plain/configured ratio by 20% between runs
-            + "def one(k, n, r):\n"
-              "    return bench_ours(n, 'float32', r, nt)['t'] if k == 'block' else "
-              "step_time(n, r, nt)\n"
-              "res = [one(k, n, max(rep, min(60, int(1.0 / max(one(k, n, 1), 1e-4))))) "
+            # of a few ms moved the plain/configured ratio by 20% between runs; the settling
+            # as this process has it, none for the probe call that sizes the run
+            + f"settle = {SETTLE_S!r}\n"
+            + "def one(k, n, r, s):\n"
+              "    return bench_ours(n, 'float32', r, nt, s)['t'] if k == 'block' else "
+              "step_time(n, r, nt, s)\n"
+              "res = [one(k, n, max(rep, min(60, int(1.0 / max(one(k, n, 1, 0.0), 1e-4)))), settle) "
               "for k, n in what]\n"
             + "print(json.dumps(res))\n")
     # the child imports mamba_ext from where this process does (as multiprocessing's spawn)

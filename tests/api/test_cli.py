@@ -67,6 +67,7 @@ def test_block_benchmark_prints_bound_and_thread_scaling(capsys, monkeypatch):
     scaling (one thread measured in a child process with the BLAS limited too)."""
     from mamba_ext.bench import cpu
     monkeypatch.setattr(cpu, "_cores", lambda: 2)
+    monkeypatch.setattr(cpu, "SETTLE_S", 0.0)      # (its child processes get it too)
     assert main(["bench", "--size", "a", "--repeat", "1", "--no-torch", "--threads", "2"]) == 0
     out = capsys.readouterr().out
     assert "ours/bound" in out and "size a: bound =" in out
@@ -125,6 +126,7 @@ def test_model_step_benchmark(capsys, monkeypatch):
     """bench --model-step: a whole training step against its bound; bad names refused."""
     from mamba_ext.bench import cpu
     monkeypatch.setitem(cpu.MODEL_STEPS, "1x16", (31, 16, 1, 2, 24))
+    monkeypatch.setattr(cpu, "SETTLE_S", 0.0)
     assert main(["bench", "--model-step", "1x16", "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     m = re.search(r"model 1 x 16, vocab 31, B 2 x L 24: training step \(forward, backward, AdamW\) "
