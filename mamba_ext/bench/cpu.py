@@ -1,7 +1,8 @@
 """CPU benchmark (``python -m mamba_ext bench``): forward+backward time and memory of one block.
 
 For each size: the median over ``--repeat`` runs of ``mamba1_forward`` +
-``mamba1_backward`` (after warm-up calls for SETTLE_S seconds), tokens/s (B*L / median), the
+``mamba1_backward`` (after warm-up: one call, and SETTLE_S seconds of work in the process),
+tokens/s (B*L / median), the
 process's peak RSS (``ru_maxrss``; measured before torch is imported) and the
 cache bytes. Then, in the same process:
 
@@ -91,21 +92,26 @@ def peak_rss_mib() -> float:
     return kb / 1024 if sys.platform != "darwin" else kb / 2 ** 20
 
 
-# seconds of warm-up calls before a call of ours or of the baseline is timed: a process runs
-# its first second of work slower (the exp rate rose from 2.5 to 5.3 G/s over it, and the
-# 2 x 64 step timed from its second call read 22.5 ms where processes timing it after a
-# second read 19.0, session 21); a training loop runs in the settled state
+# seconds of benchmark work a process does before a call of ours or of the baseline is
+# timed: a process runs its first second of work slower (the exp rate rose from 2.5 to
+# 5.3 G/s over it, and the 2 x 64 step timed from its second call read 22.5 ms where child
+# processes timing a second of calls read 19.0, session 21); a training loop runs settled
 SETTLE_S = 1.0
+_work_start = None      # perf_counter() of this process's first timed benchmark call
 
 
 def _median_time(fn, repeat, give_up=math.inf, stat=statistics.median, settle_s=0.0):
-    """``stat`` (median) of ``repeat`` timed calls after warm-up calls (first-touch, thread
-    pools) for ``settle_s`` seconds, at least one; inf if the first exceeds give_up s."""
+    """``stat`` (median) of ``repeat`` timed calls after one warm-up call (first-touch,
+    thread pools) and, until this process has done ``settle_s`` seconds of benchmark work,
+    more of them; inf if the first exceeds give_up s."""
+    global _work_start
     t0 = time.perf_counter()
+    if _work_start is None:
+        _work_start = t0
     fn()
     if time.perf_counter() - t0 > give_up:
         return math.inf
-    while time.perf_counter() - t0 < settle_s:
+    while time.perf_counter() - _work_start < settle_s:
         fn()
     times = []
     for _ in range(repeat):
@@ -126,8 +132,9 @@ def make_inputs(size, dtype, seed=0):
 
 
 def bench_ours(size, dtype, repeat, n_threads, settle_s=None):
-    """Median seconds of fwd+bwd and of the forward of ``size`` (after ``settle_s``, default
-    SETTLE_S, seconds of warm-up calls), with the run's outputs, peak RSS and cache MiB."""
+    """Median seconds of fwd+bwd and of the forward of ``size`` (timed once the process has
+    done ``settle_s``, default SETTLE_S, seconds of benchmark work), with the run's outputs,
+    peak RSS and cache MiB."""
     from ..block import mamba1_backward, mamba1_forward
     settle = SETTLE_S if settle_s is None else settle_s
     x, params, dout = make_inputs(size, dtype)
@@ -261,8 +268,8 @@ MODEL_STEPS = {"2x64": (256, 64, 2, 16, 128), "4x256": (256, 256, 4, 8, 512)}
 
 def step_time(name, repeat=5, n_threads=None, settle_s=None):
     """Median seconds of one training step (model_loss_and_grads + AdamW) of
-    ``MODEL_STEPS[name]`` over ``repeat`` steps after ``settle_s`` (default SETTLE_S)
-    seconds of them."""
+    ``MODEL_STEPS[name]`` over ``repeat`` steps, timed once the process has done ``settle_s``
+    (default SETTLE_S) seconds of benchmark work."""
     from ..model import init_model_params, model_loss_and_grads
     from ..optim import AdamW
     V, Dm, nl, B, L = MODEL_STEPS[name]
@@ -303,14 +310,13 @@ def _child_times(what, repeat, n_threads, configured):
             + f"MODEL_STEPS.update({ {n: MODEL_STEPS[n] for k, n in what if k == 'step'}!r})\n"
             + f"SIZES.update({ {n: SIZES[n] for k, n in what if k == 'block'}!r})\n"
             + f"what, rep, nt = {list(what)!r}, {int(repeat)}, {n_threads!r}\n"
-            # at least ~1 s of timed calls each (up to 60 calls): the median of a few calls
-            # of a few ms moved the plain/configured ratio by 20% between runs; the settling
-            # as this process has it, none for the probe call that sizes the run
-            + f"settle = {SETTLE_S!r}\n"
-            + "def one(k, n, r, s):\n"
-              "    return bench_ours(n, 'float32', r, nt, s)['t'] if k == 'block' else "
-              "step_time(n, r, nt, s)\n"
-              "res = [one(k, n, max(rep, min(60, int(1.0 / max(one(k, n, 1, 0.0), 1e-4)))), settle) "
+            # at least ~1 s of timed calls each (up to 60 calls), which settles the process
+            # too (no SETTLE_S): the median of a few calls of a few ms moved the
+            # plain/configured ratio by 20% between runs
+            + "def one(k, n, r):\n"
+              "    return bench_ours(n, 'float32', r, nt, 0.0)['t'] if k == 'block' else "
+              "step_time(n, r, nt, 0.0)\n"
+              "res = [one(k, n, max(rep, min(60, int(1.0 / max(one(k, n, 1), 1e-4))))) "
               "for k, n in what]\n"
             + "print(json.dumps(res))\n")
     # the child imports mamba_ext from where this process does (as multiprocessing's spawn)
@@ -444,7 +450,8 @@ def run(size: str = "all", *, repeat: int = 5, dtype: str = "float32", n_threads
         torch_note = "torch skipped (--no-torch)"
 
     print(f"mamba_ext bench: CPU {dtype.name}, forward+backward of one block, median of {repeat} "
-          f"(after {SETTLE_S:g} s of warm-up calls); {_cores()} cores; {torch_note}")
+          f"(after warm-up: one call, and {SETTLE_S:g} s of work in this process); {_cores()} cores; "
+          f"{torch_note}")
     cols = ["size", "Dm", "D", "N", "K", "R", "B", "L", "fwd+bwd ms", "fwd ms", "tokens/s",
             "peak RSS MiB", "cache MiB", "bound ms", "ours/bound", "torch ms", "torch/ours"]
     rows = []

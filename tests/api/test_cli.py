@@ -67,7 +67,7 @@ def test_block_benchmark_prints_bound_and_thread_scaling(capsys, monkeypatch):
     scaling (one thread measured in a child process with the BLAS limited too)."""
     from mamba_ext.bench import cpu
     monkeypatch.setattr(cpu, "_cores", lambda: 2)
-    monkeypatch.setattr(cpu, "SETTLE_S", 0.0)      # (its child processes get it too)
+    monkeypatch.setattr(cpu, "SETTLE_S", 0.0)      # (its one-thread child gets it too)
     assert main(["bench", "--size", "a", "--repeat", "1", "--no-torch", "--threads", "2"]) == 0
     out = capsys.readouterr().out
     assert "ours/bound" in out and "size a: bound =" in out
