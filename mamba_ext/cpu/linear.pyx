@@ -260,8 +260,10 @@ cdef inline idx_t dx_start(idx_t M, idx_t wn, idx_t row_unit, idx_t col_unit, in
     # n: any such split is bitwise), never before an earlier thread's start, and at M
     # where fewer than row_unit rows would follow (no slice below blas_unit's size)
     cdef idx_t s, start = 0, lo, hi, raw
-    if t == 0 or t >= nt:
-        return 0 if t == 0 else M
+    if t == 0:
+        return 0
+    if t >= nt:
+        return M
     for s in range(1, t + 1):
         part(wn, nt, s, col_unit, &lo, &hi)
         raw = (2 * M * s) // nt - (M * lo) // wn
@@ -340,10 +342,10 @@ cdef inline void dx_rows(idx_t M, idx_t wn, idx_t row_unit, idx_t col_unit, bint
 
 cdef void forward_slice(floating* out, const floating* x, const floating* weight,
                         const floating* bias, idx_t M, idx_t IC, idx_t OC, bint by_rows,
-                        int nt, int t) noexcept nogil:
-    # thread t of nt: its rows, or its columns, of out
+                        idx_t unit, int nt, int t) noexcept nogil:
+    # thread t of nt: its rows, or its columns, of out (boundaries at multiples of unit)
     cdef idx_t lo, hi
-    part(M if by_rows else OC, nt, t, blas_unit(IC * OC) if by_rows else SPLIT_M, &lo, &hi)
+    part(M if by_rows else OC, nt, t, unit, &lo, &hi)
     if by_rows:
         forward_rows(out, x, weight, bias, lo, hi, IC, OC)
     else:
@@ -358,22 +360,22 @@ cdef void linear_forward(floating* out, const floating* x, const floating* weigh
     # M * max(IC, OC) fits an int)
     cdef int nt, t
     cdef bint by_rows = M >= min(OC, <idx_t>(2 * SPLIT_N)) or M * max(IC, OC) >= <idx_t>INT_MAX
-    nt = team_size(M * max(IC, <idx_t>1) * OC, M // blas_unit(IC * OC) if by_rows else OC,
-                   n_threads)
+    cdef idx_t unit = blas_unit(IC * OC) if by_rows else SPLIT_M
+    nt = team_size(M * max(IC, <idx_t>1) * OC, M // unit if by_rows else OC, n_threads)
     mx_blas_single_begin()
     for t in prange(nt, schedule='static', num_threads=nt):
-        forward_slice(out, x, weight, bias, M, IC, OC, by_rows, nt, t)
+        forward_slice(out, x, weight, bias, M, IC, OC, by_rows, unit, nt, t)
     mx_blas_single_end()
 
 
 cdef void backward_slice(floating* dx, floating* dweight, floating* dwt, floating* dbias,
                          const floating* dout, const floating* x, const floating* weight,
-                         idx_t M, idx_t IC, idx_t OC, int nt, int t) noexcept nogil:
+                         idx_t M, idx_t IC, idx_t OC, idx_t wn, idx_t row_unit, idx_t col_unit,
+                         int nt, int t) noexcept nogil:
     # thread t of nt: dx rows, dweight rows of OC (dwt NULL) or columns of IC (through
-    # dwt), dbias columns (BLAS's n only: the module docstring); see linear_backward
+    # dwt), dbias columns (BLAS's n only: the module docstring); see linear_backward.
+    # wn: dW's split columns; dx rows and those columns in units of row_unit, col_unit
     cdef idx_t r, o, i, r0, mb, lo, hi, step = row_block(max(IC, OC))
-    cdef idx_t wn = IC if dwt != NULL else OC       # dW's split columns
-    cdef idx_t row_unit = blas_unit(IC * OC), col_unit = blas_unit(M * IC * OC // max(wn, <idx_t>1))
     cdef floating one = 1, beta
     if IC > 0 and dx != NULL:
         dx_rows(M, wn, row_unit, col_unit, dweight != NULL, nt, t, &lo, &hi)
@@ -436,11 +438,14 @@ cdef int linear_backward(floating* dx, floating* dweight, floating* dbias,
             return -1
     # slices: dx rows and dW's wn split columns (backward_slice), in units of blas_unit
     cdef idx_t wn = IC if dwt != NULL else OC
-    cdef idx_t parts = max(M // blas_unit(IC * OC), wn // blas_unit(M * IC * OC // max(wn, <idx_t>1)))
-    nt = team_size(M * max(IC, <idx_t>1) * OC, max(parts, <idx_t>1), n_threads)
+    cdef idx_t row_unit = blas_unit(IC * OC)
+    cdef idx_t col_unit = blas_unit(M * IC * OC // max(wn, <idx_t>1))
+    nt = team_size(M * max(IC, <idx_t>1) * OC, max(M // row_unit, wn // col_unit, <idx_t>1),
+                   n_threads)
     mx_blas_single_begin()
     for t in prange(nt, schedule='static', num_threads=nt):
-        backward_slice(dx, dweight, dwt, dbias, dout, x, weight, M, IC, OC, nt, t)
+        backward_slice(dx, dweight, dwt, dbias, dout, x, weight, M, IC, OC, wn, row_unit,
+                       col_unit, nt, t)
     mx_blas_single_end()
     free(dwt)
     return 0
