@@ -33,7 +33,11 @@
 //                      gradient's product. Through a 64 x 64 tile of workgroup memory (as
 //                      64 x 32 words of f16 pairs), so that reads and both writes are
 //                      coalesced in runs of 128 bytes; rows and cols multiples of 64
-//                      (checked on the host).
+//                      (checked on the host). With SUM, also the column sums of the f32
+//                      block's 64-row tiles, part (rows / 64, cols): a bias gradient read
+//                      in the same pass (reduce.wgsl's column_sum_final adds them up, in
+//                      tile order; each tile's sum: 8 rows per invocation, then the 8
+//                      invocations of a column, in a fixed order).
 //
 // Size letters: n elements (words of amp_pack_f16: rows * dst_cols / 2), cols (even) per
 // row, dst_cols (even, >= cols) per packed row.
@@ -44,7 +48,8 @@
 // | amp_round_weights | 0 p Params uniform; 1 w (n) r; 2 w16 (n) rw               |
 // | amp_round_grads   | 0 p Params uniform; 2 g (n) rw; 5 state (4) rw            |
 // | amp_pack_f16      | 0 p Params uniform; 1 x r; 3 packed (n words) rw          |
-// | amp_pack_f16_pair | 0 p Params uniform; 1 x r; 3 packed rw; 4 packed_t rw     |
+// | amp_pack_f16_pair | 0 p Params uniform; 1 x r; 3 packed rw; 4 packed_t rw;    |
+// |                   | 7 part (rows / 64, cols) rw                               |
 // | amp_update_scale  | 0 sp ScaleParams uniform; 5 state (4) rw; 6 stat (4) r    |
 
 struct Params { n: u32, inv_scale: f32, cols: u32, src_off: u32, src_rs: u32, dst_off: u32,
@@ -62,9 +67,12 @@ override WG: u32 = 256u;
 @group(0) @binding(0) var<uniform> sp: ScaleParams;
 @group(0) @binding(5) var<storage, read_write> state: array<f32>;   // (4,) scale, 1/scale, tracker, -
 @group(0) @binding(6) var<storage, read> stat: array<f32>;          // (4,) AdamW's (kernels/adamw.wgsl)
+@group(0) @binding(7) var<storage, read_write> part: array<f32>;    // (rows / 64, cols) column sums
 
 override ROW: bool = true;                     // amp_pack_f16_pair: also the row-major copy
+override SUM: bool = false;                    // and the column sums of its tiles
 var<workgroup> tile: array<u32, 64u * 33u>;    // (64, 32) words of the block's f16 pairs, rows 33 apart
+var<workgroup> csum: array<f32, 8u * 64u>;     // (8, 64) column sums of 8 rows each (SUM)
 
 fn round_f16(x: f32) -> f32 {
     if ((bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u) { return x; }   // NaN, payload kept
@@ -108,16 +116,31 @@ fn amp_pack_f16_pair(@builtin(local_invocation_index) t: u32,
                      @builtin(workgroup_id) wid: vec3<u32>) {
     let r0 = wid.y * 64u;                      // this workgroup's 64 rows and 64 columns
     let c0 = wid.x * 64u;
+    var s0 = 0.0;                              // (SUM) columns c0 + 2k, 2k + 1 over this
+    var s1 = 0.0;                              // invocation's 8 rows
     for (var q = 0u; q < 8u; q++) {            // word k of row r: columns c0 + 2k, 2k + 1
         let e = t + 256u * q;
-        let r = e / 32u;
-        let k = e % 32u;
+        let r = e / 32u;                       // (t / 32 + 8 q)
+        let k = e % 32u;                       // (t % 32)
         let src = p.src_off + (r0 + r) * p.src_rs + c0 + 2u * k;
-        let v = f16_bits(w[src]) | (f16_bits(w[src + 1u]) << 16u);
+        let x0 = w[src];
+        let x1 = w[src + 1u];
+        s0 += x0;
+        s1 += x1;
+        let v = f16_bits(x0) | (f16_bits(x1) << 16u);
         tile[r * 33u + k] = v;
         if (ROW) { packed[p.dst_off + (r0 + r) * (p.cols / 2u) + c0 / 2u + k] = v; }
     }
+    if (SUM) {
+        csum[(t / 32u) * 64u + 2u * (t % 32u)] = s0;
+        csum[(t / 32u) * 64u + 2u * (t % 32u) + 1u] = s1;
+    }
     workgroupBarrier();
+    if (SUM && t < 64u) {
+        var tot = 0.0;
+        for (var q = 0u; q < 8u; q++) { tot += csum[q * 64u + t]; }
+        part[wid.y * p.cols + c0 + t] = tot;
+    }
     for (var q = 0u; q < 8u; q++) {            // column c, word j: rows 2j, 2j + 1
         let e = t + 256u * q;
         let c = e / 32u;

@@ -28,11 +28,12 @@
 // bias_off. Only the first NVALID columns of C are stored (and loaded, and started from
 // the bias): a narrow product (x_proj's 80 outputs, dt_proj's 48) runs on operands padded
 // to whole tiles with zeros, its last tile partly outside C. Requirements (checked on the
-// host): M, N multiples of 128, K of 32, NVALID <= N a multiple of TN; lda, ldb, a_off,
+// host): M, N multiples of BM, BN, K of BK, NVALID <= N a multiple of TN; lda, ldb, a_off,
 // b_off multiples of 8 (16-byte loads); ldc, c_off multiples of 4.
 //
-// Constants prepended by the host: TM, TN, TK (the subgroup-matrix shape of the
-// adapter's configuration), SG (the subgroup size), WM x WN = 256 / SG subgroups per
+// Constants prepended by the host: the workgroup tile BM x BN, its contraction step BK
+// and its invocations WGS (linear_f16.TILES), TM, TN, TK (the subgroup-matrix shape of the
+// adapter's configuration), SG (the subgroup size), WM x WN = WGS / SG subgroups per
 // workgroup (their grid over the tile), A_KMAJOR, B_KMAJOR, ACCUMULATE, INIT_BIAS,
 // C_COLMAJOR, NVALID, CSLICE, and the product's contraction length KLEN and strides LDA, LDB, LDC: with the
 // contraction and the strides as uniforms instead,
@@ -49,14 +50,14 @@
 // | 3       | c    | C (M, N) f32                                | read_write |
 // | 4       | bias | bias (N,) f32 (e.g. in the parameter arena) | read       |
 //
-// Tile: BM x BN = 128 x 128 outputs per workgroup of 256 invocations; subgroup s owns
-// the (128/WM) x (128/WN) block at (s / WN, s % WN) as FM x FN result matrices. k
-// advances in steps of BK = 32 through workgroup memory, double-buffered: the 16-byte
+// Tile: BM x BN outputs per workgroup of WGS invocations (e.g. 128 x 128 of 256); subgroup
+// s owns the (BM/WM) x (BN/WN) block at (s / WN, s % WN) as FM x FN result matrices. k
+// advances in steps of BK through workgroup memory, double-buffered: the 16-byte
 // global loads of the step after next are issued before this step's multiplies, and the
 // next step's (loaded one step earlier) are stored into the other buffer after them, so
 // one barrier per step separates the two. Each operand is staged in its global layout
-// (rows of BK + 8 k-values, or rows of 128 + 8 m/n values; the 8 extra keep rows 16
-// bytes apart off one bank) and read back with the matching col_major flag, so no
+// (rows of BK + 8 k-values, or rows of BM or BN + 8 m/n values; the 8 extra keep rows
+// 16 bytes apart off one bank) and read back with the matching col_major flag, so no
 // operand is transposed on the way.
 
 struct Params {
@@ -69,38 +70,46 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> c : array<f32>;
 @group(0) @binding(4) var<storage, read> bias : array<f32>;
 
-const BM : u32 = 128u;
-const BN : u32 = 128u;
-const BK : u32 = 32u;
-const PK : u32 = BK + 8u;            // row of a k-major tile (f16)
-const PMN : u32 = BM + 8u;           // row of an m/n-major tile (f16)
-const STAGE : u32 = BM * PK;         // one buffer of one operand (>= BK * PMN)
+const PA : u32 = select(BM, BK, A_KMAJOR) + 8u;   // row of A's staged tile (f16)
+const PB : u32 = select(BN, BK, B_KMAJOR) + 8u;   // and of B's
+const STAGE_A : u32 = select(BK, BM, A_KMAJOR) * PA;   // one buffer of A (f16)
+const STAGE_B : u32 = select(BK, BN, B_KMAJOR) * PB;   // and of B
+const WORDS_A : u32 = BM * BK / 8u;  // 16-byte words of A per step
+const WORDS_B : u32 = BN * BK / 8u;
+const NWA : u32 = (WORDS_A + WGS - 1u) / WGS;     // of them per invocation (at most)
+const NWB : u32 = (WORDS_B + WGS - 1u) / WGS;
 const FM : u32 = BM / WM / TM;       // result matrices per subgroup, along M
 const FN : u32 = BN / WN / TN;       // and along N
 
-var<workgroup> sa : array<f16, 2u * STAGE>;
-var<workgroup> sb : array<f16, 2u * STAGE>;
+var<workgroup> sa : array<f16, 2u * STAGE_A>;
+var<workgroup> sb : array<f16, 2u * STAGE_B>;
 // (TM, BN): the bias of the tile's columns, in each of TM rows (INIT_BIAS; declared whole
 // without it too: Tint checks the size a subgroupMatrixLoad with its stride reads)
 var<workgroup> sbias : array<f32, TM * BN>;
 
-// the 16-byte word e (0 .. 511) of the first 128 x 32 tile (rows r0.., k 0..31): its
-// place in the staging buffer (x) and its global word index (y)
-fn tile_word(kmajor : bool, e : u32, r0 : u32, ld : u32, off : u32) -> vec2<u32> {
-    if (kmajor) {                    // 128 rows (m or n) x 4 words of 8 k
-        let row = e / 4u;
-        let col = (e % 4u) * 8u;
-        return vec2<u32>(row * PK + col, (off + (r0 + row) * ld + col) / 8u);
+// the 16-byte word e (0 .. n * BK / 8 - 1) of an operand's first n x BK tile (rows r0 ..
+// r0 + n - 1, k 0 .. BK - 1; n = BM or BN): its place in the staging buffer (x) and its
+// global word index (y)
+fn tile_word(kmajor : bool, n : u32, e : u32, r0 : u32, ld : u32, off : u32) -> vec2<u32> {
+    if (kmajor) {                    // n rows (m or n) x BK / 8 words of 8 k
+        let row = e / (BK / 8u);
+        let col = (e % (BK / 8u)) * 8u;
+        return vec2<u32>(row * (BK + 8u) + col, (off + (r0 + row) * ld + col) / 8u);
     }
-    let row = e / 16u;               // 32 rows (k) x 16 words of 8 m or n
-    let col = (e % 16u) * 8u;
-    return vec2<u32>(row * PMN + col, (off + row * ld + r0 + col) / 8u);
+    let row = e / (n / 8u);          // BK rows (k) x n / 8 words of 8 m or n
+    let col = (e % (n / 8u)) * 8u;
+    return vec2<u32>(row * (n + 8u) + col, (off + row * ld + r0 + col) / 8u);
 }
 
 // where element (i, j) of C is (C_COLMAJOR: j*LDC + i, else i*LDC + j, from c_off)
 fn c_at(c_off : u32, i : u32, j : u32) -> u32 {
     return c_off + select(i * LDC + j, j * LDC + i, C_COLMAJOR);
 }
+
+// whether invocation t stages a word i of A (of B) per step (the condition is constant true
+// where WGS divides the tile's words)
+fn has_a(t : u32, i : u32) -> bool { return WORDS_A % WGS == 0u || t + i * WGS < WORDS_A; }
+fn has_b(t : u32, i : u32) -> bool { return WORDS_B % WGS == 0u || t + i * WGS < WORDS_B; }
 
 fn put_a(at : u32, w : vec4<u32>) {
     for (var q = 0u; q < 4u; q++) {
@@ -118,7 +127,7 @@ fn put_b(at : u32, w : vec4<u32>) {
     }
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WGS)
 fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
                       @builtin(local_invocation_index) t : u32,
                       @builtin(subgroup_id) sid : u32,
@@ -132,7 +141,7 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
     let c_off = p.c_off + wg.z * CSLICE;
     if (sg_size != SG) {             // the host's subgroup layout does not hold: NaN, loudly
         let nan = bitcast<f32>(0x7fc00000u | (p.c_off & 0u));   // (a constant NaN is not WGSL)
-        for (var e = t; e < BM * BN; e += 256u) {
+        for (var e = t; e < BM * BN; e += WGS) {
             if (bn + e % BN < NVALID) { c[c_at(c_off, bm + e / BN, bn + e % BN)] = nan; }
         }
         return;
@@ -152,7 +161,7 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
             }
         }
     } else if (INIT_BIAS) {
-        for (var e = t; e < TM * BN; e += 256u) {
+        for (var e = t; e < TM * BN; e += WGS) {
             var v = 0.0;
             if (bn + e % BN < NVALID) { v = bias[p.bias_off + bn + e % BN]; }
             sbias[e] = v;
@@ -166,49 +175,47 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
         }
     }
 
-    // this invocation's two words of each operand per step
-    let wa0 = tile_word(A_KMAJOR, t, bm, LDA, a_off);
-    let wa1 = tile_word(A_KMAJOR, t + 256u, bm, LDA, a_off);
-    let wb0 = tile_word(B_KMAJOR, t, bn, LDB, b_off);
-    let wb1 = tile_word(B_KMAJOR, t + 256u, bn, LDB, b_off);
+    // this invocation's words of each operand per step (word t + i WGS; the last of them
+    // past the tile's words where WGS does not divide them: has_a / has_b)
+    var wa : array<vec2<u32>, NWA>;
+    var wb : array<vec2<u32>, NWB>;
+    for (var i = 0u; i < NWA; i++) { wa[i] = tile_word(A_KMAJOR, BM, t + i * WGS, bm, LDA, a_off); }
+    for (var i = 0u; i < NWB; i++) { wb[i] = tile_word(B_KMAJOR, BN, t + i * WGS, bn, LDB, b_off); }
     // global words advance by a fixed step per k step: BK columns, or BK rows
     let da = select(BK * LDA, BK, A_KMAJOR) / 8u;
     let db = select(BK * LDB, BK, B_KMAJOR) / 8u;
-    put_a(wa0.x, a[wa0.y]);
-    put_a(wa1.x, a[wa1.y]);
-    put_b(wb0.x, b[wb0.y]);
-    put_b(wb1.x, b[wb1.y]);
+    for (var i = 0u; i < NWA; i++) { if (has_a(t, i)) { put_a(wa[i].x, a[wa[i].y]); } }
+    for (var i = 0u; i < NWB; i++) { if (has_b(t, i)) { put_b(wb[i].x, b[wb[i].y]); } }
     // step 1's words in registers (step 0 is staged); each step then loads the words of
     // the step after next, so a load has two steps of multiplies to arrive in
     let s1 = min(1u, nk - 1u);
-    var ra0 = a[wa0.y + s1 * da];
-    var ra1 = a[wa1.y + s1 * da];
-    var rb0 = b[wb0.y + s1 * db];
-    var rb1 = b[wb1.y + s1 * db];
+    var ra : array<vec4<u32>, NWA>;
+    var rb : array<vec4<u32>, NWB>;
+    var qa : array<vec4<u32>, NWA>;
+    var qb : array<vec4<u32>, NWB>;
+    for (var i = 0u; i < NWA; i++) { if (has_a(t, i)) { ra[i] = a[wa[i].y + s1 * da]; } }
+    for (var i = 0u; i < NWB; i++) { if (has_b(t, i)) { rb[i] = b[wb[i].y + s1 * db]; } }
     workgroupBarrier();
 
-    let sta = select(PMN, PK, A_KMAJOR);
-    let stb = select(PMN, PK, B_KMAJOR);
     for (var kt = 0u; kt < nk; kt++) {
-        let cur = (kt & 1u) * STAGE;
+        let ca = (kt & 1u) * STAGE_A;
+        let cb = (kt & 1u) * STAGE_B;
         let more = kt + 1u < nk;
         let s2 = min(kt + 2u, nk - 1u);      // (past the last step: its words again, unused)
-        let qa0 = a[wa0.y + s2 * da];
-        let qa1 = a[wa1.y + s2 * da];
-        let qb0 = b[wb0.y + s2 * db];
-        let qb1 = b[wb1.y + s2 * db];
+        for (var i = 0u; i < NWA; i++) { if (has_a(t, i)) { qa[i] = a[wa[i].y + s2 * da]; } }
+        for (var i = 0u; i < NWB; i++) { if (has_b(t, i)) { qb[i] = b[wb[i].y + s2 * db]; } }
         for (var kk = 0u; kk < BK; kk += TK) {
             var l : array<subgroup_matrix_left<f16, TK, TM>, FM>;
             var r : array<subgroup_matrix_right<f16, TN, TK>, FN>;
             for (var i = 0u; i < FM; i++) {
                 let mi = sm + i * TM;
-                let at = cur + select(kk * PMN + mi, mi * PK + kk, A_KMAJOR);
-                l[i] = subgroupMatrixLoad<subgroup_matrix_left<f16, TK, TM>>(&sa, at, !A_KMAJOR, sta);
+                let at = ca + select(kk * PA + mi, mi * PA + kk, A_KMAJOR);
+                l[i] = subgroupMatrixLoad<subgroup_matrix_left<f16, TK, TM>>(&sa, at, !A_KMAJOR, PA);
             }
             for (var j = 0u; j < FN; j++) {
                 let nj = sn + j * TN;
-                let at = cur + select(kk * PMN + nj, nj * PK + kk, B_KMAJOR);
-                r[j] = subgroupMatrixLoad<subgroup_matrix_right<f16, TN, TK>>(&sb, at, B_KMAJOR, stb);
+                let at = cb + select(kk * PB + nj, nj * PB + kk, B_KMAJOR);
+                r[j] = subgroupMatrixLoad<subgroup_matrix_right<f16, TN, TK>>(&sb, at, B_KMAJOR, PB);
             }
             for (var i = 0u; i < FM; i++) {
                 for (var j = 0u; j < FN; j++) {
@@ -217,16 +224,13 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
             }
         }
         if (more) {
-            let nxt = ((kt + 1u) & 1u) * STAGE;
-            put_a(nxt + wa0.x, ra0);
-            put_a(nxt + wa1.x, ra1);
-            put_b(nxt + wb0.x, rb0);
-            put_b(nxt + wb1.x, rb1);
+            let na = ((kt + 1u) & 1u) * STAGE_A;
+            let nb = ((kt + 1u) & 1u) * STAGE_B;
+            for (var i = 0u; i < NWA; i++) { if (has_a(t, i)) { put_a(na + wa[i].x, ra[i]); } }
+            for (var i = 0u; i < NWB; i++) { if (has_b(t, i)) { put_b(nb + wb[i].x, rb[i]); } }
         }
-        ra0 = qa0;
-        ra1 = qa1;
-        rb0 = qb0;
-        rb1 = qb1;
+        ra = qa;
+        rb = qb;
         workgroupBarrier();
     }
 

@@ -5,7 +5,12 @@ rounds; GPU ms per product (timestamps, median of 7 passes of 5), TFLOP/s, and t
 against float64 over a slice of the result.
 
     MAMBA_EXT_GPU_BACKEND=dawn MAMBA_EXT_GPU_CHECKS=none \\
-        python3 dev/gpu/gemm_ab.py linear_f16,linear_f16_direct
+        python3 dev/gpu/gemm_ab.py linear_f16,linear_f16_direct,linear_f16@256x128x16x512
+
+A variant ``file@BMxBNxBKxWGS`` runs with that workgroup tile first in linear_f16.TILES
+(products whose sizes it does not divide take the unit tile), ``file%S`` with
+linear_f16.SPLIT_TARGET = S (the weight gradients' split over K); both may be given. The
+variant files are removed from kernels/ at the end.
 """
 from __future__ import annotations
 
@@ -19,14 +24,32 @@ SHAPES = [("in_proj", 16384, 768, 3072), ("out_proj", 16384, 1536, 768)]   # (M,
 REPS = 5            # products per timed pass
 
 
+def _spec(v: str):
+    """(file, tile or None, split target or None) of a variant name."""
+    v, _, split = v.partition("%")
+    file, _, tile = v.partition("@")
+    return (file, tuple(int(n) for n in tile.split("x")) if tile else None,
+            int(split) if split else None)
+
+
 def main(variants: list[str]) -> int:
     sys.path.insert(0, str(Path(__file__).parent))
     from variants import VARIANTS
     kernels = Path(__file__).resolve().parents[2] / "kernels"
     src = (kernels / "linear_f16.wgsl").read_text()
-    for name in variants:
+    written = []
+    for name in {_spec(v)[0] for v in variants}:
         if name in VARIANTS:
-            (kernels / f"{name}.wgsl").write_text(VARIANTS[name](src))
+            written.append(kernels / f"{name}.wgsl")
+            written[-1].write_text(VARIANTS[name](src))
+    try:
+        return _run(variants)
+    finally:
+        for f in written:
+            f.unlink()
+
+
+def _run(variants: list[str]) -> int:
     from mamba_ext.bench.gpu import _time_ops
     from mamba_ext.gpu import linear_f16 as lf
     from mamba_ext.gpu.device import gpu
@@ -34,6 +57,7 @@ def main(variants: list[str]) -> int:
     print("adapter", g.info.get("device"), g.backend.NAME, g.checks, g.subgroup_size,
           lf.plan(g), flush=True)
     current = {"file": "linear_f16"}
+    unit, split0 = lf.TILES, lf.SPLIT_TARGET
     recorded = g.op
 
     def op(file, entry, *args, **kw):     # every linear_f16 op from the variant under test
@@ -56,7 +80,9 @@ def main(variants: list[str]) -> int:
         flop = 2.0 * M * I * O
         for _ in range(2):
             for v in variants:
-                current["file"] = v
+                current["file"], tile, split = _spec(v)
+                lf.TILES = ((tile,) if tile else ()) + unit
+                lf.SPLIT_TARGET = split or split0
                 line = []
                 for kind, make, out, shape, want in cases:
                     try:

@@ -43,13 +43,13 @@ def _mma(l: str, r: str) -> str:
 def direct(src: str) -> str:
     src = src.replace("var<storage, read> a : array<vec4<u32>>;", "var<storage, read> a : array<f16>;")
     src = src.replace("var<storage, read> b : array<vec4<u32>>;", "var<storage, read> b : array<f16>;")
-    for buf in ("sa", "sb"):
-        src = src.replace(f"var<workgroup> {buf} : array<f16, 2u * STAGE>;\n", "")
+    for buf, n in (("sa", "STAGE_A"), ("sb", "STAGE_B")):
+        src = src.replace(f"var<workgroup> {buf} : array<f16, 2u * {n}>;\n", "")
     head, tail = _cut(src, "// the 16-byte word e", "// where element (i, j) of C is")
     src = head + tail
-    head, tail = _cut(src, "fn put_a(", "@compute @workgroup_size(256)")
+    head, tail = _cut(src, "// whether invocation t stages", "@compute @workgroup_size(WGS)")
     src = head + tail
-    head, tail = _cut(src, "    // this invocation's two words of each operand per step",
+    head, tail = _cut(src, "    // this invocation's words of each operand per step",
                       "    for (var i = 0u; i < FM; i++) {\n        for (var j = 0u; j < FN; j++) {\n"
                       "            if (bn + sn + j * TN < NVALID) {\n                subgroupMatrixStore")
     frag = ("    var l : array<subgroup_matrix_left<f16, TK, TM>, FM>;\n"

@@ -510,9 +510,13 @@ def run_f16_gemm(repeat: int = 10) -> int:
         print("no f16 subgroup matrices on this device: run with MAMBA_EXT_GPU_BACKEND=dawn on a "
               "GPU that has them")
         return 1
-    cfg, wm, wn = lf.plan(g)
-    print(f"kernel: 128 x 128 tile, BK {lf.BK}, subgroup matrices {cfg['m']}x{cfg['n']}x{cfg['k']}, "
-          f"{wm} x {wn} subgroups", flush=True)
+    for tile in lf.TILES:
+        laid = lf.plan(g, tile)
+        if laid:
+            cfg, wm, wn = laid
+            print(f"kernel tile {tile[0]} x {tile[1]}, BK {tile[2]}, {tile[3]} invocations: "
+                  f"subgroup matrices {cfg['m']}x{cfg['n']}x{cfg['k']}, {wm} x {wn} subgroups",
+                  flush=True)
     rng = np.random.default_rng(0)
     errs = check_f16_products(g, lf, rng)
     print("check, max |got - float64| / max |float64|: "

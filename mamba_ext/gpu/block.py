@@ -28,7 +28,7 @@ from . import scan as _scan
 from .activations import gate_backward, gate_forward
 from .conv1d import conv1d_backward, conv1d_forward
 from . import linear_f16 as lf
-from .device import arena_layout, column_sum, gpu
+from .device import arena_layout, gpu
 from .linear import bias_fill, linear_backward, linear_forward
 from .rmsnorm import rmsnorm_backward, rmsnorm_forward
 
@@ -316,12 +316,11 @@ class BlockLayer:
         Rp = lf.padded(R)
         dxproj16 = g.scratch("amp_dxproj_f16", M * lf.padded(P) // 2)   # (M, padded(P)) f16
         return [
-            lf.pack_pair(g, sc.dY16, sc.dY16_t, sc.ddelta_pre, M, D),
+            *lf.pack_pair_bias(g, sc.dY16, sc.dY16_t, sc.ddelta_pre, M, D, gr, o["bDtProj"]),
             lf.product(g, sc.dxproj, sc.dY16, wh, M, Rp, D, a_kmajor=True, b_kmajor=False,
                        lda=D, ldb=Rp, ldc=P, b_off=ho["wDtProj"], n_valid=R),
             *lf.weight_product(g, gr, o["wDtProj"], D, Rp, M, sc.dY16_t, self._xlow16,
                                b_kmajor=False, ldb=Rp, n_valid=R),
-            *column_sum(g, M, D, sc.ddelta_pre, 0, D, gr, o["bDtProj"]),
             *lf.narrow_backward(g, sc.du, sc.dxproj, self.u, wh, gr, M, D, P,
                                 w_off=ho["wXProj"], dw_off=o["wXProj"], db_off=o["bXProj"],
                                 dy16=dxproj16, x16_t=sc.dY16, accumulate_dx=True),
@@ -344,20 +343,21 @@ class BlockLayer:
             in_proj = linear_backward(g, M, Dm, 2 * D, sc.dY, 0, 2 * D, self.xn, 0, Dm, w,
                                       o["wInProj"], o["bInProj"], gr, dx=sc.dxn, dx_rs=Dm,
                                       part=sc.du)
-        else:       # the same with f16 operands, the bias gradients from the f32 dY
+        else:       # the same with f16 operands, the bias gradients from the f32 dY (read
+            # once, by the pack)
             wh, ho = self.f16
-            out_proj = [lf.pack_pair(g, sc.dout16, sc.dout16_t, dout, M, Dm),
+            out_proj = [*lf.pack_pair_bias(g, sc.dout16, sc.dout16_t, dout, M, Dm, gr,
+                                           o["bOutProj"]),
                         *lf.dinput(g, sc.dgated, sc.dout16, wh, M, D, Dm, accumulate=False,
                                    w_off=ho["wOutProj"]),
                         *lf.dweight(g, gr, sc.dout16_t, self.gated16_t, M, D, Dm,
-                                    dw_off=o["wOutProj"]),
-                        *column_sum(g, M, Dm, dout, 0, Dm, gr, o["bOutProj"])]
-            in_proj = [lf.pack_pair(g, sc.dY16, sc.dY16_t, sc.dY, M, 2 * D),
+                                    dw_off=o["wOutProj"])]
+            in_proj = [*lf.pack_pair_bias(g, sc.dY16, sc.dY16_t, sc.dY, M, 2 * D, gr,
+                                          o["bInProj"]),
                        *lf.dinput(g, sc.dxn, sc.dY16, wh, M, Dm, 2 * D, accumulate=False,
                                   w_off=ho["wInProj"]),
                        *lf.dweight(g, gr, sc.dY16_t, self.xn16_t, M, Dm, 2 * D,
-                                   dw_off=o["wInProj"]),
-                       *column_sum(g, M, 2 * D, sc.dY, 0, 2 * D, gr, o["bInProj"])]
+                                   dw_off=o["wInProj"])]
             # u and delta_pre, which the cache does not hold: the conv again from the f16 Y,
             # dt_proj's ops again
             self.cache_ops()

@@ -39,7 +39,8 @@ NO_ADAPTER_HELP = (
 # real GPUs offer: 128 MiB bindings, 8 storage buffers per stage).
 _WANTED_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
                   "max-storage-buffers-per-shader-stage", "max-compute-workgroup-storage-size",
-                  "max-compute-invocations-per-workgroup", "max-compute-workgroups-per-dimension")
+                  "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x",
+                  "max-compute-workgroups-per-dimension")
 
 # Dispatches of the first command buffer of a submit, and the most of any (Gpu.submit).
 SUBMIT_FIRST = 16
@@ -237,6 +238,9 @@ class Gpu:
         self.max_groups = int(lim["max-compute-workgroups-per-dimension"])
         # bytes of workgroup memory a kernel may use (the scan sizes its blocks by it)
         self.wg_memory = int(lim.get("max-compute-workgroup-storage-size", 16384))
+        # invocations a one-dimensional workgroup may have (linear_f16's tiles)
+        self.max_invocations = min(int(lim.get("max-compute-invocations-per-workgroup", 256)),
+                                   int(lim.get("max-compute-workgroup-size-x", 256)))
         self.timestamps = "timestamp-query" in features
         # f16 x f16 -> f32 subgroup-matrix shapes {"m", "n", "k", "subgroup"} this device
         # runs (kernels/linear_f16.wgsl; empty where the backend or the adapter has none)

@@ -24,9 +24,13 @@ from __future__ import annotations
 
 import numpy as np
 
-TILE = (128, 128)        # rows x columns of C per workgroup
-BK = 32                  # contraction step of the tile loop
-WORKGROUP = 256          # invocations per workgroup
+TILE = (128, 128)        # rows x columns of C per workgroup: the unit products are padded to
+BK = 32                  # the contraction's unit (a multiple of every tile's step)
+WORKGROUP = 256          # invocations per workgroup of the unit tile
+# the kernel's workgroup tiles (rows BM, columns BN, contraction step BK, invocations), the
+# preferred first: a product takes the first that divides its sizes and fits the device;
+# the last is the unit tile, which every product that runs here fits
+TILES = ((128, 128, 32, 256),)
 REFERENCE = False        # True: the portable reference kernel instead of subgroup matrices
 SPLIT_TARGET = 512       # workgroups a weight gradient's product is split into K slices to
                          # reach (its few tiles alone leave most of a large GPU idle)
@@ -42,32 +46,55 @@ def available(g) -> bool:
     return REFERENCE or plan(g) is not None
 
 
-def plan(g):
-    """(shape {"m","n","k"}, WM, WN) for ``g``, or None: the subgroups of a workgroup
-    in a WM x WN grid (as square as it goes, WM >= WN), the largest shape whose
-    tiles divide a subgroup's block."""
+def plan(g, tile=(*TILE, BK, WORKGROUP)):
+    """(shape {"m","n","k"}, WM, WN) of workgroup tile ``tile`` (BM, BN, BK, invocations,
+    :data:`TILES`) on ``g``, or None: the subgroups of a workgroup in a WM x WN grid (as
+    square as it goes, WM >= WN), the largest shape whose tiles divide a subgroup's block.
+    None also where the device does not allow the tile's invocations or workgroup memory."""
+    bm, bn, bk, wgs = tile
     sg = getattr(g, "subgroup_size", 0)
-    if not sg or WORKGROUP % sg or not getattr(g, "f16_matrices", None):
+    if not sg or wgs % sg or not getattr(g, "f16_matrices", None):
         return None
-    n_sub = WORKGROUP // sg
+    if wgs > getattr(g, "max_invocations", WORKGROUP) or _staged_bytes(tile) > getattr(
+            g, "wg_memory", _staged_bytes((*TILE, BK, WORKGROUP))):
+        return None
+    n_sub = wgs // sg
     wn = 1
     while 4 * wn * wn <= n_sub:
         wn *= 2
     wm = n_sub // wn
     fits = [c for c in g.f16_matrices
-            if (TILE[0] // wm) % c["m"] == 0 and (TILE[1] // wn) % c["n"] == 0 and BK % c["k"] == 0]
+            if (bm // wm) % c["m"] == 0 and (bn // wn) % c["n"] == 0 and bk % c["k"] == 0]
     if not fits:
         return None
     return max(fits, key=lambda c: (c["m"] * c["n"] * c["k"], c["k"])), wm, wn
 
 
+def _staged_bytes(tile) -> int:
+    """Workgroup memory of the kernel with ``tile``: two staging buffers of each operand
+    (rows padded by 8 f16, the larger of its two layouts) and the bias rows (16 x BN f32)."""
+    bm, bn, bk, _ = tile
+    stage = lambda n: max(n * (bk + 8), bk * (n + 8)) * 2     # noqa: E731
+    return 2 * (stage(bm) + stage(bn)) + 16 * bn * 4
+
+
+def tile_for(g, M: int, N: int, K: int):
+    """The first of :data:`TILES` whose BM, BN and BK divide M, N and K and that
+    :func:`plan` lays out on ``g``."""
+    for tile in TILES:
+        if M % tile[0] == 0 and N % tile[1] == 0 and K % tile[2] == 0 and plan(g, tile):
+            return tile
+    return (*TILE, BK, WORKGROUP)
+
+
 def prelude(g, a_kmajor: bool, b_kmajor: bool, accumulate: bool, K: int, lda: int, ldb: int,
             ldc: int, cslice: int = 0, init_bias: bool = False, n_valid: int = 0,
-            c_colmajor: bool = False) -> str:
+            c_colmajor: bool = False, tile=(*TILE, BK, WORKGROUP)) -> str:
     """The WGSL put before kernels/linear_f16.wgsl: its ``enable`` directives and its
     constants (the subgroup layout, the operand layouts, and the product's contraction
     length and strides, which as uniforms made the kernel 4x slower; ``K`` and ``cslice``
-    per K slice of a split product; ``n_valid`` the columns of C stored). The stores of a
+    per K slice of a split product; ``n_valid`` the columns of C stored; ``tile`` the
+    workgroup tile, :data:`TILES`). The stores of a
     narrow product's last tile depend on the subgroup (its columns), which WGSL's
     uniformity analysis, at workgroup scope, cannot prove subgroup-uniform: the directive
     turns that diagnostic off (every subgroup matrix call stays subgroup-uniform). With
@@ -75,9 +102,12 @@ def prelude(g, a_kmajor: bool, b_kmajor: bool, accumulate: bool, K: int, lda: in
     b = lambda v: "true" if v else "false"
     head = ""
     if not REFERENCE:
-        cfg, wm, wn = plan(g)
+        cfg, wm, wn = plan(g, tile)
+        bm, bn, bk, wgs = tile
         head = ("enable f16;\nenable chromium_experimental_subgroup_matrix;\n"
                 "diagnostic(off, chromium_experimental.subgroup_matrix_uniformity);\n"
+                f"const BM : u32 = {bm}u;\nconst BN : u32 = {bn}u;\nconst BK : u32 = {bk}u;\n"
+                f"const WGS : u32 = {wgs}u;\n"
                 f"const TM : u32 = {cfg['m']}u;\nconst TN : u32 = {cfg['n']}u;\n"
                 f"const TK : u32 = {cfg['k']}u;\nconst SG : u32 = {g.subgroup_size}u;\n"
                 f"const WM : u32 = {wm}u;\nconst WN : u32 = {wn}u;\n")
@@ -143,16 +173,18 @@ def product(g, c, a, b, M: int, N: int, K: int, *, a_kmajor: bool, b_kmajor: boo
         raise ValueError("mamba_ext.gpu.linear_f16: a bias start value goes with neither "
                          "accumulate nor splits")
     nv = N if n_valid is None else n_valid
+    tile = (*TILE, BK, WORKGROUP)
     if REFERENCE:
         file, grid = "linear_f16_ref", (N // 16, M // 16, splits)
     else:
-        file, grid = "linear_f16", (N // TILE[1], M // TILE[0], splits)
+        tile = tile_for(g, M, N, K // splits)
+        file, grid = "linear_f16", (N // tile[1], M // tile[0], splits)
     bias_buf, bias_off = bias if bias is not None else (g.dummy(0), 0)
     cslice = (nv * ldc if c_colmajor else M * ldc) if splits > 1 else 0
     return g.op(file, "linear_f16_product", g.check_grid(grid, "linear_f16_product"),
                 [a_off, b_off, c_off, bias_off], [a, b, c, bias_buf],
                 prelude=prelude(g, a_kmajor, b_kmajor, accumulate, K // splits, lda, ldb, ldc,
-                                cslice, bias is not None, nv, c_colmajor))
+                                cslice, bias is not None, nv, c_colmajor, tile))
 
 
 def forward(g, y, x, w, M: int, I: int, O: int, accumulate: bool = False, w_off: int = 0,
@@ -271,11 +303,12 @@ def pack(g, dst, src, rows: int, cols: int, src_off: int = 0, src_rs: int | None
 
 
 def pack_pair(g, dst, dst_t, src, rows: int, cols: int, src_off: int = 0,
-              src_rs: int | None = None):
+              src_rs: int | None = None, part=None):
     """Op: the (rows, cols) f32 block of ``src`` (as :func:`pack`) rounded to f16 into
     ``dst`` row-major (skipped when ``dst`` is None) and into ``dst_t`` transposed,
     (cols, rows): the k-major operands of a weight gradient (:func:`dweight`), read once.
-    ``rows`` and ``cols`` multiples of 64."""
+    ``part``: also the column sums of each 64-row tile into it, (rows / 64, cols) f32
+    (:func:`pack_pair_bias`). ``rows`` and ``cols`` multiples of 64."""
     from .amp import amp_params
     if rows % 64 or cols % 64:
         raise ValueError(f"linear_f16.pack_pair: rows {rows} and cols {cols} must be "
@@ -283,8 +316,23 @@ def pack_pair(g, dst, dst_t, src, rows: int, cols: int, src_off: int = 0,
     return g.op("amp", "amp_pack_f16_pair", g.check_grid((cols // 64, rows // 64, 1), "pack_pair"),
                 amp_params(rows * cols // 2, cols=cols, src_off=src_off,
                            src_rs=cols if src_rs is None else src_rs, rows=rows),
-                [src, None, g.dummy(0) if dst is None else dst, dst_t],
-                {"ROW": dst is not None})
+                [src, None, g.dummy(0) if dst is None else dst, dst_t, None, None,
+                 g.dummy(1) if part is None else part],
+                {"ROW": dst is not None, "SUM": part is not None})
+
+
+def pack_pair_bias(g, dst, dst_t, src, rows: int, cols: int, grad, db_off: int):
+    """Ops: :func:`pack_pair` of a layer's f32 output gradient dY (rows, cols), and its
+    bias gradient grad[db_off:db_off + cols] += the column sums of dY, from the same read
+    (the sums of its 64-row tiles, added in tile order: kernels/reduce.wgsl's
+    column_sum_final)."""
+    RB = rows // 64
+    part = g.scratch("column_sum", RB * cols)
+    params = [rows, cols, 0, cols, 0, 0, db_off, 0, 64, RB]     # reduce.wgsl's Params
+    return [pack_pair(g, dst, dst_t, src, rows, cols, part=part),
+            g.op("reduce", "column_sum_final", g.check_grid((-(-cols // 256), 1, 1),
+                                                            "column_sum_final"),
+                 params, [src, src, part, grad])]
 
 
 def padded(n: int) -> int:

@@ -224,6 +224,33 @@ def test_pack_pair_is_both_layouts(row):
             lf.pack_pair(g, dst, dst_t, src, *bad)
 
 
+def test_pack_pair_bias_adds_the_column_sums():
+    """pack_pair_bias: the same two f16 copies as pack_pair, and the column sums of the f32
+    block added to a bias gradient at an offset of the arena (the rest untouched), to f32
+    rounding of float64's, the same bits on a second run (a fixed order)."""
+    rng = np.random.default_rng(3)
+    rows, cols = 192, 128                   # 3 x 2 tiles
+    x = (rng.standard_normal((rows, cols)) * np.exp(rng.uniform(-4, 4, (rows, cols)))).astype(np.float32)
+    src = upload(g, "src", x)
+    dst, dst_t = g.buffer(rows * cols // 2, "dst"), g.buffer(rows * cols // 2, "dst_t")
+    start = rng.standard_normal(cols + 10).astype(np.float32)
+    sums = []
+    for _ in range(2):
+        grad = upload(g, "grad", start)
+        run(g, lf.pack_pair_bias(g, dst, dst_t, src, rows, cols, grad, 7))
+        sums.append(read(g, grad, (cols + 10,)))
+    assert np.array_equal(sums[0].view(np.uint32), sums[1].view(np.uint32))
+    got = sums[0]
+    assert np.array_equal(got[:7], start[:7]) and np.array_equal(got[7 + cols:], start[7 + cols:])
+    want = start[7:7 + cols].astype(np.float64) + x.astype(np.float64).sum(axis=0)
+    scale = np.abs(start[7:7 + cols].astype(np.float64)) + np.abs(x.astype(np.float64)).sum(axis=0)
+    assert np.all(np.abs(got[7:7 + cols] - want) <= 2e-6 * scale)
+    h = read(g, dst_t, (rows * cols // 2,), np.uint32).view(np.float16).reshape(cols, rows)
+    assert np.array_equal(h, _f16(x).T)
+    h = read(g, dst, (rows * cols // 2,), np.uint32).view(np.float16).reshape(rows, cols)
+    assert np.array_equal(h, _f16(x))
+
+
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_reference_products_against_float64(reference, accumulate):
     """forward, dinput and dweight of a linear layer (f16 operands at offsets, f32 result)

@@ -23,6 +23,27 @@ from mamba_ext.gpu import linear_f16 as lf
 NVIDIA = [{"m": 16, "n": 16, "k": 16}, {"m": 16, "n": 8, "k": 16}, {"m": 16, "n": 8, "k": 8}]
 
 
+def test_tall_tile_only_where_the_device_allows_it(monkeypatch):
+    """A tile of 512 invocations is laid out 4 x 4 (64 x 32 per subgroup) where the device
+    allows 512 invocations and its workgroup memory; a product takes it where its sizes
+    divide, else the unit tile."""
+    tall = (256, 128, 16, 512)
+    big = SimpleNamespace(subgroup_size=32, f16_matrices=NVIDIA, max_invocations=1024,
+                          wg_memory=49152)
+    assert lf.plan(big, tall) == ({"m": 16, "n": 16, "k": 16}, 4, 4)
+    assert lf.plan(SimpleNamespace(**{**vars(big), "max_invocations": 256}), tall) is None
+    assert lf.plan(SimpleNamespace(**{**vars(big), "wg_memory": 32768}), tall) is None
+    assert lf._staged_bytes((*lf.TILE, lf.BK, lf.WORKGROUP)) <= 49152
+    monkeypatch.setattr(lf, "TILES", (tall, (*lf.TILE, lf.BK, lf.WORKGROUP)))
+    assert lf.tile_for(big, 16384, 3072, 768) == tall
+    assert lf.tile_for(big, 128 * 3, 3072, 768) == (128, 128, 32, 256)     # M not a multiple of 256
+    assert lf.tile_for(SimpleNamespace(**{**vars(big), "max_invocations": 256}), 16384, 3072,
+                       768) == (128, 128, 32, 256)
+    text = lf.prelude(big, True, True, False, 768, 768, 768, 3072, tile=tall)
+    assert "const BM : u32 = 256u;\nconst BN : u32 = 128u;\nconst BK : u32 = 16u;\n" in text
+    assert "const WGS : u32 = 512u;" in text and "const WN : u32 = 4u;" in text
+
+
 def test_plan_follows_the_adapter():
     """The subgroup-matrix shape is the adapter's largest that tiles a subgroup's block;
     the subgroups of a workgroup form a grid as square as it goes."""
@@ -37,6 +58,7 @@ def test_plan_follows_the_adapter():
     assert lf.plan(SimpleNamespace(subgroup_size=32, f16_matrices=[{"m": 48, "n": 16, "k": 16}])) is None
     text = lf.prelude(SimpleNamespace(subgroup_size=32, f16_matrices=NVIDIA), True, False, True,
                       768, 768, 3072, 3072)
+    assert "const BM : u32 = 128u;\nconst BN : u32 = 128u;\nconst BK : u32 = 32u;\n" in text
     assert text.startswith("enable f16;\nenable chromium_experimental_subgroup_matrix;\n")
     for line in ("const TM : u32 = 16u;", "const WM : u32 = 4u;", "const A_KMAJOR : bool = true;",
                  "const B_KMAJOR : bool = false;", "const ACCUMULATE : bool = true;",
