@@ -9,8 +9,9 @@ against float64 over a slice of the result.
 
 A variant ``file@BMxBNxBKxWGS`` runs with that workgroup tile first in linear_f16.TILES
 (products whose sizes it does not divide take the unit tile), ``file%S`` with
-linear_f16.SPLIT_TARGET = S (the weight gradients' split over K); both may be given. The
-variant files are removed from kernels/ at the end.
+linear_f16.SPLIT_TARGET = S (the weight gradients' split over K), ``file^`` with the
+subgroups' grid of linear_f16.plan transposed (WN x WM: the other shape of a subgroup's
+block); they combine (``file@...%S^``). The variant files are removed from kernels/ at the end.
 """
 from __future__ import annotations
 
@@ -25,11 +26,12 @@ REPS = 5            # products per timed pass
 
 
 def _spec(v: str):
-    """(file, tile or None, split target or None) of a variant name."""
-    v, _, split = v.partition("%")
+    """(file, tile or None, split target or None, grid transposed) of a variant name."""
+    swap = v.endswith("^")
+    v, _, split = v.removesuffix("^").partition("%")
     file, _, tile = v.partition("@")
     return (file, tuple(int(n) for n in tile.split("x")) if tile else None,
-            int(split) if split else None)
+            int(split) if split else None, swap)
 
 
 def main(variants: list[str]) -> int:
@@ -57,8 +59,16 @@ def _run(variants: list[str]) -> int:
     print("adapter", g.info.get("device"), g.backend.NAME, g.checks, g.subgroup_size,
           lf.plan(g), flush=True)
     current = {"file": "linear_f16"}
-    unit, split0 = lf.TILES, lf.SPLIT_TARGET
+    unit, split0, plan0 = lf.TILES, lf.SPLIT_TARGET, lf.plan
     recorded = g.op
+
+    def swapped(g, tile=(*lf.TILE, lf.BK, lf.WORKGROUP)):    # the grid WN x WM, where it fits
+        p = plan0(g, tile)
+        if p is None:
+            return None
+        cfg, wm, wn = p
+        ok = (tile[0] // wn) % cfg["m"] == 0 and (tile[1] // wm) % cfg["n"] == 0
+        return (cfg, wn, wm) if ok else p
 
     def op(file, entry, *args, **kw):     # every linear_f16 op from the variant under test
         return recorded(current["file"] if file == "linear_f16" else file, entry, *args, **kw)
@@ -80,7 +90,8 @@ def _run(variants: list[str]) -> int:
         flop = 2.0 * M * I * O
         for _ in range(2):
             for v in variants:
-                current["file"], tile, split = _spec(v)
+                current["file"], tile, split, swap = _spec(v)
+                lf.plan = swapped if swap else plan0
                 lf.TILES = ((tile,) if tile else ()) + unit
                 lf.SPLIT_TARGET = split or split0
                 line = []

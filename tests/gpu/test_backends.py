@@ -35,6 +35,28 @@ def test_selection_and_refusal(monkeypatch):
     assert backends.load("wgpu").POLLED_MAPS and not backends.load("dawn").POLLED_MAPS
 
 
+def test_dawn_toggles(monkeypatch):
+    """Dawn's instance is set up with the toggles that expose f16 subgroup matrices, Tint's
+    index clamps off only for MAMBA_EXT_GPU_CHECKS=none, and timestamps not quantized (the
+    profiles' resolution); each a toggle this wgpudawn knows, at the stage it is given."""
+    from wgpudawn.backends.dawn import extras      # a test dependency (not the device)
+    dawn = backends.load("dawn")
+    known = extras.all_toggles()
+    calls = []
+    monkeypatch.setattr(extras, "set_instance_extras", lambda **kw: calls.append(kw))
+    for checks, robust in (("none", False), ("bounds", True)):
+        calls.clear()
+        monkeypatch.setattr(dawn, "_prepared", [])
+        dawn.prepare(checks)
+        dawn.prepare(checks)                        # once per process
+        assert len(calls) == 1
+        on, off = calls[0]["enable_toggles"], calls[0]["disable_toggles"]
+        assert {"allow_unsafe_apis", "vulkan_enable_f16_on_nvidia"} <= set(on)
+        assert ("disable_robustness" in on) is not robust
+        assert off == ["timestamp_quantization"]
+        assert all(t in known for t in on + off)
+
+
 def test_wait_for_slices_only_where_the_backend_polls_maps():
     """Gpu.wait_for: in slices (idle between them) only where a thread of the backend's own
     resolves a map's promise (wgpu-native); on Dawn, whose promises carry the same event but

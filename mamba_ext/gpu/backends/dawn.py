@@ -39,14 +39,18 @@ def module():
 
 def prepare(checks: str) -> None:
     """Dawn's instance toggles, set once before its instance is created (by the first
-    adapter request): the two that expose f16 subgroup matrices (module docstring), and
-    ``disable_robustness`` for MAMBA_EXT_GPU_CHECKS=none."""
+    adapter request): the two that expose f16 subgroup matrices (module docstring),
+    ``disable_robustness`` for MAMBA_EXT_GPU_CHECKS=none, and ``timestamp_quantization``
+    off: Dawn rounds timestamps down to 2^16 ns by default (a browser's guard against
+    timing attacks, none in a process of one's own), too coarse for the benches' per-kernel
+    profiles (every dispatch read as 0, 65.5, 131 ... us)."""
     if _prepared:
         return
     _prepared.append(checks)
     from wgpudawn.backends.dawn.extras import set_instance_extras
     toggles = ["allow_unsafe_apis", "vulkan_enable_f16_on_nvidia"]
-    set_instance_extras(enable_toggles=toggles + (["disable_robustness"] if checks == "none" else []))
+    set_instance_extras(enable_toggles=toggles + (["disable_robustness"] if checks == "none" else []),
+                        disable_toggles=["timestamp_quantization"])
 
 
 def subgroup_matrix_configs(adapter):
