@@ -46,13 +46,13 @@ def test_tall_tile_only_where_the_device_allows_it(monkeypatch):
 
 def test_plan_follows_the_adapter():
     """The subgroup-matrix shape is the adapter's largest that tiles a subgroup's block;
-    the subgroups of a workgroup form a grid as square as it goes."""
+    the subgroups of a workgroup form a grid as square as it goes, WN >= WM."""
     plan = lf.plan(SimpleNamespace(subgroup_size=32, f16_matrices=NVIDIA))
-    assert plan == ({"m": 16, "n": 16, "k": 16}, 4, 2)
+    assert plan == ({"m": 16, "n": 16, "k": 16}, 2, 4)
     plan = lf.plan(SimpleNamespace(subgroup_size=64, f16_matrices=NVIDIA))  # AMD wave64
     assert plan[1:] == (2, 2)
     plan = lf.plan(SimpleNamespace(subgroup_size=32, f16_matrices=[{"m": 8, "n": 8, "k": 8}]))
-    assert plan == ({"m": 8, "n": 8, "k": 8}, 4, 2)                          # Apple
+    assert plan == ({"m": 8, "n": 8, "k": 8}, 2, 4)                          # Apple
     assert lf.plan(SimpleNamespace(subgroup_size=32, f16_matrices=[])) is None
     assert lf.plan(SimpleNamespace(subgroup_size=0, f16_matrices=NVIDIA)) is None
     assert lf.plan(SimpleNamespace(subgroup_size=32, f16_matrices=[{"m": 48, "n": 16, "k": 16}])) is None
@@ -60,7 +60,7 @@ def test_plan_follows_the_adapter():
                       768, 768, 3072, 3072)
     assert "const BM : u32 = 128u;\nconst BN : u32 = 128u;\nconst BK : u32 = 32u;\n" in text
     assert text.startswith("enable f16;\nenable chromium_experimental_subgroup_matrix;\n")
-    for line in ("const TM : u32 = 16u;", "const WM : u32 = 4u;", "const A_KMAJOR : bool = true;",
+    for line in ("const TM : u32 = 16u;", "const WM : u32 = 2u;", "const A_KMAJOR : bool = true;",
                  "const B_KMAJOR : bool = false;", "const ACCUMULATE : bool = true;",
                  "const KLEN : u32 = 768u;", "const LDC : u32 = 3072u;"):
         assert line in text
