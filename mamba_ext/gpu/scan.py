@@ -68,7 +68,8 @@ class ScanShape:
         while self.cpw > 1 and not fits(1, self.wg * _RS):
             self.cpw //= 2
             self.wg = self.cpw * self.SG
-        self.ts_f = max(1, SCAN_TS_FORWARD)
+        # (at most TSMAX: scan_backward_chunk stages as many steps' inputs in private arrays)
+        self.ts_f = max(1, min(SCAN_TS_FORWARD, _TSMAX))
         while self.ts_f > 1 and not fits(self.ts_f, self.ts_f * self.wg):
             self.ts_f //= 2
         self.ts_b = max(1, min(SCAN_TS_BACKWARD, _TSMAX))

@@ -242,6 +242,24 @@ def test_scan_layout(N, SG, NV):
     assert big.ts_b >= s.ts_b and big.rb >= s.rb and big.chunk >= s.chunk
 
 
+def test_staged_blocks_held_to_the_kernels_arrays(monkeypatch):
+    """SCAN_TS_FORWARD above the kernels' TSMAX (8) is held to it: scan_backward_chunk stages
+    blocks of that many steps' inputs in private arrays of TSMAX, and read past them with
+    16 (dev/gpu/scan_sweep.py on an H200: results 15% off). The same bits as with 8."""
+    B, L, D, N, R = 2, 100, 64, 16, 4
+    c = make_case(B, L, D, N, R, seed=11)
+    monkeypatch.setattr(S, "SCAN_TS_FORWARD", 8)
+    want = gpu_scan(c, B, L, D, N, R, 64, "zoh")
+    monkeypatch.setattr(S, "SCAN_TS_FORWARD", 16)
+    monkeypatch.setattr(S, "SCAN_TS_BACKWARD", 16)
+    s = S.ScanShape(B, L, D, N, R, 64, True)
+    assert s.ts_f == 8 and s.ts_b <= 8
+    monkeypatch.setattr(S, "SCAN_TS_BACKWARD", 4 if S.SCAN_WG == 64 else 2)   # the mode's chunk
+    got = gpu_scan(c, B, L, D, N, R, 64, "zoh")
+    for k, v in want.items():
+        assert np.array_equal(np.asarray(got[k]).view(np.uint32), np.asarray(v).view(np.uint32)), k
+
+
 def test_scan_refuses_huge_state():
     with pytest.raises(ValueError, match="dState"):
         S.ScanShape(1, 4, 2, 4096, 1, 8, True)
