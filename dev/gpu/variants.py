@@ -6,6 +6,7 @@ linear_f16_direct (not yet run): the operands loaded straight from storage into 
 matrices, with no workgroup staging (whose f16 stores cost ~13% of the in_proj product in a
 diagnostic, docs/gpu_h200.txt session 20) and no barriers in the k loop; the fragments of
 the next k-step are loaded before the multiplies of this one; a and b bind as array<f16>.
+linear_f16_rot: each staged word's 2-byte stores in a rotated order (no bank conflicts).
 """
 from __future__ import annotations
 
@@ -66,4 +67,27 @@ def direct(src: str) -> str:
     return (head + body + tail).replace("    let nk = KLEN / BK;\n", "")
 
 
-VARIANTS = {"linear_f16_direct": direct}
+def rotated(src: str) -> str:
+    """The staging stores of each 16-byte word in a rotated order: invocation's word at
+    staged half x writes its four f16 pairs starting from pair (x / 64) % 4. In one store
+    instruction the 32 lanes' words (16-byte aligned: 8 banks of 4 bytes) put 4 lanes on
+    each bank; lanes whose words sit 128 bytes apart (the same banks) get different pairs,
+    so each store instruction meets no bank conflict instead of 4-way ones."""
+    for op, buf in (("a", "sa"), ("b", "sb")):
+        old = (f"fn put_{op}(at : u32, w : vec4<u32>) {{\n"
+               f"    for (var q = 0u; q < 4u; q++) {{\n"
+               f"        let h = bitcast<vec2<f16>>(w[q]);\n"
+               f"        {buf}[at + 2u * q] = h.x;\n"
+               f"        {buf}[at + 2u * q + 1u] = h.y;\n")
+        assert src.count(old) == 1, old
+        src = src.replace(old, (f"fn put_{op}(at : u32, w : vec4<u32>) {{\n"
+                                f"    let rot = (at / 64u) % 4u;\n"
+                                f"    for (var i = 0u; i < 4u; i++) {{\n"
+                                f"        let q = (i + rot) % 4u;\n"
+                                f"        let h = bitcast<vec2<f16>>(w[q]);\n"
+                                f"        {buf}[at + 2u * q] = h.x;\n"
+                                f"        {buf}[at + 2u * q + 1u] = h.y;\n"))
+    return src
+
+
+VARIANTS = {"linear_f16_direct": direct, "linear_f16_rot": rotated}
