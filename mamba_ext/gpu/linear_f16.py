@@ -28,9 +28,11 @@ TILE = (128, 128)        # rows x columns of C per workgroup: the unit products 
 BK = 32                  # the contraction's unit (a multiple of every tile's step)
 WORKGROUP = 256          # invocations per workgroup of the unit tile
 # the kernel's workgroup tiles (rows BM, columns BN, contraction step BK, invocations), the
-# preferred first: a product takes the first that divides its sizes and fits the device;
-# the last is the unit tile, which every product that runs here fits
-TILES = ((128, 128, 32, 256),)
+# preferred first: a product takes the first that divides its sizes and fits the device.
+# Each divides every product of whole unit tiles. k steps of 16 halve the staged bytes (32 KB
+# in all: Apple GPUs allow 32 KB of workgroup memory, the 32-step tile needs 48); on an H200
+# they ran at 109-118 TFLOP/s against 145-195 (docs/gpu_h200.txt, session 22)
+TILES = ((128, 128, 32, 256), (128, 128, 16, 256))
 REFERENCE = False        # True: the portable reference kernel instead of subgroup matrices
 SPLIT_TARGET = 512       # workgroups a weight gradient's product is split into K slices to
                          # reach (its few tiles alone leave most of a large GPU idle)
@@ -41,9 +43,10 @@ N_STEP = 16              # a narrow product stores whole result matrices: its co
 
 def available(g) -> bool:
     """Whether the products run on ``g``: kernels/linear_f16.wgsl where the device has an
-    f16 -> f32 subgroup-matrix shape that tiles the kernel's subgroup blocks and a subgroup
-    size that divides 256; anywhere with ``REFERENCE``."""
-    return REFERENCE or plan(g) is not None
+    f16 -> f32 subgroup-matrix shape that tiles the kernel's subgroup blocks, a subgroup
+    size that divides 256 and the workgroup memory of one of :data:`TILES`; anywhere with
+    ``REFERENCE``."""
+    return REFERENCE or any(plan(g, t) is not None for t in TILES)
 
 
 def plan(g, tile=(*TILE, BK, WORKGROUP)):
@@ -82,11 +85,13 @@ def _staged_bytes(tile) -> int:
 
 def tile_for(g, M: int, N: int, K: int):
     """The first of :data:`TILES` whose BM, BN and BK divide M, N and K and that
-    :func:`plan` lays out on ``g``."""
+    :func:`plan` lays out on ``g`` (one does wherever :func:`available` and
+    :func:`unsupported` allow the product)."""
     for tile in TILES:
         if M % tile[0] == 0 and N % tile[1] == 0 and K % tile[2] == 0 and plan(g, tile):
             return tile
-    return (*TILE, BK, WORKGROUP)
+    raise ValueError(f"mamba_ext.gpu.linear_f16: no workgroup tile of {TILES} fits M {M}, "
+                     f"N {N}, K {K} on this device")
 
 
 def prelude(g, a_kmajor: bool, b_kmajor: bool, accumulate: bool, K: int, lda: int, ldb: int,

@@ -44,6 +44,23 @@ def test_tall_tile_only_where_the_device_allows_it(monkeypatch):
     assert "const WGS : u32 = 512u;" in text and "const WN : u32 = 4u;" in text
 
 
+def test_tiles_follow_the_workgroup_memory():
+    """With 48 KB of workgroup memory the products take k steps of 32; with 32 KB (Apple's
+    GPUs) steps of 16, whose staging fits; with 16 KB no tile does: not available (the fp32
+    products are the fallback), and a product asked for anyway is refused by name."""
+    apple = [{"m": 8, "n": 8, "k": 8}]
+    dev = lambda mem, mats=NVIDIA: SimpleNamespace(subgroup_size=32, f16_matrices=mats,   # noqa: E731
+                                                   max_invocations=1024, wg_memory=mem)
+    assert lf.available(dev(49152)) and lf.tile_for(dev(49152), 16384, 3072, 768) == (128, 128, 32, 256)
+    assert lf.available(dev(32768, apple))
+    assert lf.tile_for(dev(32768, apple), 16384, 3072, 768) == (128, 128, 16, 256)
+    assert lf.plan(dev(32768, apple), (128, 128, 16, 256)) == (apple[0], 2, 4)
+    assert lf._staged_bytes((128, 128, 16, 256)) <= 32768 < lf._staged_bytes((128, 128, 32, 256))
+    assert not lf.available(dev(16384))
+    with pytest.raises(ValueError, match="no workgroup tile"):
+        lf.tile_for(dev(16384), 16384, 3072, 768)
+
+
 def test_plan_follows_the_adapter():
     """The subgroup-matrix shape is the adapter's largest that tiles a subgroup's block;
     the subgroups of a workgroup form a grid as square as it goes, WN >= WM."""
