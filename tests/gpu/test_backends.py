@@ -55,6 +55,13 @@ def test_dawn_toggles(monkeypatch):
         assert ("disable_robustness" in on) is not robust
         assert off == ["timestamp_quantization"]
         assert all(t in known for t in on + off)
+    # a Dawn without the quantization toggle: the others still, nothing unknown asked for
+    monkeypatch.setattr(extras, "all_toggles", lambda: {k: v for k, v in known.items()
+                                                        if k != "timestamp_quantization"})
+    calls.clear()
+    monkeypatch.setattr(dawn, "_prepared", [])
+    dawn.prepare("none")
+    assert calls[0]["disable_toggles"] == [] and "disable_robustness" in calls[0]["enable_toggles"]
 
 
 def test_wait_for_slices_only_where_the_backend_polls_maps():

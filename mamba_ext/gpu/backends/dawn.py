@@ -43,14 +43,14 @@ def prepare(checks: str) -> None:
     ``disable_robustness`` for MAMBA_EXT_GPU_CHECKS=none, and ``timestamp_quantization``
     off: Dawn rounds timestamps down to 2^16 ns by default (a browser's guard against
     timing attacks, none in a process of one's own), too coarse for the benches' per-kernel
-    profiles (every dispatch read as 0, 65.5, 131 ... us)."""
+    profiles (every dispatch read as 0, 65.5, 131 ... us), where this Dawn has that toggle."""
     if _prepared:
         return
     _prepared.append(checks)
-    from wgpudawn.backends.dawn.extras import set_instance_extras
+    from wgpudawn.backends.dawn.extras import all_toggles, set_instance_extras
     toggles = ["allow_unsafe_apis", "vulkan_enable_f16_on_nvidia"]
     set_instance_extras(enable_toggles=toggles + (["disable_robustness"] if checks == "none" else []),
-                        disable_toggles=["timestamp_quantization"])
+                        disable_toggles=[t for t in ("timestamp_quantization",) if t in all_toggles()])
 
 
 def subgroup_matrix_configs(adapter):
