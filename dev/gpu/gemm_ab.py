@@ -62,7 +62,7 @@ def _run(variants: list[str]) -> int:
     unit, split0, plan0 = lf.TILES, lf.SPLIT_TARGET, lf.plan
     recorded = g.op
 
-    def swapped(g, tile=(*lf.TILE, lf.BK, lf.WORKGROUP)):    # the grid WN x WM, where it fits
+    def swapped(g, tile=lf.UNIT_TILE):    # the grid WN x WM, where it fits
         p = plan0(g, tile)
         if p is None:
             return None

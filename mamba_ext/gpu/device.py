@@ -585,15 +585,31 @@ COLUMN_SUM_BLOCKS = 64     # row blocks at most
 def column_sum(g, M, C, a, a_off, a_rs, out, o_off, b=None, b_off=0, b_rs=0):
     """Ops for out[o_off + j] += sum_r a[a_off + r*a_rs + j] (* b[b_off + r*b_rs + j]),
     r < M, j < C (kernels/reduce.wgsl): the gain and D_vec gradients. Two passes
-    (row blocks, then their fixed-order sum) through a scratch buffer of the device."""
+    (row blocks, then their fixed-order sum, :func:`column_sum_final`) through a scratch
+    buffer of the device (:func:`column_sum_part`)."""
     RB = max(1, min(COLUMN_SUM_BLOCKS, math.ceil(M / COLUMN_SUM_ROWS)))
     rows_per = math.ceil(max(M, 1) / RB)
     params = [M, C, a_off, a_rs, b_off, b_rs, o_off, 0 if b is None else 1, rows_per, RB]
-    bufs = [a, a if b is None else b, g.scratch("column_sum", RB * C), out]
+    part = column_sum_part(g, RB, C)
     return [g.op("reduce", "column_sum", g.check_grid((math.ceil(C / 32), RB, 1), "column_sum"),
-                 params, bufs),
-            g.op("reduce", "column_sum_final", g.check_grid((math.ceil(C / 256), 1, 1),
-                                                            "column_sum_final"), params, bufs)]
+                 params, [a, a if b is None else b, part, out]),
+            column_sum_final(g, C, RB, part, out, o_off, a)]
+
+
+def column_sum_part(g, RB, C):
+    """The device's scratch buffer of column partial sums, (RB, C) f32: column_sum's row
+    blocks, or the tiles of linear_f16.pack_pair_bias."""
+    return g.scratch("column_sum", RB * C)
+
+
+def column_sum_final(g, C, RB, part, out, o_off, read):
+    """Op: out[o_off + j] += sum over rb = 0 .. RB-1, in that order, of part[rb, j], j < C
+    (kernels/reduce.wgsl's second pass). ``read``: any buffer, for the entry's read-only
+    bindings it does not use."""
+    params = [0, C, 0, 0, 0, 0, o_off, 0, 0, RB]      # reduce.wgsl's Params: C, o_off, RB
+    return g.op("reduce", "column_sum_final", g.check_grid((math.ceil(C / 256), 1, 1),
+                                                           "column_sum_final"),
+                params, [read, read, part, out])
 
 
 def arena_layout(names_shapes):

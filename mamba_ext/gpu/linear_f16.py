@@ -33,6 +33,7 @@ WORKGROUP = 256          # invocations per workgroup of the unit tile
 # in all: Apple GPUs allow 32 KB of workgroup memory, the 32-step tile needs 48); on an H200
 # they ran at 109-118 TFLOP/s against 145-195 (docs/gpu_h200.txt, session 22)
 TILES = ((128, 128, 32, 256), (128, 128, 16, 256))
+UNIT_TILE = (*TILE, BK, WORKGROUP)    # the unit tile as an entry of TILES (its first)
 REFERENCE = False        # True: the portable reference kernel instead of subgroup matrices
 SPLIT_TARGET = 512       # workgroups a weight gradient's product is split into K slices to
                          # reach (its few tiles alone leave most of a large GPU idle)
@@ -49,7 +50,7 @@ def available(g) -> bool:
     return REFERENCE or any(plan(g, t) is not None for t in TILES)
 
 
-def plan(g, tile=(*TILE, BK, WORKGROUP)):
+def plan(g, tile=UNIT_TILE):
     """(shape {"m","n","k"}, WM, WN) of workgroup tile ``tile`` (BM, BN, BK, invocations,
     :data:`TILES`) on ``g``, or None: the subgroups of a workgroup in a WM x WN grid (as
     square as it goes, WN >= WM: of 8 subgroups' blocks of 128 x 128, 64 x 32 ran 1% faster
@@ -61,7 +62,7 @@ def plan(g, tile=(*TILE, BK, WORKGROUP)):
     if not sg or wgs % sg or not getattr(g, "f16_matrices", None):
         return None
     if wgs > getattr(g, "max_invocations", WORKGROUP) or _staged_bytes(tile) > getattr(
-            g, "wg_memory", _staged_bytes((*TILE, BK, WORKGROUP))):
+            g, "wg_memory", _staged_bytes(UNIT_TILE)):
         return None
     n_sub = wgs // sg
     wm = 1
@@ -96,7 +97,7 @@ def tile_for(g, M: int, N: int, K: int):
 
 def prelude(g, a_kmajor: bool, b_kmajor: bool, accumulate: bool, K: int, lda: int, ldb: int,
             ldc: int, cslice: int = 0, init_bias: bool = False, n_valid: int = 0,
-            c_colmajor: bool = False, tile=(*TILE, BK, WORKGROUP)) -> str:
+            c_colmajor: bool = False, tile=UNIT_TILE) -> str:
     """The WGSL put before kernels/linear_f16.wgsl: its ``enable`` directives and its
     constants (the subgroup layout, the operand layouts, and the product's contraction
     length and strides, which as uniforms made the kernel 4x slower; ``K`` and ``cslice``
@@ -180,9 +181,8 @@ def product(g, c, a, b, M: int, N: int, K: int, *, a_kmajor: bool, b_kmajor: boo
         raise ValueError("mamba_ext.gpu.linear_f16: a bias start value goes with neither "
                          "accumulate nor splits")
     nv = N if n_valid is None else n_valid
-    tile = (*TILE, BK, WORKGROUP)
-    if REFERENCE:
-        file, grid = "linear_f16_ref", (N // 16, M // 16, splits)
+    if REFERENCE:     # (its prelude takes no tile)
+        tile, file, grid = UNIT_TILE, "linear_f16_ref", (N // 16, M // 16, splits)
     else:
         tile = tile_for(g, M, N, K // splits)
         file, grid = "linear_f16", (N // tile[1], M // tile[0], splits)
@@ -331,15 +331,11 @@ def pack_pair(g, dst, dst_t, src, rows: int, cols: int, src_off: int = 0,
 def pack_pair_bias(g, dst, dst_t, src, rows: int, cols: int, grad, db_off: int):
     """Ops: :func:`pack_pair` of a layer's f32 output gradient dY (rows, cols), and its
     bias gradient grad[db_off:db_off + cols] += the column sums of dY, from the same read
-    (the sums of its 64-row tiles, added in tile order: kernels/reduce.wgsl's
-    column_sum_final)."""
-    RB = rows // 64
-    part = g.scratch("column_sum", RB * cols)
-    params = [rows, cols, 0, cols, 0, 0, db_off, 0, 64, RB]     # reduce.wgsl's Params
+    (the sums of its 64-row tiles, added in tile order: device.column_sum_final)."""
+    from .device import column_sum_final, column_sum_part
+    part = column_sum_part(g, rows // 64, cols)
     return [pack_pair(g, dst, dst_t, src, rows, cols, part=part),
-            g.op("reduce", "column_sum_final", g.check_grid((-(-cols // 256), 1, 1),
-                                                            "column_sum_final"),
-                 params, [src, src, part, grad])]
+            column_sum_final(g, cols, rows // 64, part, grad, db_off, src)]
 
 
 def padded(n: int) -> int:

@@ -33,8 +33,8 @@ def test_tall_tile_only_where_the_device_allows_it(monkeypatch):
     assert lf.plan(big, tall) == ({"m": 16, "n": 16, "k": 16}, 4, 4)
     assert lf.plan(SimpleNamespace(**{**vars(big), "max_invocations": 256}), tall) is None
     assert lf.plan(SimpleNamespace(**{**vars(big), "wg_memory": 32768}), tall) is None
-    assert lf._staged_bytes((*lf.TILE, lf.BK, lf.WORKGROUP)) <= 49152
-    monkeypatch.setattr(lf, "TILES", (tall, (*lf.TILE, lf.BK, lf.WORKGROUP)))
+    assert lf._staged_bytes(lf.UNIT_TILE) <= 49152
+    monkeypatch.setattr(lf, "TILES", (tall, lf.UNIT_TILE))
     assert lf.tile_for(big, 16384, 3072, 768) == tall
     assert lf.tile_for(big, 128 * 3, 3072, 768) == (128, 128, 32, 256)     # M not a multiple of 256
     assert lf.tile_for(SimpleNamespace(**{**vars(big), "max_invocations": 256}), 16384, 3072,
