@@ -13,8 +13,23 @@
 // | 1       | y         | (M, D)  | read (scan output incl. the D_vec skip) |
 // | 2       | Y         | (M, 2D) | read (in_proj output [xc | z]; row stride y_rs) |
 // | 3       | gated     | (M, D)  | read_write                           |
+// gate_forward_f16 (the f16 mode's forward: the gate and the f16 copies the products and
+// the backward read, from one read of y and Y): per 64 x 64 tile of (rows, channels),
+// gated as gate_forward (the same bits), rounded to f16 (common.wgsl's f16_bits) into
+// gated16 row-major and gated16_t transposed (out_proj's operand and its weight
+// gradient's, amp.wgsl's amp_pack_f16_pair layout: through a (64, 32)-word tile of
+// workgroup memory, so both writes are coalesced), and y and Y rounded to f16 (the
+// backward's cache). M and D multiples of 64 (checked on the host); f16 pairs: two per
+// word, element e in half e % 2.
+// | 1       | y         | (M, D)  | read                                 |
+// | 2       | Y         | (M, 2D) | read (row stride y_rs = 2D)          |
+// | 3       | y16       | (M, D)  | read_write: f16 of y                 |
+// | 4       | Y16       | (M, 2D) | read_write: f16 of Y                 |
+// | 5       | gated16   | (M, D)  | read_write: f16 of gated             |
+// | 6       | gated16_t | (D, M)  | read_write: its transpose            |
 // gate_backward bindings (y and Y f32 or, with HALF, f16 pairs: two per word, element e
-// in half e % 2; the f16 mode's cache, read where it is used):
+// in half e % 2; the f16 mode's cache, read where it is used; then one invocation per
+// word, D even):
 // | 1       | dgated    | (M, D)  | read                                 |
 // | 2       | y         | (M, D)  | read (f32 or f16)                    |
 // | 3       | Y         | (M, 2D) | read (f32 or f16)                    |
@@ -52,11 +67,53 @@ override HALF: bool = false;
 fn gate_backward(@builtin(local_invocation_index) li: u32,
                  @builtin(workgroup_id) wid: vec3<u32>,
                  @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(wid, nwg, li, WG);
+    // one element, or with HALF the two of one word of y and of Y (D even)
+    let i = flat_index(wid, nwg, li, WG) * select(1u, 2u, HALF);
     if (i >= p.n) { return; }
     let zi = (i / p.D) * p.y_rs + p.D + i % p.D;
-    let z = act_value(gb_Y[act_word(zi, HALF)], zi, HALF);
-    let g = gb_dgated[i];
-    gb_dy[i] = g * silu(z);
-    gb_dY[zi] = g * act_value(gb_y[act_word(i, HALF)], i, HALF) * dsilu(z);
+    for (var h = 0u; h < select(1u, 2u, HALF); h++) {
+        let z = act_value(gb_Y[act_word(zi + h, HALF)], zi + h, HALF);
+        let g = gb_dgated[i + h];
+        gb_dy[i + h] = g * silu(z);
+        gb_dY[zi + h] = g * act_value(gb_y[act_word(i + h, HALF)], i + h, HALF) * dsilu(z);
+    }
+}
+
+@group(0) @binding(3) var<storage, read_write> gh_y16: array<u32>;
+@group(0) @binding(4) var<storage, read_write> gh_Y16: array<u32>;
+@group(0) @binding(5) var<storage, read_write> gh_gated16: array<u32>;
+@group(0) @binding(6) var<storage, read_write> gh_gated16_t: array<u32>;
+var<workgroup> gh_tile: array<u32, 64u * 33u>;   // (64, 32) words of gated16, rows 33 apart
+
+@compute @workgroup_size(256)
+fn gate_forward_f16(@builtin(local_invocation_index) t: u32,
+                    @builtin(workgroup_id) wid: vec3<u32>) {
+    let M = p.n / p.D;
+    let r0 = wid.y * 64u;                      // this workgroup's 64 rows and 64 channels
+    let c0 = wid.x * 64u;
+    for (var q = 0u; q < 8u; q++) {            // word k of row r: channels c0 + 2k, 2k + 1
+        let r = t / 32u + 8u * q;
+        let k = t % 32u;
+        let i = (r0 + r) * p.D + c0 + 2u * k;  // element of y, gated
+        let e = (r0 + r) * p.y_rs + c0 + 2u * k;   // of Y's xc half; p.D on: z
+        let y0 = gf_y[i];
+        let y1 = gf_y[i + 1u];
+        let z0 = gf_Y[e + p.D];
+        let z1 = gf_Y[e + p.D + 1u];
+        let v = f16_pair(y0 * silu(z0), y1 * silu(z1));
+        gh_y16[i / 2u] = f16_pair(y0, y1);
+        gh_Y16[e / 2u] = f16_pair(gf_Y[e], gf_Y[e + 1u]);
+        gh_Y16[(e + p.D) / 2u] = f16_pair(z0, z1);
+        gh_gated16[i / 2u] = v;
+        gh_tile[r * 33u + k] = v;
+    }
+    workgroupBarrier();
+    for (var q = 0u; q < 8u; q++) {            // channel c, word j: rows 2j, 2j + 1
+        let c = t / 32u + 8u * q;
+        let j = t % 32u;
+        let s = 16u * (c % 2u);
+        let lo = (gh_tile[(2u * j) * 33u + c / 2u] >> s) & 0xffffu;
+        let hi = (gh_tile[(2u * j + 1u) * 33u + c / 2u] >> s) & 0xffffu;
+        gh_gated16_t[(c0 + c) * (M / 2u) + r0 / 2u + j] = lo | (hi << 16u);
+    }
 }

@@ -79,22 +79,6 @@ fn round_f16(x: f32) -> f32 {
     return f16_value(f16_bits(x));
 }
 
-// the float16 bits of x rounded to nearest, ties to even, in one step (as NumPy's
-// npy_floatbits_to_halfbits: a rounding that carries out of the mantissa lands in the next
-// binade, or in inf); round_f16 is their value
-fn f16_bits(x: f32) -> u32 {
-    let b = bitcast<u32>(x);
-    let sign = (b >> 16u) & 0x8000u;
-    let a = b & 0x7fffffffu;
-    if (a >= 0x477ff000u) {                                   // >= 65520 (to inf), inf, NaN
-        return sign | select(0x7c00u, 0x7e00u, a > 0x7f800000u);
-    }
-    if (a >= 0x38800000u) {                                   // normal: round half to even at
-        return sign | ((a + 0xfffu + ((a >> 13u) & 1u) - 0x38000000u) >> 13u);   // bit 13, rebias
-    }
-    return sign | u32(round(bitcast<f32>(a) * 16777216.0));   // subnormal: units of 2^-24
-}
-
 @compute @workgroup_size(WG)
 fn amp_pack_f16(@builtin(local_invocation_index) li: u32,
                 @builtin(workgroup_id) wid: vec3<u32>,
@@ -106,7 +90,7 @@ fn amp_pack_f16(@builtin(local_invocation_index) li: u32,
     var v = 0u;
     if (col < p.cols) {
         let src = p.src_off + (i / words) * p.src_rs + col;
-        v = f16_bits(w[src]) | (f16_bits(w[src + 1u]) << 16u);
+        v = f16_pair(w[src], w[src + 1u]);
     }
     packed[p.dst_off + i] = v;
 }
@@ -127,7 +111,7 @@ fn amp_pack_f16_pair(@builtin(local_invocation_index) t: u32,
         let x1 = w[src + 1u];
         s0 += x0;
         s1 += x1;
-        let v = f16_bits(x0) | (f16_bits(x1) << 16u);
+        let v = f16_pair(x0, x1);
         tile[r * 33u + k] = v;
         if (ROW) { packed[p.dst_off + (r0 + r) * (p.cols / 2u) + c0 / 2u + k] = v; }
     }

@@ -121,6 +121,26 @@ fn f16_value(h : u32) -> f32 {
     return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
 }
 
+// the float16 bits of x rounded to nearest, ties to even, in one step (as NumPy's
+// npy_floatbits_to_halfbits: a rounding that carries out of the mantissa lands in the next
+// binade, or in inf); amp.wgsl's round_f16 is their value; the f16
+// copies of activations (amp.wgsl, activations.wgsl) are formed from them
+fn f16_bits(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    let sign = (b >> 16u) & 0x8000u;
+    let a = b & 0x7fffffffu;
+    if (a >= 0x477ff000u) {                                   // >= 65520 (to inf), inf, NaN
+        return sign | select(0x7c00u, 0x7e00u, a > 0x7f800000u);
+    }
+    if (a >= 0x38800000u) {                                   // normal: round half to even at
+        return sign | ((a + 0xfffu + ((a >> 13u) & 1u) - 0x38000000u) >> 13u);   // bit 13, rebias
+    }
+    return sign | u32(round(bitcast<f32>(a) * 16777216.0));   // subnormal: units of 2^-24
+}
+
+// One word of an f16 copy: elements 2j (lower half) and 2j + 1 (upper), act_value's layout.
+fn f16_pair(x0: f32, x1: f32) -> u32 { return f16_bits(x0) | (f16_bits(x1) << 16u); }
+
 // Element e of an activation buffer held as f32 words or, with ``half``, as f16 pairs (two
 // per word, element e in half e % 2: the f16 mode's cache, read where it is used instead
 // of unpacked into an f32 copy): act_value(buf[act_word(e, half)], e, half).

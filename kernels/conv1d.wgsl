@@ -10,29 +10,34 @@
 //   Backward: dconv = du * SiLU'(conv), dxc[t] = sum_{k<K, t+k<L} wConv[d,k] dconv[t+k],
 //   dwConv[d,k] = sum_t dconv[t] xc[t-k] (t-k >= 0), dbConv[d] = sum_t dconv[t].
 //
-// Design: every invocation runs one channel over a tile of T consecutive rows, the rows
-// it reads held in registers (yv: xc from K-1 rows before the tile to K-1 rows after it;
-// dc: dconv of the tile and the K-1 rows after it), so each input is loaded once per tile
-// and dconv is never stored (the K-1 rows past a tile are recomputed by the next one).
-// Workgroups of 256 invocations: 64 channels (lx, consecutive in memory: coalesced) x 4
-// tiles (ly); the workgroup index (flattened, flat_index's grid) = channel group + G x
-// tile group (forward) or row block (backward). K and T are override constants (the host
-// keeps T + 2 (K - 1) <= WMAX), so the tile loops unroll and the arrays stay in registers.
+// Design: a workgroup of 256 invocations takes 64 channels (32 pairs, lx = li % 32, each
+// invocation two adjacent channels d, d + 1) over a tile of T rows (8 lanes ly = li / 32 of
+// RPT = T / 8 consecutive rows each). The tile's xc rows, with the K - 1 rows before it
+// (and, backward, the K - 1 after it), are staged once in workgroup memory (xs: coalesced
+// loads, each word read once), and every tap reads them from there; the per-invocation
+// loops run over the constants K and RPT, so they unroll and their small arrays (the taps,
+// dconv of RPT + K - 1 rows, the weight-gradient sums) stay in registers. The workgroup
+// index (flattened, flat_index's grid) = channel group + G x tile (forward) or row block
+// (backward). dconv is never stored: an invocation computes it for its RPT rows and the
+// K - 1 after them (recomputed by the next lane). T (a multiple of 8, RPT <= RPTMAX) is
+// chosen by the host to fit the device's workgroup memory ((T + 2 (K - 1)) x 256 bytes).
 //
 // Y holds f32 values or, with HALF, f16 pairs (two per word, element e in half e % 2: the
-// f16 mode's cache, read where it is used instead of unpacked into an f32 copy).
+// f16 mode's cache, read where it is used instead of unpacked into an f32 copy). With
+// OUT16 the forward also writes u's f16 copy (the f16 mode's operand of x_proj).
 //
-// Bindings, conv1d_forward (tiles of T rows, four per workgroup):
+// Bindings, conv1d_forward (one tile per workgroup):
 // | binding | name | shape   | access                                                 |
 // |---------|------|---------|--------------------------------------------------------|
 // | 0       | p    | Params  | uniform                                                |
 // | 1       | Y    | (M, 2D) | read: in_proj output; xc = Y[:, 0:D] (row stride y_rs; f32 or f16) |
 // | 2       | w    | (..)    | read: parameter arena, wConv (D, K) at w_off, bConv (D) at b_off |
 // | 3       | u    | (M, D)  | read_write: SiLU(conv), the scan input                  |
-// conv1d_backward (row block rb = rows [rb rows_per, (rb + 1) rows_per), its tiles taken
-// by the four ly in turn; dwConv, dbConv summed per invocation, then over ly in a fixed
-// order into part) and conv1d_backward_weight_final (one invocation per (k, d): adds the
-// RB partials in the order rb = 0..RB-1): no atomics, fixed summation order.
+// | 7       | u16  | (M, D)  | read_write (OUT16): u in f16 pairs                      |
+// conv1d_backward (row block rb = rows [rb rows_per, (rb + 1) rows_per) in tiles of T rows;
+// dwConv, dbConv summed per invocation, then over its 8 lanes in a fixed order into part)
+// and conv1d_backward_weight_final (one invocation per (k, d): adds the RB partials in the
+// order rb = 0..RB-1): no atomics, fixed summation order.
 // | 1       | Y    | (M, 2D) | read: xc columns                                        |
 // | 2       | w    | (..)    | read: parameter arena                                  |
 // | 3       | du   | (M, D)  | read: dLoss/du (scan path + x_proj path)                |
@@ -44,51 +49,49 @@ struct Params { M: u32, L: u32, D: u32, K: u32, y_rs: u32, w_off: u32, b_off: u3
                 rows_per: u32, RB: u32 }
 
 override K: u32 = 4u;         // dConv (= p.K)
-override T: u32 = 16u;        // rows per tile
+override T: u32 = 32u;        // rows per tile, a multiple of 8
 override HALF: bool = false;  // Y as f16 pairs
-const WMAX: u32 = 48u;        // register window: T + 2 (K - 1) <= WMAX
-const KMAX: u32 = 24u;        // taps in registers (K <= KMAX follows from the window)
+override OUT16: bool = false; // conv1d_forward: also u's f16 copy
+const KMAX: u32 = 24u;        // taps in registers
+const RPTMAX: u32 = 4u;       // rows per invocation (T / 8) at most
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> Y: array<u32>;
 @group(0) @binding(2) var<storage, read> w: array<f32>;
 
-// (WMAX,) xc of rows r0 - (K-1) + i of channel d (0 outside [0, M)); (KMAX,) wConv[d, :].
-var<private> yv: array<f32, WMAX>;
-var<private> wk: array<f32, KMAX>;
+// (KMAX,) wConv of channels d and d + 1, paired; their bConv.
+var<private> wk: array<vec2<f32>, KMAX>;
+var<private> bk: vec2<f32>;
 
-// Load the taps of channel d and the window of a tile starting at row r0 with ``after``
-// rows past its T (K - 1 for the backward, 0 for the forward).
-fn load_window(d: u32, r0: u32, after: u32) {
-    for (var k = 0u; k < KMAX; k++) {
-        if (k < K) { wk[k] = w[p.w_off + d * K + k]; }
-    }
-    for (var i = 0u; i < WMAX; i++) {
-        if (i < T + K - 1u + after) {
-            let r = r0 + i;                 // row r - (K - 1)
-            var v = 0.0;
-            if (r >= K - 1u && r - (K - 1u) < p.M) {
-                let e = (r - (K - 1u)) * p.y_rs + d;
-                v = act_value(Y[act_word(e, HALF)], e, HALF);
-            }
-            yv[i] = v;
-        }
+// The taps and biases of the channel pair d, d + 1 (the second 0 past D).
+fn load_taps(d: u32) {
+    for (var k = 0u; k < K; k++) { wk[k] = vec2<f32>(w[p.w_off + d * K + k], 0.0); }
+    bk = vec2<f32>(w[p.b_off + d], 0.0);
+    if (d + 1u < p.D) {
+        for (var k = 0u; k < K; k++) { wk[k].y = w[p.w_off + (d + 1u) * K + k]; }
+        bk.y = w[p.b_off + d + 1u];
     }
 }
 
-// conv (before SiLU) of the tile's row j (t = its time step): bConv + taps from k = 0
-// up, as the CPU sums them.
-fn conv_of(d: u32, j: u32, t: u32) -> f32 {
-    var s = w[p.b_off + d];
-    for (var k = 0u; k < KMAX; k++) {
-        if (k < K && k <= t) { s += wk[k] * yv[j + K - 1u - k]; }
+// xc of row r (0 outside [0, M)) at channels d, d + 1 (0 past D).
+fn xc_pair(r: i32, d: u32) -> vec2<f32> {
+    if (r < 0 || u32(r) >= p.M || d >= p.D) { return vec2<f32>(0.0); }
+    let e = u32(r) * p.y_rs + d;          // even: y_rs and d are
+    var v = vec2<f32>(0.0);
+    if (HALF) {
+        let h = Y[e / 2u];
+        v.x = f16_value(h & 0xffffu);
+        if (d + 1u < p.D) { v.y = f16_value(h >> 16u); }
+    } else {
+        v.x = bitcast<f32>(Y[e]);
+        if (d + 1u < p.D) { v.y = bitcast<f32>(Y[e + 1u]); }
     }
-    return s;
+    return v;
 }
 
 // This workgroup's channel group (x: channels 64 x .. 64 x + 63) and its place along the
-// rows (y: the forward's group of four tiles, the backward's row block), from the
-// flattened grid (flat_index's split).
+// rows (y: the forward's tile, the backward's row block), from the flattened grid
+// (flat_index's split).
 fn wg_place(wid: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
     let G = (p.D + 63u) / 64u;
     let wf = wid.y * nwg.x + wid.x;
@@ -96,19 +99,38 @@ fn wg_place(wid: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
 }
 
 @group(0) @binding(3) var<storage, read_write> f_u: array<f32>;
+@group(0) @binding(7) var<storage, read_write> f_u16: array<u32>;
+// (T + K - 1, 32) xc pairs of the tile's rows r0 - (K - 1) .. r0 + T - 1
+var<workgroup> xs_f: array<vec2<f32>, (T + K - 1u) * 32u>;
 
 @compute @workgroup_size(256)
 fn conv1d_forward(@builtin(local_invocation_index) li: u32,
                   @builtin(workgroup_id) wid: vec3<u32>,
                   @builtin(num_workgroups) nwg: vec3<u32>) {
     let pl = wg_place(wid, nwg);
-    let d = pl.x * 64u + li % 64u;
-    let r0 = (pl.y * 4u + li / 64u) * T;
-    if (d >= p.D || r0 >= p.M) { return; }
-    load_window(d, r0, 0u);
-    for (var j = 0u; j < WMAX; j++) {
-        let r = r0 + j;
-        if (j < T && r < p.M) { f_u[r * p.D + d] = silu(conv_of(d, j, r % p.L)); }
+    let r0 = pl.y * T;
+    for (var i = li; i < (T + K - 1u) * 32u; i += 256u) {
+        xs_f[i] = xc_pair(i32(r0 + i / 32u) - i32(K - 1u), pl.x * 64u + 2u * (i % 32u));
+    }
+    workgroupBarrier();
+    let lx = li % 32u;
+    let d = pl.x * 64u + 2u * lx;
+    if (d >= p.D) { return; }
+    load_taps(d);
+    let RPT = T / 8u;
+    let q0 = (li / 32u) * RPT;               // this invocation's first row in the tile
+    for (var j = 0u; j < RPT; j++) {
+        let r = r0 + q0 + j;
+        if (r >= p.M) { break; }
+        let t = r % p.L;
+        var s = bk;                          // bConv + taps from k = 0 up, as the CPU sums
+        for (var k = 0u; k < K; k++) {
+            if (k <= t) { s += wk[k] * xs_f[(q0 + j + K - 1u - k) * 32u + lx]; }
+        }
+        let v = vec2<f32>(silu(s.x), silu(s.y));
+        f_u[r * p.D + d] = v.x;
+        if (d + 1u < p.D) { f_u[r * p.D + d + 1u] = v.y; }
+        if (OUT16) { f_u16[(r * p.D + d) / 2u] = f16_pair(v.x, v.y); }
     }
 }
 
@@ -117,12 +139,14 @@ fn conv1d_forward(@builtin(local_invocation_index) li: u32,
 @group(0) @binding(5) var<storage, read_write> b_part: array<f32>;
 @group(0) @binding(6) var<storage, read_write> b_g: array<f32>;
 
-// (WMAX,) dconv of rows r0 + i (0 past M); (KMAX + 1,) this invocation's sums of dwConv
-// (k < K) and dbConv (k = K).
-var<private> dc: array<f32, WMAX>;
-var<private> acc: array<f32, KMAX + 1u>;
-// (4, 64) one tap's sums of the workgroup's four ly, summed in the order ly = 0..3.
-var<workgroup> red: array<f32, 256>;
+// (T + 2 (K - 1), 32) xc pairs of rows r0 - (K - 1) .. r0 + T + K - 2
+var<workgroup> xs_b: array<vec2<f32>, (T + 2u * K - 2u) * 32u>;
+// (8, 64) one tap's sums of the workgroup's eight lanes, summed in the order ly = 0..7
+var<workgroup> red: array<vec2<f32>, 256>;
+// (RPTMAX + KMAX - 1,) dconv of this invocation's rows and the K - 1 after them (0 past M)
+var<private> dc: array<vec2<f32>, RPTMAX + KMAX - 1u>;
+// (KMAX + 1,) this invocation's sums of dwConv (k < K) and dbConv (k = K)
+var<private> acc: array<vec2<f32>, KMAX + 1u>;
 
 @compute @workgroup_size(256)
 fn conv1d_backward(@builtin(local_invocation_index) li: u32,
@@ -130,49 +154,63 @@ fn conv1d_backward(@builtin(local_invocation_index) li: u32,
                    @builtin(num_workgroups) nwg: vec3<u32>) {
     let pl = wg_place(wid, nwg);
     let rb = pl.y;                              // uniform per workgroup: barriers below
-    let d = pl.x * 64u + li % 64u;
+    let lx = li % 32u;
+    let d = pl.x * 64u + 2u * lx;
     let on = d < p.D && rb < p.RB;
+    let two = d + 1u < p.D;
+    let RPT = T / 8u;
+    let q0 = (li / 32u) * RPT;
     let r1 = min(p.M, (rb + 1u) * p.rows_per);
-    for (var k = 0u; k <= KMAX; k++) { acc[k] = 0.0; }
-    if (on) {
-        for (var r0 = rb * p.rows_per + (li / 64u) * T; r0 < r1; r0 += 4u * T) {
-            load_window(d, r0, K - 1u);
-            for (var i = 0u; i < WMAX; i++) {
-                let r = r0 + i;
-                if (i < T + K - 1u) {
-                    var v = 0.0;
-                    if (r < p.M) { v = b_du[r * p.D + d] * dsilu(conv_of(d, i, r % p.L)); }
-                    dc[i] = v;
-                }
-            }
-            for (var j = 0u; j < WMAX; j++) {
-                let r = r0 + j;
-                if (j < T && r < r1) {
+    for (var k = 0u; k <= K; k++) { acc[k] = vec2<f32>(0.0); }
+    if (on) { load_taps(d); }
+    for (var r0 = rb * p.rows_per; r0 < r1; r0 += T) {
+        for (var i = li; i < (T + 2u * K - 2u) * 32u; i += 256u) {
+            xs_b[i] = xc_pair(i32(r0 + i / 32u) - i32(K - 1u), pl.x * 64u + 2u * (i % 32u));
+        }
+        workgroupBarrier();
+        if (on) {
+            for (var i = 0u; i < RPT + K - 1u; i++) {      // dconv of rows r0 + q0 + i
+                let r = r0 + q0 + i;
+                var v = vec2<f32>(0.0);
+                if (r < p.M) {
                     let t = r % p.L;
-                    var s = 0.0;
-                    for (var k = 0u; k < KMAX; k++) {
-                        if (k < K && t + k < p.L) { s += wk[k] * dc[j + k]; }
-                        if (k < K && k <= t) { acc[k] += dc[j] * yv[j + K - 1u - k]; }
+                    var s = bk;
+                    for (var k = 0u; k < K; k++) {
+                        if (k <= t) { s += wk[k] * xs_b[(q0 + i + K - 1u - k) * 32u + lx]; }
                     }
-                    acc[K] += dc[j];
-                    b_dY[r * p.y_rs + d] = s;
+                    v.x = b_du[r * p.D + d] * dsilu(s.x);
+                    if (two) { v.y = b_du[r * p.D + d + 1u] * dsilu(s.y); }
                 }
+                dc[i] = v;
+            }
+            for (var j = 0u; j < RPT; j++) {
+                let r = r0 + q0 + j;
+                if (r >= r1) { break; }
+                let t = r % p.L;
+                var s = vec2<f32>(0.0);
+                for (var k = 0u; k < K; k++) {
+                    if (t + k < p.L) { s += wk[k] * dc[j + k]; }
+                    if (k <= t) { acc[k] += dc[j] * xs_b[(q0 + j + K - 1u - k) * 32u + lx]; }
+                }
+                acc[K] += dc[j];
+                b_dY[r * p.y_rs + d] = s.x;
+                if (two) { b_dY[r * p.y_rs + d + 1u] = s.y; }
             }
         }
+        workgroupBarrier();
     }
-    for (var k = 0u; k <= KMAX; k++) {
-        if (k <= K) {
-            red[li] = acc[k];
-            workgroupBarrier();
-            if (li < 64u && on) {
-                let s = ((red[li] + red[li + 64u]) + red[li + 128u]) + red[li + 192u];
-                b_part[(rb * (K + 1u) + k) * p.D + d] = s;
-            }
-            workgroupBarrier();
+    for (var k = 0u; k <= K; k++) {
+        red[li] = acc[k];
+        workgroupBarrier();
+        if (li < 32u && on) {
+            var s = red[li];
+            for (var l = 1u; l < 8u; l++) { s += red[l * 32u + li]; }
+            b_part[(rb * (K + 1u) + k) * p.D + d] = s.x;
+            if (two) { b_part[(rb * (K + 1u) + k) * p.D + d + 1u] = s.y; }
         }
+        workgroupBarrier();
     }
 }
-
 @compute @workgroup_size(256)
 fn conv1d_backward_weight_final(@builtin(local_invocation_index) li: u32,
                                 @builtin(workgroup_id) wid: vec3<u32>,

@@ -14,8 +14,24 @@ def gate_forward(g, M, D, y, Y, gated):
     return elementwise(g, "activations", "gate_forward", M * D, [M * D, D, 2 * D], [y, Y, gated])
 
 
+def gate_forward_f16(g, M, D, y, Y, y16, Y16, gated16, gated16_t):
+    """Op of the f16 mode's forward (BlockLayer): gated = y * SiLU(z) as
+    :func:`gate_forward` computes it, written only as f16 copies, row-major into
+    ``gated16`` (M, D) and transposed into ``gated16_t`` (D, M) (out_proj's operands), with
+    y (M, D) and Y (M, 2D) rounded to f16 into ``y16`` and ``Y16`` (the backward's cache):
+    one read of y and Y for what the gate and four packs took. M and D multiples of 64."""
+    if M % 64 or D % 64:
+        raise ValueError(f"mamba_ext.gpu.gate_forward_f16: M {M} and D {D} must be "
+                         f"multiples of 64")
+    return g.op("activations", "gate_forward_f16",
+                g.check_grid((D // 64, M // 64, 1), "gate_forward_f16"), [M * D, D, 2 * D],
+                [y, Y, y16, Y16, gated16, gated16_t])
+
+
 def gate_backward(g, M, D, dgated, y, Y, dy, dY, half=False):
     """Op: dy (M, D) = dgated * SiLU(z); dY[:, D:2D] = dgated * y * SiLU'(z); y and Y
     f32, or f16 pairs with ``half`` (the f16 mode's cache)."""
-    return elementwise(g, "activations", "gate_backward", M * D, [M * D, D, 2 * D],
-                       [dgated, y, Y, dy, dY], constants={"HALF": bool(half)})
+    if half and D % 2:
+        raise ValueError(f"mamba_ext.gpu.gate_backward: f16 pairs need an even D, got {D}")
+    return elementwise(g, "activations", "gate_backward", M * D // (2 if half else 1),
+                       [M * D, D, 2 * D], [dgated, y, Y, dy, dY], constants={"HALF": bool(half)})

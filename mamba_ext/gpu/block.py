@@ -25,7 +25,7 @@ from .._validate import (BLOCK_PARAM_NAMES, BlockDims, block_param_shapes, check
                          check_discretization, check_eps, check_x)
 from ..constants import DEFAULT_EPS
 from . import scan as _scan
-from .activations import gate_backward, gate_forward
+from .activations import gate_backward, gate_forward, gate_forward_f16
 from .conv1d import conv1d_backward, conv1d_forward
 from . import linear_f16 as lf
 from .device import arena_layout, gpu
@@ -161,7 +161,7 @@ class BlockLayer:
     # the f16 mode's cache, and its f32 buffers that one device scratch serves for all layers
     CACHE_F16 = ("xn16_t", "rstd", "Y16", "xproj", "hchunk", "achunk", "hstate", "y16",
                  "gated16_t")
-    SHARED_F16 = ("xn", "gated", "xn16", "gated16", "Y", "u", "delta_pre", "y")
+    SHARED_F16 = ("xn", "xn16", "gated16", "Y", "u", "delta_pre", "y")
 
     def __init__(self, g, d: BlockDims, B, L, w, gr, offs, x, out, eps=DEFAULT_EPS,
                  discretization="zoh", chunk=None, cache_of=None, f16=None):
@@ -192,14 +192,14 @@ class BlockLayer:
             return
         mk = g.buffer
         if f16 is not None:
-            # f32 xn and gated and their row-major f16 copies live only until the forward's
-            # products have read them, the f32 Y, u, delta_pre and y until the layer's
-            # forward (or, restored, its backward) is done: one buffer each for every
-            # layer. The cache holds the transposed f16 copies of xn and gated, which the
-            # backward's dW products read, and f16 copies of Y and y.
+            # f32 xn and the row-major f16 copies of xn and gated live only until the
+            # forward's products have read them, the f32 Y, u, delta_pre and y until the
+            # layer's forward (or, restored, its backward) is done: one buffer each for
+            # every layer. The cache holds the transposed f16 copies of xn and gated, which
+            # the backward's dW products read, and f16 copies of Y and y. gated itself is
+            # never f32 (gate_forward_f16 writes its f16 copies).
             sc = g.scratch
             self.xn = sc("amp_xn", M * Dm)               # (M, Dm) RMSNorm output
-            self.gated = sc("amp_gated", M * D)          # (M, D)
             self.xn16 = sc("amp_xn_f16", M * Dm // 2)    # (M, Dm) f16, 2 per word
             self.gated16 = sc("amp_gated_f16", M * D // 2)   # (M, D) f16
             self.Y = sc("amp_Y", M * 2 * D)              # (M, 2D)
@@ -261,22 +261,24 @@ class BlockLayer:
             self._fwd = [
                 rmsnorm_forward(g, M, Dm, self.x, w, o["normWeight"], self.xn, self.rstd, self.eps),
                 *in_proj,
-                conv1d_forward(g, M, L, D, d.K, self.Y, w, o, self.u),
+                conv1d_forward(g, M, L, D, d.K, self.Y, w, o, self.u,
+                               u16=self.gated16 if self.narrow16 else None),
                 *x_proj,
                 *self._dt_proj_ops,
                 *_scan.scan_forward(g, self.s, self.xproj, self.u, self.delta_pre, w, o,
                                     self.hchunk, self.achunk, self.hstate, self.y),
-                gate_forward(g, M, D, self.y, self.Y, self.gated),
             ]
             if self.f16 is None:
+                self._fwd.append(gate_forward(g, M, D, self.y, self.Y, self.gated))
                 # out = x + gated @ wOutProj^T + bOutProj (residual added in the store)
                 self._out_ops = linear_forward(g, M, D, Dm, self.gated, 0, D, w, o["wOutProj"],
                                                o["bOutProj"], self.out, 0, Dm, res=self.x)
             else:
                 wh, ho = self.f16
-                self._fwd += [lf.pack_pair(g, self.gated16, self.gated16_t, self.gated, M, D),
-                              lf.pack(g, self.Y16, self.Y, M, 2 * D),
-                              lf.pack(g, self.y16, self.y, M, D)]
+                # the gate, its f16 copies (out_proj's operands) and the f16 cache of y and
+                # Y, in one pass
+                self._fwd.append(gate_forward_f16(g, M, D, self.y, self.Y, self.y16, self.Y16,
+                                                  self.gated16, self.gated16_t))
                 # (out = bias + x filled first: the products cannot start from two terms)
                 self._out_ops = [*bias_fill(g, M, Dm, w, o["bOutProj"], self.out, 0, Dm, res=self.x),
                                  *lf.forward(g, self.out, self.gated16, wh, M, D, Dm,
@@ -292,8 +294,9 @@ class BlockLayer:
         D, P, R = d.D, d.P, d.R
         wh, ho = self.f16
         Rp = lf.padded(R)
-        # u (M, D) in f16: the gated16 scratch, free until this layer's gate
-        x_proj = lf.narrow_forward(g, self.xproj, self.u, self.gated16, wh, M, D, P,
+        # u (M, D) in f16: the gated16 scratch, free until this layer's gate, written by
+        # the conv (cache_ops)
+        x_proj = lf.narrow_forward(g, self.xproj, None, self.gated16, wh, M, D, P,
                                    w_off=ho["wXProj"], bias=(w, o["bXProj"]))
         # dt_low (M, R) in f16, rows Rp apart; the contraction R rounded up to BK
         xlow16 = g.scratch("amp_xlow_f16", M * Rp // 2)

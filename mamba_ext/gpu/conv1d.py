@@ -7,45 +7,53 @@ from __future__ import annotations
 
 import math
 
-# Rows per invocation's tile (override T of kernels/conv1d.wgsl): each tile loads K - 1
-# rows of xc before it (and the backward 2 (K - 1) more after it) besides its own.
-CONV_TILE = 32
-_WMAX = 48            # const WMAX of kernels/conv1d.wgsl: T + 2 (K - 1) rows in registers
-MAX_DCONV = (_WMAX - 1) // 2 + 1        # the largest K with a tile of one row: 24
-# Tiles per invocation in the backward, at least (see conv1d_backward's row blocks).
-_BACKWARD_TILES = 4
+MAX_DCONV = 24          # const KMAX of kernels/conv1d.wgsl: the taps held in registers
+_TILES = (32, 16, 8)    # rows per workgroup tile (override T), the largest that fits
+# Tiles per workgroup in the backward, at least (see conv1d_backward's row blocks).
+_BACKWARD_TILES = 8
 
 
-def _tile(K):
+def _tile(g, K, backward):
+    """Rows per tile (override T) for dConv ``K``: the largest of :data:`_TILES` whose
+    staged rows (T + K - 1 forward, T + 2 (K - 1) backward, 256 bytes each, and the
+    backward's 2 KB of lane sums) fit the device's workgroup memory."""
     if not 1 <= K <= MAX_DCONV:
         raise ValueError(f"mamba_ext.gpu: dConv must be in [1, {MAX_DCONV}] for the GPU conv "
                          f"kernels, got {K}")
-    return min(CONV_TILE, _WMAX - 2 * (K - 1))
+    for T in _TILES:
+        staged = (T + 2 * (K - 1)) * 256 + 2048 if backward else (T + K - 1) * 256
+        if staged <= g.wg_memory:
+            return T
+    raise ValueError(f"mamba_ext.gpu: dConv {K} needs more workgroup memory than this "
+                     f"device's {g.wg_memory} bytes")
 
 
 def _params(M, L, D, K, o, rows_per=0, RB=0):
     return [M, L, D, K, 2 * D, o["wConv"], o["bConv"], rows_per, RB]
 
 
-def conv1d_forward(g, M, L, D, K, Y, w, o, u, half=False):
+def conv1d_forward(g, M, L, D, K, Y, w, o, u, half=False, u16=None):
     """Op: u (M, D) = SiLU(conv), conv from xc = Y[:, 0:D] (Y (M, 2D): f32, or f16 pairs
-    with ``half``); weights at ``o["wConv"]``, ``o["bConv"]`` of the parameter arena ``w``.
-    conv is not kept: the backward recomputes it from Y."""
-    T = _tile(K)
-    groups = math.ceil(D / 64) * math.ceil(math.ceil(M / T) / 4)
+    with ``half``); weights at ``o["wConv"]``, ``o["bConv"]`` of the parameter arena ``w``;
+    ``u16``: also u's f16 copy there (f16 pairs; D even). conv is not kept: the backward
+    recomputes it from Y."""
+    T = _tile(g, K, False)
+    if u16 is not None and D % 2:
+        raise ValueError(f"mamba_ext.gpu.conv1d_forward: an f16 copy of u needs an even D, got {D}")
+    groups = math.ceil(D / 64) * math.ceil(M / T)
     return g.op("conv1d", "conv1d_forward", g.grid1d(groups, "conv1d_forward"),
-                _params(M, L, D, K, o), [Y, w, u], {"K": K, "T": T, "HALF": bool(half)})
+                _params(M, L, D, K, o), [Y, w, u, None, None, None, g.dummy(0) if u16 is None else u16],
+                {"K": K, "T": T, "HALF": bool(half), "OUT16": u16 is not None})
 
 
 def conv1d_backward(g, M, L, D, K, du, w, o, dY, Y, gr, half=False):
     """Ops: dY[:, 0:D] = dxc (dconv = du * SiLU'(conv), conv recomputed from Y (f32, or
     f16 pairs with ``half``), held in registers); wConv, bConv gradients (at ``o`` of the
     gradient arena ``gr``) += their sums: per row block, then the blocks' fixed-order sum."""
-    T = _tile(K)
-    # row blocks of rows_per rows, a multiple of the 4 T rows that a block's four
-    # invocations per channel take at a time: each invocation at least _BACKWARD_TILES
+    T = _tile(g, K, True)
+    # row blocks of rows_per rows, whole tiles: each workgroup at least _BACKWARD_TILES
     # tiles, at most 64 blocks (the partials the final pass sums)
-    step = 4 * T * _BACKWARD_TILES
+    step = T * _BACKWARD_TILES
     rows_per = step * max(1, math.ceil(M / (step * 64)))
     RB = max(1, math.ceil(M / rows_per))
     prm = _params(M, L, D, K, o, rows_per, RB)

@@ -255,10 +255,11 @@ def dweight(g, dw, dy_t, x_t, M: int, I: int, O: int, accumulate: bool = True,
 def narrow_forward(g, y, x, x16, w16, M: int, I: int, O: int, *, w_off: int, bias):
     """Ops of a layer whose O outputs are not whole tiles (x_proj's 80, the tied head's
     vocabulary), Y (M, O) f32 = X (M, I) @ W (O, I)^T + b: X rounded to f16 into ``x16``
-    (M, I), then the product from W's f16 copy (``w16`` from ``w_off``, rows zero-padded to
-    padded(O): :class:`HalfWeights`) storing only Y's O columns (a multiple of
-    :data:`N_STEP`), started from ``bias`` (buffer, offset)."""
-    return [pack(g, x16, x, M, I),
+    (M, I) (``x`` None: ``x16`` holds it already), then the product from W's f16 copy
+    (``w16`` from ``w_off``, rows zero-padded to padded(O): :class:`HalfWeights`) storing
+    only Y's O columns (a multiple of :data:`N_STEP`), started from ``bias`` (buffer,
+    offset)."""
+    return [*([] if x is None else [pack(g, x16, x, M, I)]),
             product(g, y, x16, w16, M, padded(O), I, a_kmajor=True, b_kmajor=True, lda=I,
                     ldb=I, ldc=O, b_off=w_off, bias=bias, n_valid=O)]
 

@@ -77,12 +77,12 @@ def test_f16_cache_reads_are_exact():
 
     def gate_dY(n, yb, half, z=0.75):
         """dY's z half of gate_backward with dgated = 1: y * SiLU'(z), for n values y (yb:
-        f32, or f16 pairs with ``half``)."""
-        Y = np.full((n, 2), z, np.float32)
+        f32, or f16 pairs with ``half``), as n / 2 rows of D = 2 channels."""
+        Y = np.full((n // 2, 4), z, np.float32)
         dg, dy, dY = upload(g, "dg", np.ones(n, np.float32)), g.buffer(n, "dy"), g.buffer(2 * n, "dY")
         Yb = upload(g, "Y", Y) if not half else g.buffer(n, "Y16", _f16(Y).view(np.uint32))
-        run(g, gate_backward(g, n, 1, dg, yb, Yb, dy, dY, half=half))
-        return read(g, dY, (n, 2))[:, 1]
+        run(g, gate_backward(g, n // 2, 2, dg, yb, Yb, dy, dY, half=half))
+        return read(g, dY, (n // 2, 4))[:, 2:].ravel()
 
     bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     got = gate_dY(bits.size, g.buffer(bits.size // 2, "y16", bits.view(np.uint32)), True)
@@ -96,6 +96,8 @@ def test_f16_cache_reads_are_exact():
     got, want = gate_dY(256, hb, True), gate_dY(256, upload(g, "y", _f16(x).astype(np.float32)), False)
     assert np.array_equal(np.isnan(got), np.isnan(want))
     assert np.array_equal(got[~np.isnan(want)], want[~np.isnan(want)])
+    with pytest.raises(ValueError, match="even D"):      # f16 pairs: one word per invocation
+        gate_backward(g, 2, 3, hb, hb, hb, hb, hb, half=True)
 
 
 def test_pack_pads_rows_with_zeros():
@@ -222,6 +224,35 @@ def test_pack_pair_is_both_layouts(row):
     for bad in ((96, 64), (128, 96)):
         with pytest.raises(ValueError, match="multiples of 64"):
             lf.pack_pair(g, dst, dst_t, src, *bad)
+
+
+def test_gate_forward_f16_is_the_gate_and_its_packs():
+    """gate_forward_f16 (the f16 mode's forward gate): gated16 and its transpose are
+    NumPy's float16 of gate_forward's f32 gated, y16 and Y16 of y and Y, bit for bit (edge
+    values included); sizes that are not whole 64 x 64 tiles are refused by name."""
+    from mamba_ext.gpu.activations import gate_forward, gate_forward_f16
+    rng = np.random.default_rng(12)
+    M, D = 128, 192                         # 2 x 3 tiles
+    vals = _edge_values()
+    y = rng.choice(vals, (M, D)).astype(np.float32)
+    Y = np.where(rng.random((M, 2 * D)) < 0.5, rng.choice(vals, (M, 2 * D)),
+                 rng.standard_normal((M, 2 * D)) * 4).astype(np.float32)
+    yb, Yb, gated = upload(g, "y", y), upload(g, "Y", Y), g.buffer(M * D, "gated")
+    run(g, gate_forward(g, M, D, yb, Yb, gated))
+    want_gated = read(g, gated, (M, D))
+    bufs = {k: g.buffer(n, k) for k, n in (("y16", M * D // 2), ("Y16", M * D),
+                                          ("gated16", M * D // 2), ("gated16_t", M * D // 2))}
+    run(g, gate_forward_f16(g, M, D, yb, Yb, *bufs.values()))
+    for name, ref in (("y16", y), ("Y16", Y), ("gated16", want_gated), ("gated16_t", want_gated.T)):
+        got = read(g, bufs[name], (ref.size // 2,), np.uint32).view(np.float16).reshape(ref.shape)
+        want = _f16(ref)
+        nan = np.isnan(want)
+        assert np.array_equal(np.isnan(got), nan), name
+        assert np.array_equal(got.view(np.uint16)[~nan],
+                              np.ascontiguousarray(want).view(np.uint16)[~nan]), name
+    for bad in ((96, 64), (128, 96)):
+        with pytest.raises(ValueError, match="multiples of 64"):
+            gate_forward_f16(g, *bad, yb, Yb, *bufs.values())
 
 
 def test_pack_pair_bias_adds_the_column_sums():

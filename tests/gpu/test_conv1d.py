@@ -125,3 +125,24 @@ def test_conv1d_reads_f16_pairs_as_f32():
         outs.append([read(g, u, (M, D)), read(g, dY, (M, 2 * D))[:, :D], read(g, gr, (arena.size,))])
     for a, b in zip(*outs):
         assert np.array_equal(a, b)
+
+
+def test_conv1d_writes_the_f16_copy_of_u():
+    """u16 (the f16 mode's operand of x_proj): NumPy's float16 of the f32 u the same op
+    writes, bit for bit, two per word; the f32 u as without it; an odd D is refused."""
+    rng = np.random.default_rng(8)
+    B, L, D, K = 2, 45, 70, 4          # 70 channels: a second, partial group of 64
+    M = B * L
+    Y = f32(rng, M, 2 * D, sd=3.0)
+    arena = np.concatenate([f32(rng, D * K, sd=0.5), f32(rng, D, sd=0.3)])
+    o = {"wConv": 0, "bConv": D * K}
+    bY, bw = upload(g, "Y", Y), upload(g, "w", arena)
+    u, u_plain, u16 = g.buffer(M * D, "u"), g.buffer(M * D, "u0"), g.buffer(M * D // 2, "u16")
+    run(g, [conv1d_forward(g, M, L, D, K, bY, bw, o, u, u16=u16),
+            conv1d_forward(g, M, L, D, K, bY, bw, o, u_plain)])
+    got32 = read(g, u, (M, D))
+    assert np.array_equal(got32, read(g, u_plain, (M, D)))
+    got16 = read(g, u16, (M * D // 2,), np.uint32).view(np.float16).reshape(M, D)
+    assert np.array_equal(got16.view(np.uint16), got32.astype(np.float16).view(np.uint16))
+    with pytest.raises(ValueError, match="even D"):
+        conv1d_forward(g, 4, 4, 3, K, bY, bw, o, u, u16=u16)
