@@ -79,6 +79,9 @@ fn gate_backward(@builtin(local_invocation_index) li: u32,
     }
 }
 
+// y and Y as f32 pairs (8-byte loads: the pairs the f16 words are made of)
+@group(0) @binding(1) var<storage, read> gh_y: array<vec2<f32>>;
+@group(0) @binding(2) var<storage, read> gh_Y: array<vec2<f32>>;
 @group(0) @binding(3) var<storage, read_write> gh_y16: array<u32>;
 @group(0) @binding(4) var<storage, read_write> gh_Y16: array<u32>;
 @group(0) @binding(5) var<storage, read_write> gh_gated16: array<u32>;
@@ -96,14 +99,13 @@ fn gate_forward_f16(@builtin(local_invocation_index) t: u32,
         let k = t % 32u;
         let i = (r0 + r) * p.D + c0 + 2u * k;  // element of y, gated
         let e = (r0 + r) * p.y_rs + c0 + 2u * k;   // of Y's xc half; p.D on: z
-        let y0 = gf_y[i];
-        let y1 = gf_y[i + 1u];
-        let z0 = gf_Y[e + p.D];
-        let z1 = gf_Y[e + p.D + 1u];
-        let v = f16_pair(y0 * silu(z0), y1 * silu(z1));
-        gh_y16[i / 2u] = f16_pair(y0, y1);
-        gh_Y16[e / 2u] = f16_pair(gf_Y[e], gf_Y[e + 1u]);
-        gh_Y16[(e + p.D) / 2u] = f16_pair(z0, z1);
+        let yv = gh_y[i / 2u];
+        let xv = gh_Y[e / 2u];
+        let zv = gh_Y[(e + p.D) / 2u];
+        let v = f16_pair(yv.x * silu(zv.x), yv.y * silu(zv.y));
+        gh_y16[i / 2u] = f16_pair(yv.x, yv.y);
+        gh_Y16[e / 2u] = f16_pair(xv.x, xv.y);
+        gh_Y16[(e + p.D) / 2u] = f16_pair(zv.x, zv.y);
         gh_gated16[i / 2u] = v;
         gh_tile[r * 33u + k] = v;
     }

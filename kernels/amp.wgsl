@@ -68,6 +68,7 @@ override WG: u32 = 256u;
 @group(0) @binding(5) var<storage, read_write> state: array<f32>;   // (4,) scale, 1/scale, tracker, -
 @group(0) @binding(6) var<storage, read> stat: array<f32>;          // (4,) AdamW's (kernels/adamw.wgsl)
 @group(0) @binding(7) var<storage, read_write> part: array<f32>;    // (rows / 64, cols) column sums
+@group(0) @binding(1) var<storage, read> w2: array<vec2<f32>>;      // amp_pack_f16_pair's x: f32 pairs
 
 override ROW: bool = true;                     // amp_pack_f16_pair: also the row-major copy
 override SUM: bool = false;                    // and the column sums of its tiles
@@ -106,12 +107,10 @@ fn amp_pack_f16_pair(@builtin(local_invocation_index) t: u32,
         let e = t + 256u * q;
         let r = e / 32u;                       // (t / 32 + 8 q)
         let k = e % 32u;                       // (t % 32)
-        let src = p.src_off + (r0 + r) * p.src_rs + c0 + 2u * k;
-        let x0 = w[src];
-        let x1 = w[src + 1u];
-        s0 += x0;
-        s1 += x1;
-        let v = f16_pair(x0, x1);
+        let xv = w2[(p.src_off + (r0 + r) * p.src_rs + c0 + 2u * k) / 2u];   // (even: checked)
+        s0 += xv.x;
+        s1 += xv.y;
+        let v = f16_pair(xv.x, xv.y);
         tile[r * 33u + k] = v;
         if (ROW) { packed[p.dst_off + (r0 + r) * (p.cols / 2u) + c0 / 2u + k] = v; }
     }

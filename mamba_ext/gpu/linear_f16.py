@@ -312,7 +312,8 @@ def pack(g, dst, src, rows: int, cols: int, src_off: int = 0, src_rs: int | None
 
 def pack_pair(g, dst, dst_t, src, rows: int, cols: int, src_off: int = 0,
               src_rs: int | None = None, part=None):
-    """Op: the (rows, cols) f32 block of ``src`` (as :func:`pack`) rounded to f16 into
+    """Op: the (rows, cols) f32 block of ``src`` (as :func:`pack`; ``src_off`` and
+    ``src_rs`` even) rounded to f16 into
     ``dst`` row-major (skipped when ``dst`` is None) and into ``dst_t`` transposed,
     (cols, rows): the k-major operands of a weight gradient (:func:`dweight`), read once.
     ``part``: also the column sums of each 64-row tile into it, (rows / 64, cols) f32
@@ -321,9 +322,12 @@ def pack_pair(g, dst, dst_t, src, rows: int, cols: int, src_off: int = 0,
     if rows % 64 or cols % 64:
         raise ValueError(f"linear_f16.pack_pair: rows {rows} and cols {cols} must be "
                          f"multiples of 64")
+    rs = cols if src_rs is None else src_rs
+    if src_off % 2 or rs % 2:
+        raise ValueError(f"linear_f16.pack_pair: src_off {src_off} and src_rs {rs} must be "
+                         f"even (the block is read as f32 pairs)")
     return g.op("amp", "amp_pack_f16_pair", g.check_grid((cols // 64, rows // 64, 1), "pack_pair"),
-                amp_params(rows * cols // 2, cols=cols, src_off=src_off,
-                           src_rs=cols if src_rs is None else src_rs, rows=rows),
+                amp_params(rows * cols // 2, cols=cols, src_off=src_off, src_rs=rs, rows=rows),
                 [src, None, g.dummy(0) if dst is None else dst, dst_t, None, None,
                  g.dummy(1) if part is None else part],
                 {"ROW": dst is not None, "SUM": part is not None})

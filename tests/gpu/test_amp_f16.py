@@ -208,11 +208,11 @@ def test_pack_pair_is_both_layouts(row):
     rows, cols, rs = 128, 128, 134          # 2 x 2 tiles of 64 x 64
     x = np.zeros((rows, rs), np.float32)
     vals = _edge_values()
-    x[:, 3:3 + cols] = rng.choice(vals, (rows, cols))
+    x[:, 4:4 + cols] = rng.choice(vals, (rows, cols))
     src = upload(g, "src", x)
     dst, dst_t = g.buffer(rows * cols // 2, "dst"), g.buffer(rows * cols // 2, "dst_t")
-    run(g, lf.pack_pair(g, dst if row else None, dst_t, src, rows, cols, src_off=3, src_rs=rs))
-    want = _f16(x[:, 3:3 + cols])
+    run(g, lf.pack_pair(g, dst if row else None, dst_t, src, rows, cols, src_off=4, src_rs=rs))
+    want = _f16(x[:, 4:4 + cols])
     for buf, ref, on in ((dst, want, row), (dst_t, want.T, True)):
         got = read(g, buf, (rows * cols // 2,), np.uint32).view(np.float16).reshape(ref.shape)
         if not on:
@@ -224,6 +224,9 @@ def test_pack_pair_is_both_layouts(row):
     for bad in ((96, 64), (128, 96)):
         with pytest.raises(ValueError, match="multiples of 64"):
             lf.pack_pair(g, dst, dst_t, src, *bad)
+    for off, stride in ((3, rs), (4, rs - 1)):       # read as f32 pairs
+        with pytest.raises(ValueError, match="even"):
+            lf.pack_pair(g, dst, dst_t, src, rows, cols, src_off=off, src_rs=stride)
 
 
 def test_gate_forward_f16_is_the_gate_and_its_packs():
