@@ -177,3 +177,14 @@ def test_cli_modules_are_thin():
     for path in cli.glob("*.py"):
         lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
         assert len(lines) < 120, f"{path.name}: {len(lines)} lines"
+
+
+def test_bound_ratio_is_taken_round_by_round():
+    """bench.cpu.interleaved_ratio: ours, then the bound right after it, per round; the
+    median of the rounds' ratios (a drifting machine moves both within a round)."""
+    from mamba_ext.bench.cpu import interleaved_ratio
+    calls, ours, bound = [], iter([3.0, 6.0, 4.0]), iter([2.0, 4.0, 1.0])
+    ratio, runs = interleaved_ratio(lambda: calls.append("ours") or next(ours),
+                                    lambda: calls.append("bound") or next(bound), rounds=3)
+    assert calls == ["ours", "bound"] * 3
+    assert runs == [(3.0, 2.0), (6.0, 4.0), (4.0, 1.0)] and ratio == 1.5
