@@ -28,9 +28,10 @@
 //                      pack2x16float, whose rounding and overflow WGSL leaves to the
 //                      implementation: +-inf past 65504, as NumPy's astype(float16).
 //   amp_pack_f16_pair: the same (rows, cols) block packed twice: row-major into packed
-//                      (when ROW) as amp_pack_f16, and transposed, (cols, rows) f16, into
-//                      packed_t from word dst_t_off: the k-major operands of a weight
-//                      gradient's product. Through a 64 x 64 tile of workgroup memory (as
+//                      from word dst_off (when ROW) as amp_pack_f16, and transposed,
+//                      (cols, rows) f16, into packed_t from word dst_t_off (when TRANS):
+//                      an operand and its k-major transpose (a weight gradient's).
+//                      Through a 64 x 64 tile of workgroup memory (as
 //                      64 x 32 words of f16 pairs), so that reads and both writes are
 //                      coalesced in runs of 128 bytes; rows and cols multiples of 64
 //                      (checked on the host). With SUM, also the column sums of the f32
@@ -70,7 +71,8 @@ override WG: u32 = 256u;
 @group(0) @binding(7) var<storage, read_write> part: array<f32>;    // (rows / 64, cols) column sums
 @group(0) @binding(1) var<storage, read> w2: array<vec2<f32>>;      // amp_pack_f16_pair's x: f32 pairs
 
-override ROW: bool = true;                     // amp_pack_f16_pair: also the row-major copy
+override ROW: bool = true;                     // amp_pack_f16_pair: the row-major copy
+override TRANS: bool = true;                   // the transposed one
 override SUM: bool = false;                    // and the column sums of its tiles
 var<workgroup> tile: array<u32, 64u * 33u>;    // (64, 32) words of the block's f16 pairs, rows 33 apart
 var<workgroup> csum: array<f32, 8u * 64u>;     // (8, 64) column sums of 8 rows each (SUM)
@@ -125,6 +127,7 @@ fn amp_pack_f16_pair(@builtin(local_invocation_index) t: u32,
         part[wid.y * p.cols + c0 + t] = tot;
     }
     for (var q = 0u; q < 8u; q++) {            // column c, word j: rows 2j, 2j + 1
+        if (!TRANS) { break; }
         let e = t + 256u * q;
         let c = e / 32u;
         let j = e % 32u;

@@ -79,13 +79,13 @@ def _run(variants: list[str]) -> int:
         W = rng.standard_normal((O, I)).astype(np.float16)
         dY = rng.standard_normal((M, O)).astype(np.float16)
         x, w, dy = (lf.f16_buffer(g, a, n) for a, n in ((X, "x"), (W, "w"), (dY, "dy")))
-        xt, dyt = lf.f16_buffer(g, X.T.copy(), "xt"), lf.f16_buffer(g, dY.T.copy(), "dyt")
+        xt, wt = lf.f16_buffer(g, X.T.copy(), "xt"), lf.f16_buffer(g, W.T.copy(), "wt")
         y, dx, dw = g.buffer(M * O, "y"), g.buffer(M * I, "dx"), g.buffer(O * I, "dw")
         X64, W64, dY64 = (a.astype(np.float64) for a in (X, W, dY))
-        cases = [("fwd", partial(lf.forward, g, y, x, w, M, I, O), y, (M, O), X64[:2048] @ W64.T),
+        cases = [("fwd", partial(lf.forward, g, y, x, wt, M, I, O), y, (M, O), X64[:2048] @ W64.T),
                  ("dX", partial(lf.dinput, g, dx, dy, w, M, I, O, accumulate=False), dx, (M, I),
                   dY64[:2048] @ W64),
-                 ("dW", partial(lf.dweight, g, dw, dyt, xt, M, I, O, accumulate=False), dw, (O, I),
+                 ("dW", partial(lf.dweight, g, dw, xt, dy, M, I, O, accumulate=False), dw, (O, I),
                   dY64.T @ X64)]
         flop = 2.0 * M * I * O
         for _ in range(2):
@@ -109,7 +109,7 @@ def _run(variants: list[str]) -> int:
                     except Exception as e:     # a variant that does not compile: say why
                         line.append(f"{kind} FAILED {type(e).__name__}: {str(e)[:300]}")
                 print(f"{name:8s} {v:22s} " + " | ".join(line), flush=True)
-        for b in (x, w, dy, xt, dyt, y, dx, dw):
+        for b in (x, w, dy, xt, wt, y, dx, dw):
             b.destroy()
     return 0
 

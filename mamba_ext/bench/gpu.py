@@ -371,13 +371,13 @@ def check_f16_products(g, lf, rng):
     M, I, O = 256, 384, 128
     x, w, dy = (rng.standard_normal(s).astype(np.float16) for s in ((M, I), (O, I), (M, O)))
     bx, bw, bdy = (lf.f16_buffer(g, a, n) for a, n in ((x, "f16_x"), (w, "f16_w"), (dy, "f16_dy")))
-    bxt, bdyt = lf.f16_buffer(g, x.T, "f16_xt"), lf.f16_buffer(g, dy.T, "f16_dyt")
+    bxt, bwt = lf.f16_buffer(g, x.T, "f16_xt"), lf.f16_buffer(g, w.T, "f16_wt")
     x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
     errs = {}
     for name, fn, args, shape, want in (
-            ("forward", lf.forward, (bx, bw), (M, O), x64 @ w64.T),
+            ("forward", lf.forward, (bx, bwt), (M, O), x64 @ w64.T),
             ("dinput", lf.dinput, (bdy, bw), (M, I), dy64 @ w64),
-            ("dweight", lf.dweight, (bdyt, bxt), (O, I), dy64.T @ x64)):
+            ("dweight", lf.dweight, (bxt, bdy), (O, I), dy64.T @ x64)):
         c0 = rng.standard_normal(shape).astype(np.float32)
         for acc in (False, True):
             c = g.buffer(c0.size, "f16_c", c0)
@@ -392,7 +392,7 @@ def check_f16_products(g, lf, rng):
                            ("start value", lf.f16_buffer(g, np.zeros((M, I)), "f16_x0"),
                             np.broadcast_to(b0[5:].astype(np.float64), (M, O)))):
         c = g.buffer(M * O, "f16_c")
-        g.submit(lf.forward(g, c, xb, bw, M, I, O, bias=(bb, 5)))
+        g.submit(lf.forward(g, c, xb, bwt, M, I, O, bias=(bb, 5)))
         got = g.read(c, M * O).reshape(M, O).astype(np.float64)
         errs[name] = float(np.abs(got - want).max() / np.abs(want).max())
     # a contraction long enough to be split over K (linear_f16.dweight_splits), accumulated
@@ -400,7 +400,7 @@ def check_f16_products(g, lf, rng):
     dys, xs = (rng.standard_normal(s).astype(np.float16) for s in ((Ms, O), (Ms, I)))
     c0 = rng.standard_normal((O, I)).astype(np.float32)
     c = g.buffer(c0.size, "f16_c", c0)
-    g.submit(lf.dweight(g, c, lf.f16_buffer(g, dys.T, "f16_dyst"), lf.f16_buffer(g, xs.T, "f16_xst"),
+    g.submit(lf.dweight(g, c, lf.f16_buffer(g, xs.T, "f16_xst"), lf.f16_buffer(g, dys, "f16_dys"),
                         Ms, I, O))
     got = g.read(c, c0.size).reshape(O, I).astype(np.float64)
     ref = dys.astype(np.float64).T @ xs.astype(np.float64) + c0
@@ -522,20 +522,20 @@ def run_f16_gemm(repeat: int = 10) -> int:
           + ", ".join(f"{k} {v:.1e}" for k, v in errs.items()), flush=True)
     reps = 5
     for name, M, I, O in F16_GEMM_SHAPES:
-        x, w, dy, xt, dyt = (lf.f16_buffer(g, rng.standard_normal(s).astype(np.float16), n)
-                             for s, n in (((M, I), "x"), ((O, I), "w"), ((M, O), "dy"),
-                                          ((I, M), "xt"), ((O, M), "dyt")))
+        x, w, dy, xt, wt = (lf.f16_buffer(g, rng.standard_normal(s).astype(np.float16), n)
+                            for s, n in (((M, I), "x"), ((O, I), "w"), ((M, O), "dy"),
+                                         ((I, M), "xt"), ((I, O), "wt")))
         y, dx, dw = g.buffer(M * O, "y"), g.buffer(M * I, "dx"), g.buffer(O * I, "dw")
         flop = 2.0 * M * I * O
         line = []
-        for kind, ops in (("forward", lf.forward(g, y, x, w, M, I, O)),
+        for kind, ops in (("forward", lf.forward(g, y, x, wt, M, I, O)),
                           ("dX", lf.dinput(g, dx, dy, w, M, I, O)),
-                          ("dW", lf.dweight(g, dw, dyt, xt, M, I, O))):
+                          ("dW", lf.dweight(g, dw, xt, dy, M, I, O))):
             gpu_ms, wall_ms = _time_ops(g, ops * reps, (), repeat, warmup_s=WARMUP_S)
             ms = (gpu_ms if gpu_ms is not None else wall_ms) / reps
             line.append(f"{kind} {ms:.3f} ms = {flop / ms / 1e9:.1f} TFLOP/s")
         print(f"f16 {name} (M {M}, I {I}, O {O}): " + "; ".join(line), flush=True)
-        for b in (x, w, dy, xt, dyt, y, dx, dw):
+        for b in (x, w, dy, xt, wt, y, dx, dw):
             b.destroy()
         # the fp32 kernel of linear.wgsl, same forward product
         x32, w32 = g.buffer(M * I, "x32"), g.buffer(O * I, "w32")

@@ -55,6 +55,7 @@ def validate_block(x, params):
 
 
 F16_WEIGHTS = ("wInProj", "wOutProj")    # the weights BlockLayer's f16 mode multiplies in f16
+F16_TRANSPOSED = tuple(n + ".T" for n in F16_WEIGHTS)   # and their transposes (the forward's)
 NARROW_F16_WEIGHTS = ("wXProj", "wDtProj")   # and those of x_proj and dt_proj, where they fit
 NARROW_F16 = True       # False: x_proj and dt_proj stay f32 in the f16 mode (for comparison)
 
@@ -86,7 +87,8 @@ def half_weights(g, arena, offs, shapes):
             return narrow_f16_unsupported(shapes[pre + "wXProj"][0],
                                           shapes[pre + "wDtProj"][1]) is None
         return False
-    return lf.HalfWeights(g, arena, [(k, offs[k], *shapes[k]) for k in offs if wanted(k)])
+    return lf.HalfWeights(g, arena, [(k, offs[k], *shapes[k]) for k in offs if wanted(k)],
+                          transposed=[k for k in offs if k.rsplit(".", 1)[-1] in F16_WEIGHTS])
 
 
 def f16_unsupported(d: BlockDims, M, offs, half_offs) -> str | None:
@@ -96,8 +98,10 @@ def f16_unsupported(d: BlockDims, M, offs, half_offs) -> str | None:
     if d.Dm % t or d.D % t or M % t:
         return (f"d_model {d.Dm}, d_inner {d.D} and batch x seq_len {M} must be multiples of "
                 f"{t} (the f16 kernel's whole tiles)")
-    return (lf.layer_unsupported(M, d.Dm, 2 * d.D, half_offs["wInProj"], offs["wInProj"])
-            or lf.layer_unsupported(M, d.D, d.Dm, half_offs["wOutProj"], offs["wOutProj"]))
+    return (lf.layer_unsupported(M, d.Dm, 2 * d.D, half_offs["wInProj"], offs["wInProj"],
+                                 half_offs["wInProj.T"])
+            or lf.layer_unsupported(M, d.D, d.Dm, half_offs["wOutProj"], offs["wOutProj"],
+                                    half_offs["wOutProj.T"]))
 
 
 def block_arena(d: BlockDims, prefix=""):
@@ -113,9 +117,9 @@ class BlockScratch:
         mk = g.buffer
         if f16:     # the f16 operands of the products (BlockLayer's f16 mode), 2 per word
             self.dout16 = mk(M * Dm // 2, "dout_f16")    # (M, Dm) f16: out_proj's dY
-            self.dout16_t = mk(M * Dm // 2, "dout_f16_t")  # (Dm, M) f16: its transpose
             self.dY16 = mk(M * D, "dY_f16")              # (M, 2D) f16: in_proj's dY
-            self.dY16_t = mk(M * D, "dY_f16_t")          # (2D, M) f16: its transpose
+            # (2D, M) f16: x_proj's and dt_proj's k-major operands (_narrow_backward_ops)
+            self.dY16_t = mk(M * D, "dY_f16_t")
         # Buffers whose lifetimes within backward_ops do not overlap share one (the
         # steps: 1 out_proj, 2 gate, 3 scan, 4 dt_proj, 5 x_proj, 6 conv1d, 7 in_proj,
         # 8 RMSNorm): dgated [1, 2] / ddelta_pre [3, 4] / dxn [7, 8], and
@@ -244,7 +248,7 @@ class BlockLayer:
                 wh, ho = self.f16
                 in_proj = [lf.pack_pair(g, self.xn16, self.xn16_t, self.xn, M, Dm),
                            *lf.forward(g, self.Y, self.xn16, wh, M, Dm, 2 * D,
-                                       w_off=ho["wInProj"], bias=(w, o["bInProj"]))]
+                                       wt_off=ho["wInProj.T"], bias=(w, o["bInProj"]))]
             # u = SiLU(conv(xc)); dt_proj: delta_pre (M, D) = dt_low @ wDtProj^T + bDtProj
             # (the scan kernels take delta = softplus(delta_pre) where they read it). dt_proj's
             # ops are kept: the f16 mode's backward runs them again, and the conv from the
@@ -282,7 +286,7 @@ class BlockLayer:
                 # (out = bias + x filled first: the products cannot start from two terms)
                 self._out_ops = [*bias_fill(g, M, Dm, w, o["bOutProj"], self.out, 0, Dm, res=self.x),
                                  *lf.forward(g, self.out, self.gated16, wh, M, D, Dm,
-                                             accumulate=True, w_off=ho["wOutProj"])]
+                                             accumulate=True, wt_off=ho["wOutProj.T"])]
         return self._fwd
 
     def _narrow_forward_ops(self):
@@ -349,17 +353,15 @@ class BlockLayer:
         else:       # the same with f16 operands, the bias gradients from the f32 dY (read
             # once, by the pack)
             wh, ho = self.f16
-            out_proj = [*lf.pack_pair_bias(g, sc.dout16, sc.dout16_t, dout, M, Dm, gr,
-                                           o["bOutProj"]),
+            out_proj = [*lf.pack_pair_bias(g, sc.dout16, None, dout, M, Dm, gr, o["bOutProj"]),
                         *lf.dinput(g, sc.dgated, sc.dout16, wh, M, D, Dm, accumulate=False,
                                    w_off=ho["wOutProj"]),
-                        *lf.dweight(g, gr, sc.dout16_t, self.gated16_t, M, D, Dm,
+                        *lf.dweight(g, gr, self.gated16_t, sc.dout16, M, D, Dm,
                                     dw_off=o["wOutProj"])]
-            in_proj = [*lf.pack_pair_bias(g, sc.dY16, sc.dY16_t, sc.dY, M, 2 * D, gr,
-                                          o["bInProj"]),
+            in_proj = [*lf.pack_pair_bias(g, sc.dY16, None, sc.dY, M, 2 * D, gr, o["bInProj"]),
                        *lf.dinput(g, sc.dxn, sc.dY16, wh, M, Dm, 2 * D, accumulate=False,
                                   w_off=ho["wInProj"]),
-                       *lf.dweight(g, gr, sc.dY16_t, self.xn16_t, M, Dm, 2 * D,
+                       *lf.dweight(g, gr, self.xn16_t, sc.dY16, M, Dm, 2 * D,
                                    dw_off=o["wInProj"])]
             # u and delta_pre, which the cache does not hold: the conv again from the f16 Y,
             # dt_proj's ops again

@@ -194,12 +194,15 @@ def product(g, c, a, b, M: int, N: int, K: int, *, a_kmajor: bool, b_kmajor: boo
                                 cslice, bias is not None, nv, c_colmajor, tile))
 
 
-def forward(g, y, x, w, M: int, I: int, O: int, accumulate: bool = False, w_off: int = 0,
+def forward(g, y, x, wt, M: int, I: int, O: int, accumulate: bool = False, wt_off: int = 0,
             bias=None):
-    """Ops: Y (M, O) f32 [+]= X (M, I) @ W (O, I)^T, X and W f16 (W from ``w_off``);
-    ``bias`` (buffer, offset): Y starts from b (O,) f32 (not with ``accumulate``)."""
-    return [product(g, y, x, w, M, O, I, a_kmajor=True, b_kmajor=True, lda=I, ldb=I, ldc=O,
-                    b_off=w_off, accumulate=accumulate, bias=bias)]
+    """Ops: Y (M, O) f32 [+]= X (M, I) @ W (O, I)^T, X f16 and W given as its f16
+    transpose W^T (I, O) (from ``wt_off``: :class:`HalfWeights`' ``transposed``), so that B
+    is n-major, dX's layout (from W itself, k-major: 173 against 186 TFLOP/s on an H200,
+    docs/gpu_h200.txt session 23); ``bias`` (buffer, offset): Y starts from b (O,) f32 (not
+    with ``accumulate``)."""
+    return [product(g, y, x, wt, M, O, I, a_kmajor=True, b_kmajor=False, lda=I, ldb=O, ldc=O,
+                    b_off=wt_off, accumulate=accumulate, bias=bias)]
 
 
 def dinput(g, dx, dy, w, M: int, I: int, O: int, accumulate: bool = True, w_off: int = 0):
@@ -241,15 +244,16 @@ def weight_product(g, dw, dw_off: int, rows: int, cols: int, K: int, a, b, *, b_
             *split_sum(g, out_rows, out_cols, part, S, dw, dw_off, out_cols, accumulate)]
 
 
-def dweight(g, dw, dy_t, x_t, M: int, I: int, O: int, accumulate: bool = True,
+def dweight(g, dw, x_t, dy, M: int, I: int, O: int, accumulate: bool = True,
             dw_off: int = 0):
-    """Ops: dW (O, I) f32 [+]= dY (M, O)^T @ X (M, I) from their transposes dY^T (O, M)
-    and X^T (I, M) in f16 (:func:`pack_pair`), so that both operands are k-major, the
-    kernel's fast layout (from dY and X as they are: about 90 against 130-150 TFLOP/s on
-    an H200); dW from ``dw_off`` of ``dw``, e.g. a gradient arena (:func:`weight_product`:
-    split over K)."""
-    return weight_product(g, dw, dw_off, O, I, M, dy_t, x_t, b_kmajor=True, ldb=M,
-                          accumulate=accumulate)
+    """Ops: dW (O, I) f32 [+]= dY (M, O)^T @ X (M, I), computed as its transpose X^T dY from
+    X^T (I, M) (k-major, :func:`pack_pair`) and dY (M, O) (n-major: the row-major f16 copy
+    dX's product reads) and stored transposed: the kernel's fast layout (dY^T X from both
+    transposes ran at 145-156 against 159-175 TFLOP/s on an H200, docs/gpu_h200.txt session
+    23); into ``dw`` from ``dw_off``, e.g. a gradient arena (:func:`weight_product`: split
+    over K)."""
+    return weight_product(g, dw, dw_off, I, O, M, x_t, dy, b_kmajor=False, ldb=O,
+                          c_colmajor=True, accumulate=accumulate)
 
 
 def narrow_forward(g, y, x, x16, w16, M: int, I: int, O: int, *, w_off: int, bias):
@@ -282,12 +286,14 @@ def narrow_backward(g, dx, dy, x, w16, gr, M: int, I: int, O: int, *, w_off: int
             *column_sum(g, M, O, dy, 0, O, gr, db_off)]
 
 
-def layer_unsupported(M: int, I: int, O: int, w_off: int = 0, dw_off: int = 0) -> str | None:
+def layer_unsupported(M: int, I: int, O: int, w_off: int = 0, dw_off: int = 0,
+                      wt_off: int = 0) -> str | None:
     """Why the three products of a linear layer X (M, I) -> Y (M, O) cannot all run in
-    f16 (f16 weights at ``w_off``, their f32 gradient at ``dw_off``), or None."""
-    return (unsupported(M, O, I, I, I, O, 0, w_off)                  # Y = X W^T
+    f16 (f16 weights at ``w_off``, their transpose at ``wt_off``, their f32 gradient at
+    ``dw_off``), or None."""
+    return (unsupported(M, O, I, I, O, O, 0, wt_off)                 # Y = X (W^T)
             or unsupported(M, I, O, O, I, I, 0, w_off)               # dX = dY W
-            or unsupported(O, I, M, M, M, I, c_off=dw_off))          # dW = (dY^T) (X^T)^T
+            or unsupported(I, O, M, M, O, I, c_off=dw_off))          # dW^T = (X^T) dY
 
 
 def pack(g, dst, src, rows: int, cols: int, src_off: int = 0, src_rs: int | None = None,
@@ -311,32 +317,38 @@ def pack(g, dst, src, rows: int, cols: int, src_off: int = 0, src_rs: int | None
 
 
 def pack_pair(g, dst, dst_t, src, rows: int, cols: int, src_off: int = 0,
-              src_rs: int | None = None, part=None):
+              src_rs: int | None = None, part=None, dst_off: int = 0, dst_t_off: int = 0):
     """Op: the (rows, cols) f32 block of ``src`` (as :func:`pack`; ``src_off`` and
-    ``src_rs`` even) rounded to f16 into
-    ``dst`` row-major (skipped when ``dst`` is None) and into ``dst_t`` transposed,
-    (cols, rows): the k-major operands of a weight gradient (:func:`dweight`), read once.
-    ``part``: also the column sums of each 64-row tile into it, (rows / 64, cols) f32
-    (:func:`pack_pair_bias`). ``rows`` and ``cols`` multiples of 64."""
+    ``src_rs`` even) rounded to f16 into ``dst`` row-major, (rows, cols) from f16 element
+    ``dst_off``, and into ``dst_t`` transposed, (cols, rows) from ``dst_t_off`` (either
+    skipped when None): e.g. an operand of a weight gradient and its k-major transpose
+    (:func:`dweight`), read once. ``part``: also the column sums of each 64-row tile into
+    it, (rows / 64, cols) f32 (:func:`pack_pair_bias`). ``rows`` and ``cols`` multiples of
+    64, the offsets even."""
     from .amp import amp_params
     if rows % 64 or cols % 64:
         raise ValueError(f"linear_f16.pack_pair: rows {rows} and cols {cols} must be "
                          f"multiples of 64")
     rs = cols if src_rs is None else src_rs
-    if src_off % 2 or rs % 2:
-        raise ValueError(f"linear_f16.pack_pair: src_off {src_off} and src_rs {rs} must be "
-                         f"even (the block is read as f32 pairs)")
+    if src_off % 2 or rs % 2 or dst_off % 2 or dst_t_off % 2:
+        raise ValueError(f"linear_f16.pack_pair: src_off {src_off}, src_rs {rs}, dst_off "
+                         f"{dst_off} and dst_t_off {dst_t_off} must be even (f32 and f16 pairs)")
+    if dst is None and dst_t is None and part is None:
+        raise ValueError("linear_f16.pack_pair: nothing to write (dst, dst_t and part None)")
     return g.op("amp", "amp_pack_f16_pair", g.check_grid((cols // 64, rows // 64, 1), "pack_pair"),
-                amp_params(rows * cols // 2, cols=cols, src_off=src_off, src_rs=rs, rows=rows),
-                [src, None, g.dummy(0) if dst is None else dst, dst_t, None, None,
-                 g.dummy(1) if part is None else part],
-                {"ROW": dst is not None, "SUM": part is not None})
+                amp_params(rows * cols // 2, cols=cols, src_off=src_off, src_rs=rs, rows=rows,
+                           dst_off=dst_off // 2, dst_t_off=dst_t_off // 2),
+                [src, None, g.dummy(0) if dst is None else dst,
+                 g.dummy(1) if dst_t is None else dst_t, None, None,
+                 g.dummy(2) if part is None else part],
+                {"ROW": dst is not None, "TRANS": dst_t is not None, "SUM": part is not None})
 
 
 def pack_pair_bias(g, dst, dst_t, src, rows: int, cols: int, grad, db_off: int):
-    """Ops: :func:`pack_pair` of a layer's f32 output gradient dY (rows, cols), and its
-    bias gradient grad[db_off:db_off + cols] += the column sums of dY, from the same read
-    (the sums of its 64-row tiles, added in tile order: device.column_sum_final)."""
+    """Ops: :func:`pack_pair` of a layer's f32 output gradient dY (rows, cols) (its
+    transpose skipped when ``dst_t`` is None), and its bias gradient
+    grad[db_off:db_off + cols] += the column sums of dY, from the same read (the sums of its
+    64-row tiles, added in tile order: device.column_sum_final)."""
     from .device import column_sum_final, column_sum_part
     part = column_sum_part(g, rows // 64, cols)
     return [pack_pair(g, dst, dst_t, src, rows, cols, part=part),
@@ -354,17 +366,31 @@ class HalfWeights:
     ``buf`` holds each at an f16 offset ``offs[name]`` (a multiple of 8, the kernel's
     16-byte loads), padded with zeros to whole tiles, (padded(rows), padded(cols)) with
     rows ``ld[name]`` = padded(cols) apart, so that a narrow layer's products (x_proj's 80
-    outputs, dt_proj's 48 inputs) read whole tiles; ``ops`` make them from the arena (run
-    them whenever the arena changed, e.g. once per training step). ``tensors``: [(name,
-    arena offset, rows, cols)]."""
+    outputs, dt_proj's 48 inputs) read whole tiles; the matrices named in ``transposed``
+    (whole tiles already: rows and cols multiples of :data:`TILE`) also as their transpose
+    (cols, rows), ``offs[name + ".T"]``, rows ``ld[name + ".T"]`` = rows apart (the B
+    operand of :func:`forward`, :func:`pack_pair`). ``ops`` make
+    them from the arena (run them whenever the arena changed, e.g. once per training
+    step). ``tensors``: [(name, arena offset, rows, cols)]."""
 
-    def __init__(self, g, arena, tensors):
+    def __init__(self, g, arena, tensors, transposed=()):
         self.offs, self.ld, at = {}, {}, 0
         for name, _, rows, cols in tensors:
-            self.offs[name] = at
-            self.ld[name] = padded(cols)
-            at += padded(rows) * padded(cols)
+            copies = [(name, padded(rows), padded(cols))]
+            if name in transposed:
+                if padded(rows) != rows or padded(cols) != cols:
+                    raise ValueError(f"linear_f16.HalfWeights: {name} ({rows}, {cols}) is not "
+                                     f"whole tiles of {TILE}, so not kept transposed")
+                copies.append((name + ".T", cols, rows))
+            for key, r, c in copies:
+                self.offs[key] = at
+                self.ld[key] = c
+                at += r * c
         self.buf = g.buffer(at // 2, "params_f16")
         self.ops = [pack(g, self.buf, arena, rows, cols, src_off=off, dst_off=self.offs[name],
                          dst_cols=self.ld[name])
                     for name, off, rows, cols in tensors]
+        # (a second read of the weight: one pack_pair would bind buf to two writable bindings)
+        self.ops += [pack_pair(g, None, self.buf, arena, rows, cols, src_off=off,
+                               dst_t_off=self.offs[name + ".T"])
+                     for name, off, rows, cols in tensors if name in transposed]

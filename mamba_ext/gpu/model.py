@@ -15,7 +15,7 @@ import numpy as np
 from .._validate import BLOCK_PARAM_NAMES, check_discretization, check_eps, check_tokens
 from ..constants import DEFAULT_EPS
 from . import scan as _scan
-from .block import F16_WEIGHTS, NARROW_F16_WEIGHTS, BlockLayer, BlockScratch, require_float32
+from .block import F16_TRANSPOSED, F16_WEIGHTS, NARROW_F16_WEIGHTS, BlockLayer, BlockScratch, require_float32
 from . import linear_f16 as lf
 from .device import arena_layout, elementwise, gpu, slices
 from .linear import Mat, gemm, linear_backward
@@ -107,7 +107,8 @@ class ModelPlan:
             lo = {n: o[f"layer{i}.{n}"] for n in BLOCK_PARAM_NAMES}
             shared = self.layers[0] if self.checkpointing and self.layers else None
             half = None if f16 is None else (f16.buf, {
-                n: f16.offs[f"layer{i}.{n}"] for n in F16_WEIGHTS + NARROW_F16_WEIGHTS
+                n: f16.offs[f"layer{i}.{n}"]
+                for n in F16_WEIGHTS + F16_TRANSPOSED + NARROW_F16_WEIGHTS
                 if f"layer{i}.{n}" in f16.offs})
             lay = BlockLayer(g, dims.block, B, L, w, gr, lo, self.h[i], self.h[i + 1],
                              self.eps, discretization, chunk or _scan.SCAN_CHUNK, cache_of=shared,

@@ -289,7 +289,7 @@ class ResidentTrainer:
     def _half_weights(self, M):
         """The f16 weight copies for a plan of M rows, or None (``f16_reason`` says why)."""
         from . import linear_f16 as lf
-        from .block import F16_WEIGHTS, f16_unsupported, half_weights
+        from .block import F16_TRANSPOSED, F16_WEIGHTS, f16_unsupported, half_weights
         if self._amp is None:
             return None
         g = gpu()
@@ -303,7 +303,7 @@ class ResidentTrainer:
             for i in range(self.dims.n_layers):
                 lo = {k: self.offs[f"layer{i}.{k}"] for k in F16_WEIGHTS}
                 # (HalfWeights puts every copy at a multiple of 8, as the kernel needs)
-                why = f16_unsupported(self.dims.block, M, lo, dict.fromkeys(F16_WEIGHTS, 0))
+                why = f16_unsupported(self.dims.block, M, lo, dict.fromkeys(F16_WEIGHTS + F16_TRANSPOSED, 0))
                 if why:
                     why = f"layer {i}: {why}"
                     break

@@ -200,33 +200,61 @@ def test_f16_mode_cache_is_small(reference):
         assert getattr(lay32, name) is not getattr(plans[False].layers[1], name), name
 
 
-@pytest.mark.parametrize("row", [True, False])
-def test_pack_pair_is_both_layouts(row):
-    """pack_pair: the row-major copy (when asked) and the transposed one of a strided
-    block, bit for bit NumPy's float16 (edge values included)."""
+@pytest.mark.parametrize("row,trans", [(True, True), (False, True), (True, False)])
+def test_pack_pair_is_both_layouts(row, trans):
+    """pack_pair: the row-major copy and the transposed one (each when asked, at an offset
+    of its buffer) of a strided block, bit for bit NumPy's float16 (edge values included);
+    what is not asked for, and the words before the offsets, untouched."""
     rng = np.random.default_rng(2)
     rows, cols, rs = 128, 128, 134          # 2 x 2 tiles of 64 x 64
     x = np.zeros((rows, rs), np.float32)
     vals = _edge_values()
     x[:, 4:4 + cols] = rng.choice(vals, (rows, cols))
     src = upload(g, "src", x)
-    dst, dst_t = g.buffer(rows * cols // 2, "dst"), g.buffer(rows * cols // 2, "dst_t")
-    run(g, lf.pack_pair(g, dst if row else None, dst_t, src, rows, cols, src_off=4, src_rs=rs))
+    n = rows * cols // 2 + 3
+    dst, dst_t = (g.buffer(n, k, np.full(n, 0xffffffff, np.uint32)) for k in ("dst", "dst_t"))
+    run(g, lf.pack_pair(g, dst if row else None, dst_t if trans else None, src, rows, cols,
+                        src_off=4, src_rs=rs, dst_off=6 if row else 0, dst_t_off=6 if trans else 0))
     want = _f16(x[:, 4:4 + cols])
-    for buf, ref, on in ((dst, want, row), (dst_t, want.T, True)):
-        got = read(g, buf, (rows * cols // 2,), np.uint32).view(np.float16).reshape(ref.shape)
+    for buf, ref, on in ((dst, want, row), (dst_t, want.T, trans)):
+        words = read(g, buf, (n,), np.uint32)
         if not on:
-            assert not got.any()
+            assert np.all(words == 0xffffffff)
             continue
+        assert np.all(words[:3] == 0xffffffff)
+        got = words[3:].view(np.float16).reshape(ref.shape)
         nan = np.isnan(ref)
         assert np.array_equal(np.isnan(got), nan)
         assert np.array_equal(got.view(np.uint16)[~nan], np.ascontiguousarray(ref).view(np.uint16)[~nan])
     for bad in ((96, 64), (128, 96)):
         with pytest.raises(ValueError, match="multiples of 64"):
             lf.pack_pair(g, dst, dst_t, src, *bad)
-    for off, stride in ((3, rs), (4, rs - 1)):       # read as f32 pairs
+    for off, stride, doff in ((3, rs, 0), (4, rs - 1, 0), (4, rs, 5)):   # f32 and f16 pairs
         with pytest.raises(ValueError, match="even"):
-            lf.pack_pair(g, dst, dst_t, src, rows, cols, src_off=off, src_rs=stride)
+            lf.pack_pair(g, dst, dst_t, src, rows, cols, src_off=off, src_rs=stride, dst_off=doff)
+    with pytest.raises(ValueError, match="nothing to write"):
+        lf.pack_pair(g, None, None, src, rows, cols)
+
+
+def test_half_weights_keeps_transposes():
+    """HalfWeights with ``transposed``: the named matrix also as its f16 transpose (the
+    forward's B operand) at its own offset, the others as before; a matrix that is not whole
+    tiles cannot be kept transposed."""
+    rng = np.random.default_rng(9)
+    a, b = (rng.standard_normal(s).astype(np.float32) for s in ((256, 128), (80, 48)))
+    arena = upload(g, "arena", np.concatenate([np.zeros(2, np.float32), a.ravel(), b.ravel()]))
+    hw = lf.HalfWeights(g, arena, [("a", 2, 256, 128), ("b", 2 + a.size, 80, 48)], transposed=["a"])
+    run(g, hw.ops)
+    words = read(g, hw.buf, (hw.buf.size // 4,), np.uint32).view(np.float16)
+    at = lambda k, r, c: words[hw.offs[k]:hw.offs[k] + r * c].reshape(r, c)   # noqa: E731
+    assert hw.ld["a.T"] == 256 and hw.ld["a"] == 128
+    assert np.array_equal(at("a", 256, 128), _f16(a))
+    assert np.array_equal(at("a.T", 128, 256), _f16(a).T)
+    got_b = at("b", 128, 128)
+    assert np.array_equal(got_b[:80, :48], _f16(b)) and not got_b[80:].any() and not got_b[:, 48:].any()
+    assert "b.T" not in hw.offs and all(o % 8 == 0 for o in hw.offs.values())
+    with pytest.raises(ValueError, match="whole tiles"):
+        lf.HalfWeights(g, arena, [("b", 2 + a.size, 80, 48)], transposed=["b"])
 
 
 def test_gate_forward_f16_is_the_gate_and_its_packs():
