@@ -105,11 +105,16 @@ fn amp_pack_f16_pair(@builtin(local_invocation_index) t: u32,
     let c0 = wid.x * 64u;
     var s0 = 0.0;                              // (SUM) columns c0 + 2k, 2k + 1 over this
     var s1 = 0.0;                              // invocation's 8 rows
-    for (var q = 0u; q < 8u; q++) {            // word k of row r: columns c0 + 2k, 2k + 1
-        let e = t + 256u * q;
-        let r = e / 32u;                       // (t / 32 + 8 q)
-        let k = e % 32u;                       // (t % 32)
-        let xv = w2[(p.src_off + (r0 + r) * p.src_rs + c0 + 2u * k) / 2u];   // (even: checked)
+    // word k = t % 32 of row r = t / 32 + 8 q: columns c0 + 2k, 2k + 1; the eight rows'
+    // loads issued before any store (which the compiler cannot tell from them)
+    var xs: array<vec2<f32>, 8>;
+    for (var q = 0u; q < 8u; q++) {
+        xs[q] = w2[(p.src_off + (r0 + t / 32u + 8u * q) * p.src_rs + c0 + 2u * (t % 32u)) / 2u];
+    }
+    for (var q = 0u; q < 8u; q++) {
+        let r = t / 32u + 8u * q;
+        let k = t % 32u;
+        let xv = xs[q];                        // (src_off, src_rs even: checked)
         s0 += xv.x;
         s1 += xv.y;
         let v = f16_pair(xv.x, xv.y);
