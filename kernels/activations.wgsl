@@ -71,17 +71,11 @@ fn gate_backward(@builtin(local_invocation_index) li: u32,
     let i = flat_index(wid, nwg, li, WG) * select(1u, 2u, HALF);
     if (i >= p.n) { return; }
     let zi = (i / p.D) * p.y_rs + p.D + i % p.D;
-    var z: array<f32, 2>;                      // the loads first, then the stores
-    var g: array<f32, 2>;
-    var y: array<f32, 2>;
     for (var h = 0u; h < select(1u, 2u, HALF); h++) {
-        z[h] = act_value(gb_Y[act_word(zi + h, HALF)], zi + h, HALF);
-        g[h] = gb_dgated[i + h];
-        y[h] = act_value(gb_y[act_word(i + h, HALF)], i + h, HALF);
-    }
-    for (var h = 0u; h < select(1u, 2u, HALF); h++) {
-        gb_dy[i + h] = g[h] * silu(z[h]);
-        gb_dY[zi + h] = g[h] * y[h] * dsilu(z[h]);
+        let z = act_value(gb_Y[act_word(zi + h, HALF)], zi + h, HALF);
+        let g = gb_dgated[i + h];
+        gb_dy[i + h] = g * silu(z);
+        gb_dY[zi + h] = g * act_value(gb_y[act_word(i + h, HALF)], i + h, HALF) * dsilu(z);
     }
 }
 
@@ -100,28 +94,18 @@ fn gate_forward_f16(@builtin(local_invocation_index) t: u32,
     let M = p.n / p.D;
     let r0 = wid.y * 64u;                      // this workgroup's 64 rows and 64 channels
     let c0 = wid.x * 64u;
-    // word k of row r = t / 32 + 8 q: channels c0 + 2k, 2k + 1. All eight rows' loads are
-    // issued before any store (the stores could alias them as far as the compiler knows,
-    // which otherwise keeps one row's loads in flight at a time)
-    let k = t % 32u;
-    var yv: array<vec2<f32>, 8>;
-    var xv: array<vec2<f32>, 8>;
-    var zv: array<vec2<f32>, 8>;
-    for (var q = 0u; q < 8u; q++) {
+    for (var q = 0u; q < 8u; q++) {            // word k of row r: channels c0 + 2k, 2k + 1
         let r = t / 32u + 8u * q;
-        let e = (r0 + r) * p.y_rs + c0 + 2u * k;   // of Y's xc half; p.D on: z
-        yv[q] = gh_y[((r0 + r) * p.D + c0 + 2u * k) / 2u];
-        xv[q] = gh_Y[e / 2u];
-        zv[q] = gh_Y[(e + p.D) / 2u];
-    }
-    for (var q = 0u; q < 8u; q++) {
-        let r = t / 32u + 8u * q;
+        let k = t % 32u;
         let i = (r0 + r) * p.D + c0 + 2u * k;  // element of y, gated
-        let e = (r0 + r) * p.y_rs + c0 + 2u * k;
-        let v = f16_pair(yv[q].x * silu(zv[q].x), yv[q].y * silu(zv[q].y));
-        gh_y16[i / 2u] = f16_pair(yv[q].x, yv[q].y);
-        gh_Y16[e / 2u] = f16_pair(xv[q].x, xv[q].y);
-        gh_Y16[(e + p.D) / 2u] = f16_pair(zv[q].x, zv[q].y);
+        let e = (r0 + r) * p.y_rs + c0 + 2u * k;   // of Y's xc half; p.D on: z
+        let yv = gh_y[i / 2u];
+        let xv = gh_Y[e / 2u];
+        let zv = gh_Y[(e + p.D) / 2u];
+        let v = f16_pair(yv.x * silu(zv.x), yv.y * silu(zv.y));
+        gh_y16[i / 2u] = f16_pair(yv.x, yv.y);
+        gh_Y16[e / 2u] = f16_pair(xv.x, xv.y);
+        gh_Y16[(e + p.D) / 2u] = f16_pair(zv.x, zv.y);
         gh_gated16[i / 2u] = v;
         gh_tile[r * 33u + k] = v;
     }
