@@ -19,10 +19,11 @@
 //
 // Size letters: M rows, N columns, K contraction (of the product). Operand layouts,
 // chosen by the host per product of a layer Y = X W^T (X (rows, I), W (O, I)):
-//   A_KMAJOR: A(i, k) = a[a_off + i*lda + k] (X, dY), else a[a_off + k*lda + i] (dY^T)
-//   B_KMAJOR: B(k, j) = b[b_off + j*ldb + k] (W^T), else b[b_off + k*ldb + j] (W, X)
-//   forward Y = X W^T: A_KMAJOR, B_KMAJOR; dX = dY W: A_KMAJOR, not B_KMAJOR;
-//   dW = dY^T X: neither.
+//   A_KMAJOR: A(i, k) = a[a_off + i*lda + k] (X, dY, X^T), else a[a_off + k*lda + i]
+//   B_KMAJOR: B(k, j) = b[b_off + j*ldb + k] (W), else b[b_off + k*ldb + j] (W^T, W, dY)
+//   The host uses A k-major and B not (the fast pair, docs/gpu_h200.txt session 23):
+//   forward Y = X (W^T) from W's transposed copy; dX = dY W; dW^T = (X^T) dY, stored
+//   transposed (C_COLMAJOR). The other layouts stay for the narrow products and tests.
 // C (M, N) f32 rows ldc apart from c_off (C_COLMAJOR: columns ldc apart, C[i, j] at
 // c[c_off + j*ldc + i]: a weight gradient computed as its transpose); bias (N,) f32 from
 // bias_off. Only the first NVALID columns of C are stored (and loaded, and started from
