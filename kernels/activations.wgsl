@@ -2,7 +2,8 @@
 // mamba_ext/cpu/activations.pxd (whose scalar helpers are common.wgsl; softplus
 // of dt_proj's output is fused into linear.wgsl's store, its backward into
 // scan_backward_grads). common.wgsl is prepended by the loader.
-// One invocation per element, over a 2-D grid (flat_index).
+// One invocation per element, over a 2-D grid (flat_index); gate_forward_f16 and
+// gate_backward with HALF as below.
 //
 // Size letters: M = B*L rows, D dInner.
 //

@@ -141,7 +141,8 @@ fn conv1d_forward(@builtin(local_invocation_index) li: u32,
 
 // (T + 2 (K - 1), 32) xc pairs of rows r0 - (K - 1) .. r0 + T + K - 2
 var<workgroup> xs_b: array<vec2<f32>, (T + 2u * K - 2u) * 32u>;
-// (8, 64) one tap's sums of the workgroup's eight lanes, summed in the order ly = 0..7
+// (8, 32) one tap's sums (channel pairs) of the workgroup's eight lanes, summed in the
+// order ly = 0..7
 var<workgroup> red: array<vec2<f32>, 256>;
 // (RPTMAX + KMAX - 1,) dconv of this invocation's rows and the K - 1 after them (0 past M)
 var<private> dc: array<vec2<f32>, RPTMAX + KMAX - 1u>;
@@ -211,6 +212,7 @@ fn conv1d_backward(@builtin(local_invocation_index) li: u32,
         workgroupBarrier();
     }
 }
+
 @compute @workgroup_size(256)
 fn conv1d_backward_weight_final(@builtin(local_invocation_index) li: u32,
                                 @builtin(workgroup_id) wid: vec3<u32>,
