@@ -37,9 +37,11 @@
 // CPW = WG / SG channels per workgroup; grid (G, C, B), G = ceil(D / CPW). Lanes
 // past D or past N take part in barriers and contribute zero. The Bs | Cs columns
 // of a block of TS steps are staged in workgroup memory (one coalesced load, read
-// back as broadcast vec4). With SG > 1 the sums over a channel's state groups go
-// through workgroup memory; dBs, dCs (sums over the CPW channels) always do, every
-// RB steps.
+// back as broadcast vec4). In scan_backward_grads, the sums over a channel's state groups
+// (SG > 1) and dBs, dCs (sums over channels) are sum_step's: this file is compiled as
+// part of scan_sums_workgroup.wgsl (sums through workgroup memory, every RB steps; SUB = 0)
+// or, where the device has subgroups of SUB = 8, 16 or 32 invocations and SG = 1, of
+// scan_sums_subgroup.wgsl (shuffles; the host sets SUB), each this file and one sum_step.
 //
 // Pipelining (why: a block's global loads, issued where they are used, left their latency
 // and a barrier exposed at every block): each chunk kernel loads the next block's Bs | Cs
@@ -97,9 +99,13 @@ override NV: u32 = 4u;
 override TS: u32 = 4u;
 override RB: u32 = 2u;
 // HS: partial sums of dBs/dCs per workgroup (scan_backward_grads): each sums WG / SG / HS
-// of its channels, so that HS * 32 invocations share the per-step sums instead of 32
-// (dbc_part holds G * HS partials; Params.G counts them).
+// of its channels (workgroup sums: so that HS * 32 invocations share the per-step sums
+// instead of 32; subgroup sums: WG / SUB, one per subgroup) (dbc_part holds G * HS
+// partials; Params.G counts them).
 override HS: u32 = 1u;
+// SUB: the subgroup size of scan_sums_subgroup.wgsl's sums, 0 for scan_sums_workgroup.wgsl's
+// (declared here, before its uses: naga needs an override declared before it is read).
+override SUB: u32 = 0u;
 const TSMAX: u32 = 8u;     // recomputed steps held in registers (hist)
 const CKMAX: u32 = 16u;    // checkpoints per chunk (the host keeps chunk <= CKMAX * TS)
 const RS: u32 = 35u;       // floats per (step, invocation) row of red: dBs 16 | dCs 16 |
@@ -130,7 +136,7 @@ const RS: u32 = 35u;       // floats per (step, invocation) row of red: dBs 16 |
 var<workgroup> bc: array<vec4<f32>, 2u * TS * 2u * SG * 4u>;
 // (TS, WG) partial y of each invocation (scan_forward_output, SG > 1).
 var<workgroup> ysum: array<f32, TS * WG>;
-// (RB, WG, RS) per-step contributions of scan_backward_grads, see RS.
+// (RB, WG, RS) per-step contributions of scan_backward_grads' workgroup sums, see RS.
 var<workgroup> red: array<f32, RB * WG * RS>;
 
 // This invocation's A, 1/A and running state, (4,) vec4 each (states n = 16 s + 4 q + k).
@@ -485,18 +491,15 @@ fn pass2_recompute(l: Lane, bk: Blk, ts: u32) {
     }
 }
 
-// Step ts backward (the block's steps run from ts = TS - 1 down); its contributions go to
-// row k of red; the last step of a round of RB steps then sums the round (barriers: the
-// calls are uniform, ts a constant and the rest per workgroup).
+// Step ts backward (the block's steps run from ts = TS - 1 down); its dBs | dCs (and, with
+// SG > 1, du and ddelta) go to sum_step (scan_sums_workgroup.wgsl or scan_sums_subgroup.wgsl,
+// the host's choice; barriers and shuffles in it: the calls are uniform, ts a constant and
+// the rest per workgroup).
 fn pass2_back(l: Lane, li: u32, bk: Blk, ts: u32) {
     if (ts >= TS) { return; }
     let tb = bk.tb;
     let t1 = bk.t1;
-    let M = p.B * p.L;
     let dvec = bk.dvec;
-    let kk = TS - 1u - ts;                     // steps of the block done before this one
-    let rr = kk / RB;                          // its round
-    let k = kk % RB;                           // its row in the round
     let t = tb + ts;
     var db: array<vec4<f32>, 4>;
     var dc: array<vec4<f32>, 4>;
@@ -538,60 +541,7 @@ fn pass2_back(l: Lane, li: u32, bk: Blk, ts: u32) {
             ddelta_pre[r] = sdd * b_sg[ts];
         }
     }
-    let row = (k * WG + li) * RS;
-    for (var q = 0u; q < 4u; q++) {
-        for (var e = 0u; e < 4u; e++) {
-            red[row + 4u * q + e] = db[q][e];
-            red[row + 16u + 4u * q + e] = dc[q][e];
-        }
-    }
-    red[row + 32u] = sdu;
-    red[row + 33u] = sdd;
-    if (k + 1u < RB) { return; }
-    workgroupBarrier();
-    // dBs, dCs partials of the round: sums over this group's CPW channels
-    let cpw = WG / SG / HS;                 // channels per partial
-    for (var o2 = li; o2 < HS * RB * SG * 32u; o2 += WG) {
-        let hh = o2 / (RB * SG * 32u);     // which partial: channels hh*cpw..
-        let o = o2 % (RB * SG * 32u);
-        let k = o / (SG * 32u);
-        let s = (o / 32u) % SG;
-        let jcol = o % 32u;
-        let n = s * 16u + jcol % 16u;
-        let t = tb + TS - 1u - (rr * RB + k);
-        if (t < t1 && n < p.N) {
-            // four independent partial sums (a short dependency chain), fixed order
-            let i0 = (k * WG + hh * cpw * SG + s) * RS + jcol;
-            let st = SG * RS;               // from one channel's row to the next
-            var s0 = 0.0; var s1 = 0.0; var s2 = 0.0; var s3 = 0.0;
-            var c = 0u;
-            for (; c + 3u < cpw; c += 4u) {
-                s0 += red[i0 + c * st]; s1 += red[i0 + (c + 1u) * st];
-                s2 += red[i0 + (c + 2u) * st]; s3 += red[i0 + (c + 3u) * st];
-            }
-            for (; c < cpw; c++) { s0 += red[i0 + c * st]; }
-            let acc = (s0 + s1) + (s2 + s3);
-            dbc_part[((bk.gx * HS + hh) * M + l.b * p.L + t) * 2u * p.N + (jcol / 16u) * p.N + n] = acc;
-        }
-    }
-    if (SG > 1u && l.on && l.s == 0u) {
-        // du, ddelta: sums over the channel's state groups (fixed order)
-        for (var k = 0u; k < RB; k++) {
-            let t = tb + TS - 1u - (rr * RB + k);
-            if (t < t1) {
-                var su = 0.0;
-                var sd = 0.0;
-                for (var j2 = 0u; j2 < SG; j2++) {
-                    su += red[(k * WG + li + j2) * RS + 32u];
-                    sd += red[(k * WG + li + j2) * RS + 33u];
-                }
-                let r = (l.b * p.L + t) * p.D + l.d;
-                du[r] = su + dvec * dy[r];
-                ddelta_pre[r] = sd * sigmoid(delta_pre[r]);
-            }
-        }
-    }
-    workgroupBarrier();
+    sum_step(l, li, bk, ts, db, dc, sdu, sdd);
 }
 
 @compute @workgroup_size(WG)
@@ -645,7 +595,7 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
     // 2. the blocks in order, the state carried from one to the next: recompute the block's
     // states into registers, then its steps backward from the block's carry (TS <= TSMAX = 8;
     // the calls past TS return at once). The next block's Bs | Cs are stored before the
-    // block's last step, whose sums end in a barrier (TS % RB == 0).
+    // block's last step, then a barrier (the workgroup sums' last one, TS % RB == 0).
     fetch_block(l, li, t0, t1); fetch_u(l, t0, t1); fetch_dy(l, t0, t1);
     store_bc(li, 0u);
     workgroupBarrier();
@@ -666,6 +616,7 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
         pass2_back(l, li, bk, 1u);
         if (j + 1u < nblk) { store_bc(li, 1u - bk.buf); }
         pass2_back(l, li, bk, 0u);
+        if (SUB > 0u) { workgroupBarrier(); }   // (the workgroup sums end in one)
     }
     for (var q = 0u; q < 4u; q++) {
         for (var k = 0u; k < 4u; k++) {

@@ -1,5 +1,5 @@
 """The GPU scan's layout constants (mamba_ext.gpu.scan: SCAN_CHUNK, SCAN_WG, SCAN_TS_FORWARD,
-SCAN_TS_BACKWARD, SCAN_RB, SCAN_SUM_PARTS) swept at block d, mixed precision, alternated
+SCAN_TS_BACKWARD, SCAN_RB, SCAN_SUM_PARTS, SCAN_SUBGROUP_SUMS) swept at block d, mixed precision, alternated
 over two rounds: the whole block's pass (GPU ms, median of 7 after 0.5 s of passes), its
 scan dispatches in a pass of their own, and the largest difference of dx and the gradients
 from the first setting's (max |difference| / max |value|). A setting is NAME=VALUE[,...]
@@ -29,7 +29,7 @@ def main(settings: list[str]) -> int:
     rng = np.random.default_rng(1)
     x = rng.standard_normal((B, L, Dm)).astype(np.float32)
     dout = rng.standard_normal((B, L, Dm)).astype(np.float32)
-    names = ("CHUNK", "WG", "TS_FORWARD", "TS_BACKWARD", "RB", "SUM_PARTS")
+    names = ("CHUNK", "WG", "TS_FORWARD", "TS_BACKWARD", "RB", "SUM_PARTS", "SUBGROUP_SUMS")
     default = {n: getattr(scan, "SCAN_" + n) for n in names}
     first = None
     for rnd in range(2):
@@ -57,7 +57,8 @@ def main(settings: list[str]) -> int:
             err = np.abs(got - first).max() / np.abs(first).max()
             s = plan.layer.s
             print(f"round {rnd + 1} {setting:28s} pass {ms:7.3f} ms | scan {sms:6.3f} ms | "
-                  f"chunk {s.chunk} wg {s.wg} ts {s.ts_f}/{s.ts_b} rb {s.rb} hs {s.hs} | "
+                  f"chunk {s.chunk} wg {s.wg} ts {s.ts_f}/{s.ts_b} rb {s.rb} hs {s.hs} "
+                  f"sub {s.sub} | "
                   f"vs first {err:.1e}", flush=True)
     return 0
 

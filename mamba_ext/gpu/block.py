@@ -184,7 +184,7 @@ class BlockLayer:
         self.eps = check_eps(eps)
         zoh = check_discretization(discretization) == 0
         self.s = _scan.ScanShape(B, L, d.D, d.N, d.R, int(chunk or _scan.SCAN_CHUNK), zoh,
-                                 wg_memory=g.wg_memory)
+                                 wg_memory=g.wg_memory, sub=_scan.subgroup_sums(g, d.N))
         M, D, P, Dm = B * L, d.D, d.P, d.Dm
         self.M = M
         self._fwd = None

@@ -99,12 +99,20 @@ def _kernel_dir_sources():
 _INCLUDE = re.compile(r"^// #include (\w+\.wgsl)[ \t]*$", re.M)
 
 
-def kernel_source(file: str) -> str:
-    """WGSL of ``kernels/<file>.wgsl`` with ``common.wgsl`` prepended and every
-    ``// #include NAME.wgsl`` line replaced by that file (WGSL has no include)."""
+def expand_includes(text: str) -> str:
+    """``text`` with every ``// #include NAME.wgsl`` line replaced by ``kernels/NAME.wgsl``
+    (WGSL has no include)."""
+    if "// #include" not in text:
+        return text
     read = _kernel_dir_sources()
-    body = _INCLUDE.sub(lambda m: read(m.group(1)), read(file + ".wgsl"))
-    return read("common.wgsl") + "\n" + body
+    return _INCLUDE.sub(lambda m: read(m.group(1)), text)
+
+
+def kernel_source(file: str) -> str:
+    """WGSL of ``kernels/<file>.wgsl`` with ``common.wgsl`` prepended and its includes
+    expanded (:func:`expand_includes`)."""
+    read = _kernel_dir_sources()
+    return read("common.wgsl") + "\n" + expand_includes(read(file + ".wgsl"))
 
 
 _STORAGE = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var<storage\s*,\s*(read_write|read)\s*>")
@@ -242,6 +250,11 @@ class Gpu:
         self.max_invocations = min(int(lim.get("max-compute-invocations-per-workgroup", 256)),
                                    int(lim.get("max-compute-workgroup-size-x", 256)))
         self.timestamps = "timestamp-query" in features
+        # the directive a kernel that calls subgroup builtins starts with, None where the
+        # device has no subgroups (Dawn: "enable subgroups;"; wgpu-native's naga takes the
+        # builtins with no directive and refuses that one)
+        self.subgroup_directive = (self.backend.SUBGROUP_DIRECTIVE
+                                   if self.backend.SUBGROUP_FEATURE in features else None)
         # f16 x f16 -> f32 subgroup-matrix shapes {"m", "n", "k", "subgroup"} this device
         # runs (kernels/linear_f16.wgsl; empty where the backend or the adapter has none)
         self.f16_matrices = (self.backend.subgroup_matrix_configs(adapter)
@@ -263,7 +276,7 @@ class Gpu:
         """Compute pipeline of ``entry`` in ``kernels/<file>.wgsl``, compiled once
         per (file, entry, override constants, prelude). ``prelude``: WGSL put before
         the file (``enable`` directives, which must come first, and constants that
-        must be const-expressions, e.g. type parameters)."""
+        must be const-expressions, e.g. type parameters; its includes are expanded)."""
         key = (file, entry, tuple(sorted((constants or {}).items())), prelude)
         pl = self._pipelines.get(key)
         if pl is None:
@@ -271,7 +284,8 @@ class Gpu:
             mod = self._modules.get(mkey)
             if mod is None:
                 mod = self.backend.shader_module(self.device, file,
-                                                 prelude + kernel_source(file), self.checks)
+                                                 expand_includes(prelude) + kernel_source(file),
+                                                 self.checks)
                 self._modules[mkey] = mod
             compute = {"module": mod, "entry_point": entry}
             if constants:
@@ -572,10 +586,10 @@ class Gpu:
 EW_WG = 256        # elementwise kernels' workgroup size (override constant WG)
 
 
-def elementwise(g, file, entry, n, params, buffers, wg=EW_WG, constants=None):
+def elementwise(g, file, entry, n, params, buffers, wg=EW_WG, constants=None, prelude=""):
     """Op with one invocation per element of an ``n``-element problem."""
     return g.op(file, entry, g.grid1d(math.ceil(n / wg), f"{file}.{entry}"), params, buffers,
-                {"WG": wg, **(constants or {})})
+                {"WG": wg, **(constants or {})}, prelude)
 
 
 COLUMN_SUM_ROWS = 256      # rows per block of column_sum's first pass (at least)

@@ -31,7 +31,11 @@ SCAN_RB = 1
 # invocation of a 64-wide workgroup sums half of the channels of one column, where 1
 # leaves half of them idle at each step's sums; dbc_part holds HS times more partials.
 SCAN_SUM_PARTS = 2
-_TSMAX, _CKMAX, _RS, _BCMAX = 8, 16, 35, 32   # consts of kernels/scan.wgsl
+# scan_backward_grads' dBs/dCs sums through subgroup shuffles (kernels/scan_sums_subgroup.wgsl)
+# where subgroup_sums allows, else through workgroup memory (scan_sums_workgroup.wgsl)
+SCAN_SUBGROUP_SUMS = True
+SUBGROUP_SIZES = (8, 16, 32)     # the subgroup sizes scan_sums_subgroup.wgsl is written for
+_TSMAX, _CKMAX, _RS, _BCMAX = 8, 16, 35, 32   # consts of kernels/scan.wgsl (RS: its sums')
 # Workgroup memory the chunk kernels may use when the caller does not pass the
 # device's limit: WebGPU's guaranteed minimum of max_compute_workgroup_storage_size.
 WG_MEMORY_MIN = 16384
@@ -39,7 +43,21 @@ WG_MEMORY_MIN = 16384
 
 def layout_key():
     """The module settings a recorded plan depends on (part of the plan caches' keys)."""
-    return (SCAN_CHUNK, SCAN_WG, SCAN_TS_FORWARD, SCAN_TS_BACKWARD, SCAN_RB, SCAN_SUM_PARTS)
+    return (SCAN_CHUNK, SCAN_WG, SCAN_TS_FORWARD, SCAN_TS_BACKWARD, SCAN_RB, SCAN_SUM_PARTS,
+            SCAN_SUBGROUP_SUMS)
+
+
+def subgroup_sums(g, N) -> int:
+    """The subgroup size SUB with which scan_backward_grads sums dBs/dCs through shuffles
+    (kernels/scan_sums_subgroup.wgsl), or 0 for the sums through workgroup memory: where
+    :data:`SCAN_SUBGROUP_SUMS`, the device has subgroups (``g.subgroup_directive``) of one
+    size the adapter states (``g.subgroup_size``: NVIDIA's and Apple's 32; 0 where it may vary
+    by kernel, as on AMD and Intel) in :data:`SUBGROUP_SIZES` that divides SCAN_WG, and
+    N <= 16 (one state group per channel)."""
+    sub = int(getattr(g, "subgroup_size", 0) or 0)
+    ok = (SCAN_SUBGROUP_SUMS and getattr(g, "subgroup_directive", None) is not None
+          and sub in SUBGROUP_SIZES and SCAN_WG % sub == 0 and N <= 16)
+    return sub if ok else 0
 
 
 def scan_constants(wg):
@@ -51,11 +69,18 @@ def scan_constants(wg):
 class ScanShape:
     """Sizes and workgroup layout of one chunked scan (see kernels/scan.wgsl)."""
 
-    def __init__(self, B, L, D, N, R, chunk, zoh, wg_memory=WG_MEMORY_MIN):
+    def __init__(self, B, L, D, N, R, chunk, zoh, wg_memory=WG_MEMORY_MIN, sub=0):
         """``wg_memory``: bytes of workgroup memory the kernels may use (the device's
-        max_compute_workgroup_storage_size); fewer steps per block where it is small."""
+        max_compute_workgroup_storage_size); fewer steps per block where it is small.
+        ``sub``: the subgroup size of scan_backward_grads' subgroup sums, 0 for its
+        workgroup sums (:func:`subgroup_sums`)."""
         if not 1 <= chunk <= SCAN_CHUNK_MAX:
             raise ValueError(f"scan chunk length must be in [1, {SCAN_CHUNK_MAX}], got {chunk}")
+        if sub and (sub not in SUBGROUP_SIZES or N > 16 or SCAN_WG % sub):
+            raise ValueError(f"scan subgroup sums: subgroup size {sub} must be one of "
+                             f"{SUBGROUP_SIZES} dividing SCAN_WG {SCAN_WG}, with dState {N} <= 16")
+        self.sub = sub
+        red = 0 if sub else _RS      # floats per invocation and step of the workgroup sums
         self.SG = math.ceil(N / 16)                     # state groups of 16 per channel
         self.NV = 4 if self.SG > 1 else math.ceil(N / 4)
         per_step = 32 * self.SG                         # floats of Bs | Cs staged per step
@@ -65,7 +90,7 @@ class ScanShape:
                                   and ts * per_step <= _BCMAX * self.wg)
         self.cpw = max(1, SCAN_WG // self.SG)           # channels per workgroup: fewer where
         self.wg = self.cpw * self.SG                    # one step's sums would not fit
-        while self.cpw > 1 and not fits(1, self.wg * _RS):
+        while self.cpw > 1 and not fits(1, self.wg * red):
             self.cpw //= 2
             self.wg = self.cpw * self.SG
         # (at most TSMAX: scan_backward_chunk stages as many steps' inputs in private arrays)
@@ -74,7 +99,7 @@ class ScanShape:
             self.ts_f //= 2
         self.ts_b = max(1, min(SCAN_TS_BACKWARD, _TSMAX))
         self.rb = max(1, min(SCAN_RB, self.ts_b))
-        while not fits(self.ts_b, self.rb * self.wg * _RS):
+        while not fits(self.ts_b, self.rb * self.wg * red):
             if self.rb > 1:
                 self.rb //= 2
             elif self.ts_b > 1:
@@ -90,8 +115,12 @@ class ScanShape:
         self.C = max(math.ceil(L / self.chunk), 1)
         self.zoh = 1 if zoh else 0
         self.G = math.ceil(D / self.cpw)
-        # partials of dBs/dCs per workgroup: each sums cpw / hs channels (whole ones)
-        self.hs = SCAN_SUM_PARTS if self.cpw % SCAN_SUM_PARTS == 0 else 1
+        # partials of dBs/dCs per workgroup: each sums cpw / hs channels (whole ones); one
+        # per subgroup with the subgroup sums
+        if sub:
+            self.hs = self.wg // sub
+        else:
+            self.hs = SCAN_SUM_PARTS if self.cpw % SCAN_SUM_PARTS == 0 else 1
         self.chunk_elems = B * self.C * D * N          # size of a (B, C, D, N) chunk tensor
 
     def params(self, alog_off, dvec_off):
@@ -109,18 +138,34 @@ def _bind(**named):
     return [named.get(k) for k in _SLOTS]
 
 
+def _module(g, s):
+    """(file, prelude) of the scan's kernels: kernels/scan.wgsl with scan_backward_grads'
+    sums through subgroup shuffles (``s.sub``) or through workgroup memory, and the
+    directive the backend's subgroup builtins need."""
+    if not s.sub:
+        return "scan_sums_workgroup", ""
+    if getattr(g, "subgroup_directive", None) is None:
+        raise ValueError("mamba_ext.gpu: scan subgroup sums on a device without subgroups")
+    return "scan_sums_subgroup", g.subgroup_directive
+
+
 def _chunk_op(g, s, entry, params, **named):
     """One workgroup per (channel group, chunk, batch row)."""
     ts = s.ts_b if entry == "scan_backward_grads" else s.ts_f
     consts = {**scan_constants(s.wg), "SG": s.SG, "NV": s.NV, "TS": ts, "RB": s.rb}
     if entry == "scan_backward_grads":
         consts["HS"] = s.hs
-    return g.op("scan", entry, (s.G, s.C, s.B), params, _bind(**named), consts)
+        if s.sub:
+            consts["SUB"] = s.sub
+    file, prelude = _module(g, s)
+    return g.op(file, entry, (s.G, s.C, s.B), params, _bind(**named), consts, prelude)
 
 
 def _flat_op(g, s, entry, n, params, **named):
-    return elementwise(g, "scan", entry, n, params, _bind(**named), wg=128,
-                       constants={"a_log_min": float(A_LOG_MIN), "a_log_max": float(A_LOG_MAX)})
+    file, prelude = _module(g, s)
+    return elementwise(g, file, entry, n, params, _bind(**named), wg=128,
+                       constants={"a_log_min": float(A_LOG_MIN), "a_log_max": float(A_LOG_MAX)},
+                       prelude=prelude)
 
 
 def scan_forward(g, s, xproj, u, delta_pre, w, o, hchunk, achunk, hstate, y):

@@ -34,6 +34,14 @@ def require_gpu():
         pytest.skip(msg, allow_module_level=True)
 
 
+def optional_hardware(why: str):
+    """Skip the calling test for want of what this device lacks; under CI=true (lavapipe,
+    which has it) fail instead."""
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail("CI=true: " + why, pytrace=False)
+    pytest.skip(why)
+
+
 def nerr(ours, ref):
     """max|ours - ref| / max|ref| (absolute error for an all-zero reference)."""
     ref = np.asarray(ref, np.float64)
@@ -128,3 +136,42 @@ def run_with_f16_matrices(expr: str) -> dict:
     (mamba_ext.gpu.linear_f16), ``bench`` (mamba_ext.bench.gpu) and ``np`` in scope;
     skips where Dawn finds no adapter or the adapter has no f16 subgroup matrices."""
     return run_on_dawn(_F16_PRELUDE + f"print(json.dumps({expr}))\n")
+
+
+_PROBE = """
+@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(64)
+fn probe(@builtin(local_invocation_index) li: u32, @builtin(subgroup_invocation_id) lane: u32,
+         @builtin(subgroup_size) size: u32) {
+    out[li * 3u] = lane;
+    out[li * 3u + 1u] = size;
+    out[li * 3u + 2u] = subgroupBroadcastFirst(li);
+}
+"""
+
+
+def subgroup_layout(g) -> int:
+    """The subgroup size a 64-wide workgroup of this device runs with, where its subgroups
+    are what kernels/scan_sums_subgroup.wgsl takes (each ``size`` consecutive invocations,
+    lane li % size); 0 where the device has no subgroups or they are laid out otherwise."""
+    if g.subgroup_directive is None:
+        return 0
+    import wgpu
+    dev = g.device
+    mod = dev.create_shader_module(code=g.subgroup_directive + _PROBE)
+    pl = dev.create_compute_pipeline(layout="auto", compute={"module": mod, "entry_point": "probe"})
+    buf = dev.create_buffer(size=64 * 12, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
+    bg = dev.create_bind_group(layout=pl.get_bind_group_layout(0),
+                               entries=[{"binding": 0, "resource": {"buffer": buf}}])
+    enc = dev.create_command_encoder()
+    cp = enc.begin_compute_pass()
+    cp.set_pipeline(pl)
+    cp.set_bind_group(0, bg)
+    cp.dispatch_workgroups(1)
+    cp.end()
+    dev.queue.submit([enc.finish()])
+    lane, size, first = np.frombuffer(dev.queue.read_buffer(buf), np.uint32).reshape(64, 3).T
+    s = int(size[0])
+    li = np.arange(64)
+    ok = s > 0 and (size == s).all() and (lane == li % s).all() and (first == li - li % s).all()
+    return s if ok else 0

@@ -48,9 +48,9 @@ def test_kernel_sources_found_and_included():
 
 def test_pipelines_built_once():
     from mamba_ext.gpu import scan as S
-    a = g.pipeline("scan", "scan_forward_carry", S.scan_constants(128))
-    b = g.pipeline("scan", "scan_forward_carry", S.scan_constants(128))
-    c = g.pipeline("scan", "scan_forward_carry", S.scan_constants(256))
+    a = g.pipeline("scan_sums_workgroup", "scan_forward_carry", S.scan_constants(128))
+    b = g.pipeline("scan_sums_workgroup", "scan_forward_carry", S.scan_constants(128))
+    c = g.pipeline("scan_sums_workgroup", "scan_forward_carry", S.scan_constants(256))
     assert a is b and a is not c
 
 
@@ -198,7 +198,7 @@ def test_every_shader_checks_mode_gives_the_cpu_block(monkeypatch, trusted):
             plain.clear()                                # modules made by create_shader_module
             o, c = G.mamba1_forward(x, p)
             dx, gr = G.mamba1_backward(dout, p, c)
-            assert set(g._modules) >= {"scan", "linear", "conv1d"}, mode
+            assert set(g._modules) >= {"scan_sums_workgroup", "linear", "conv1d"}, mode
             # the trusted entry point made every module, unless absent or mode "full"
             assert sorted(plain) == (sorted(g._modules) if mode == "full" or not trusted
                                      else []), mode

@@ -13,7 +13,7 @@ if str(Path(__file__).resolve().parent) not in sys.path:
 import numpy as np
 import pytest
 
-from gpu_support import f32, nerr, read, require_gpu, run, upload
+from gpu_support import f32, nerr, optional_hardware, read, require_gpu, run, subgroup_layout, upload
 from mamba_ext.constants import A_LOG_MAX, A_LOG_MIN
 from mamba_ext.testing import reference
 
@@ -21,18 +21,28 @@ g = require_gpu()
 from mamba_ext.gpu import scan as S  # noqa: E402
 
 
-@pytest.fixture(autouse=True, params=["default", "wg32-small-blocks"])
+@pytest.fixture(autouse=True, params=["default", "wg32-small-blocks", "subgroup-sums"])
 def scan_mode(request, monkeypatch):
-    """Every test in two workgroup layouts: the default one and 32 invocations with
-    staged blocks of 4 (forward) and 2 (backward) steps, two steps per reduction
-    round (more blocks, rounds and partial blocks per chunk), one partial of the dBs/dCs
-    sums per workgroup (the default has two)."""
-    if request.param != "default":
+    """Every test in three layouts: the default one (the device's sums: subgroup where
+    scan.subgroup_sums allows); 32 invocations with staged blocks of 4 (forward) and 2
+    (backward) steps, two steps per reduction round (more blocks, rounds and partial blocks
+    per chunk), one partial of the dBs/dCs sums per workgroup (the default has two), the
+    sums through workgroup memory; and the subgroup sums at the subgroup size this
+    device's subgroups have (gpu_support.subgroup_layout: lavapipe's 8, NVIDIA's 32),
+    also where the adapter does not state it."""
+    if request.param == "wg32-small-blocks":
         monkeypatch.setattr(S, "SCAN_SUM_PARTS", 1)
         monkeypatch.setattr(S, "SCAN_WG", 32)
         monkeypatch.setattr(S, "SCAN_TS_FORWARD", 4)
         monkeypatch.setattr(S, "SCAN_TS_BACKWARD", 2)
         monkeypatch.setattr(S, "SCAN_RB", 2)
+        monkeypatch.setattr(S, "SCAN_SUBGROUP_SUMS", False)
+    elif request.param == "subgroup-sums":
+        size = subgroup_layout(g)
+        if size not in S.SUBGROUP_SIZES:
+            optional_hardware(f"subgroup sums: this device's subgroups (size {size}) are "
+                              f"not of a size in {S.SUBGROUP_SIZES} laid out in order")
+        monkeypatch.setattr(g, "subgroup_size", size)
     return request.param
 
 
@@ -56,7 +66,7 @@ def delta_of(delta_pre):
 def gpu_scan(c, B, L, D, N, R, chunk, disc):
     """Run the scan forward and backward on the GPU; returns the outputs as arrays."""
     M, P = B * L, R + 2 * N
-    s = S.ScanShape(B, L, D, N, R, chunk, disc == "zoh")
+    s = S.ScanShape(B, L, D, N, R, chunk, disc == "zoh", sub=S.subgroup_sums(g, N))
     o = {"A_log": 1, "D_vec": 1 + D * N}
     arena = np.concatenate([[7.0], c["A_log"].ravel(), c["D_vec"]]).astype(np.float32)
     bw = upload(g, "w", arena)

@@ -12,7 +12,10 @@
 
 Each backend module gives the same small interface: ``NAME``; ``THREAD_SAFE`` (whether
 two threads may call its device at once); ``POLLED_MAPS`` (whether a map's promise is
-resolved by a thread of its own, so that it can be waited for in slices); ``module()``
+resolved by a thread of its own, so that it can be waited for in slices); ``FEATURES``
+(device features asked for where the adapter has them); ``SUBGROUP_FEATURE`` and
+``SUBGROUP_DIRECTIVE`` (its name for the subgroups feature, and what a kernel calling
+subgroup builtins starts with); ``module()``
 (the wgpu-py API module); ``prepare(checks)`` (set-up before the first adapter is requested);
 ``shader_module(device, label, code, checks)``; ``native_dispatch()`` (a function
 recording ops into a pass, or None); ``native_queue(device)`` (submits with an index

@@ -17,6 +17,9 @@ from __future__ import annotations
 NAME = "dawn"
 # device features asked for beyond timestamp-query, where the adapter has them
 FEATURES = ("shader-f16", "subgroups", "chromium-experimental-subgroup-matrix")
+# the feature that allows subgroup builtins, and the directive a kernel calling them starts with
+SUBGROUP_FEATURE = "subgroups"
+SUBGROUP_DIRECTIVE = "enable subgroups;\n"
 # whether two threads may call the device at once: not Dawn's (its objects are not
 # thread-safe without the implicit-device-synchronization feature, not requested here)
 THREAD_SAFE = False

@@ -7,8 +7,12 @@ from __future__ import annotations
 import numpy as np
 
 NAME = "wgpu"
-# device features asked for beyond timestamp-query, where the adapter has them: none
-FEATURES = ()
+# device features asked for beyond timestamp-query, where the adapter has them
+FEATURES = ("subgroup",)
+# the feature that allows subgroup builtins, and the directive a kernel calling them starts
+# with: none (naga takes them without one and refuses "enable subgroups;")
+SUBGROUP_FEATURE = "subgroup"
+SUBGROUP_DIRECTIVE = ""
 # whether two threads may call the device at once (wgpu-native's devices are)
 THREAD_SAFE = True
 # whether a map's promise is resolved by a thread of the backend's own (wgpu-py's poller, which
