@@ -23,8 +23,8 @@ from mamba_ext.gpu import scan as S  # noqa: E402
 
 @pytest.fixture(autouse=True, params=["default", "wg32-small-blocks", "subgroup-sums"])
 def scan_mode(request, monkeypatch):
-    """Every test in three layouts: the default one (the device's sums: subgroup where
-    scan.subgroup_sums allows); 32 invocations with staged blocks of 4 (forward) and 2
+    """Every test in three layouts: the default one (the module's: subgroup sums where
+    scan.SCAN_SUBGROUP_SUMS and scan.subgroup_sums allow); 32 invocations with staged blocks of 4 (forward) and 2
     (backward) steps, two steps per reduction round (more blocks, rounds and partial blocks
     per chunk), one partial of the dBs/dCs sums per workgroup (the default has two), the
     sums through workgroup memory; and the subgroup sums at the subgroup size this
@@ -43,6 +43,7 @@ def scan_mode(request, monkeypatch):
             optional_hardware(f"subgroup sums: this device's subgroups (size {size}) are "
                               f"not of a size in {S.SUBGROUP_SIZES} laid out in order")
         monkeypatch.setattr(g, "subgroup_size", size)
+        monkeypatch.setattr(S, "SCAN_SUBGROUP_SUMS", True)
     return request.param
 
 
