@@ -24,12 +24,12 @@ from mamba_ext.gpu import scan as S  # noqa: E402
 @pytest.fixture(autouse=True, params=["default", "wg32-small-blocks", "subgroup-sums"])
 def scan_mode(request, monkeypatch):
     """Every test in three layouts: the default one (the module's: subgroup sums where
-    scan.SCAN_SUBGROUP_SUMS and scan.subgroup_sums allow); 32 invocations with staged blocks of 4 (forward) and 2
-    (backward) steps, two steps per reduction round (more blocks, rounds and partial blocks
-    per chunk), one partial of the dBs/dCs sums per workgroup (the default has two), the
-    sums through workgroup memory; and the subgroup sums at the subgroup size this
-    device's subgroups have (gpu_support.subgroup_layout: lavapipe's 8, NVIDIA's 32),
-    also where the adapter does not state it."""
+    scan.SCAN_SUBGROUP_SUMS and scan.subgroup_sums allow); 32 invocations with staged
+    blocks of 4 (forward) and 2 (backward) steps, two steps per reduction round (more
+    blocks, rounds and partial blocks per chunk), one partial of the dBs/dCs sums per
+    workgroup (the default has two), the sums through workgroup memory; and the subgroup
+    sums at the subgroup size this device's subgroups have (gpu_support.subgroup_layout:
+    lavapipe's 8, NVIDIA's 32), also where the adapter does not state it."""
     if request.param == "wg32-small-blocks":
         monkeypatch.setattr(S, "SCAN_SUM_PARTS", 1)
         monkeypatch.setattr(S, "SCAN_WG", 32)
