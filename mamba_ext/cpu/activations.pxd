@@ -8,6 +8,7 @@
 #   softplus_backward: ddelta (n,) *= -expm1(-delta (n,))    (ddelta becomes ddelta_pre)
 #   exp_shift:        x (n,) = exp(x - shift) in place        (the cross-entropy's softmax)
 #   add:              out (n,) += a (n,)                      (no overlap)
+#   row_dot2, row_dot3: sum of a b, of a b c over the row, in double, in a fixed order
 cdef extern from "csrc/mx_activations.h" nogil:
     void mx_silu_forward_f(float* out, const float* conv, Py_ssize_t n) noexcept
     void mx_silu_forward_d(double* out, const double* conv, Py_ssize_t n) noexcept
@@ -27,3 +28,8 @@ cdef extern from "csrc/mx_activations.h" nogil:
     void mx_exp_shift_d(double* x, double shift, Py_ssize_t n) noexcept
     void mx_add_f(float* out, const float* a, Py_ssize_t n) noexcept
     void mx_add_d(double* out, const double* a, Py_ssize_t n) noexcept
+    double mx_row_dot2_f(const float* a, const float* b, Py_ssize_t n) noexcept
+    double mx_row_dot2_d(const double* a, const double* b, Py_ssize_t n) noexcept
+    double mx_row_dot3_f(const float* a, const float* b, const float* c, Py_ssize_t n) noexcept
+    double mx_row_dot3_d(const double* a, const double* b, const double* c,
+                         Py_ssize_t n) noexcept

@@ -4,7 +4,8 @@
 out = x * rstd * weight with rstd = 1/sqrt(mean(x^2) + eps) per row.
 Backward, with g = dout * weight and xhat = x * rstd:
 dx = rstd * (g - xhat * mean(g * xhat)),  dweight = sum over rows of dout * xhat.
-Row sums are accumulated in double for both precisions.
+Row sums are accumulated in double for both precisions, in a fixed order
+(csrc/mx_activations.h, mx_row_dot2/3: eight partial sums, not one chain of dependent adds).
 
 Threads: one region each. Rows are split among the threads (out, rstd, dx); dweight is
 split by columns, each thread summing its columns over all rows in row order, so every
@@ -14,6 +15,8 @@ from libc.math cimport sqrt
 from cython.parallel cimport prange
 from mamba_ext.cpu.types cimport floating, idx_t
 from mamba_ext.cpu.threads cimport mx_team
+from mamba_ext.cpu.activations cimport (mx_row_dot2_d, mx_row_dot2_f, mx_row_dot3_d,
+                                        mx_row_dot3_f)
 
 cdef enum:
     # values per thread below which another thread costs more than it saves
@@ -26,9 +29,11 @@ cdef inline void forward_row(floating* out, floating* rstd, const floating* x,
                              const floating* weight, idx_t r, idx_t Dm, double eps) noexcept nogil:
     cdef idx_t i
     cdef const floating* xr = x + r * Dm
-    cdef double ss = 0.0, s
-    for i in range(Dm):
-        ss += <double>xr[i] * xr[i]
+    cdef double ss, s
+    if floating is float:
+        ss = mx_row_dot2_f(xr, xr, Dm)
+    else:
+        ss = mx_row_dot2_d(xr, xr, Dm)
     s = 1.0 / sqrt(ss / Dm + eps) if Dm > 0 else 1.0 / sqrt(eps)
     rstd[r] = <floating>s
     for i in range(Dm):
@@ -55,10 +60,13 @@ cdef inline void backward_row(floating* dx, const floating* dout, const floating
     cdef idx_t i
     cdef const floating* xr = x + r * Dm
     cdef const floating* gr = dout + r * Dm
-    cdef double s = rstd[r], dot = 0.0
-    for i in range(Dm):
-        dot += <double>gr[i] * weight[i] * (xr[i] * s)
-    dot = dot / Dm if Dm > 0 else 0.0
+    cdef double s = rstd[r], dot
+    # mean(g * xhat) = rstd * mean(dout * weight * x)
+    if floating is float:
+        dot = mx_row_dot3_f(gr, weight, xr, Dm)
+    else:
+        dot = mx_row_dot3_d(gr, weight, xr, Dm)
+    dot = dot * s / Dm if Dm > 0 else 0.0
     for i in range(Dm):
         dx[r * Dm + i] += <floating>(s * (<double>gr[i] * weight[i] - xr[i] * s * dot))
 

@@ -17,8 +17,11 @@ def _case(rng, M=7, C=33, scale=1.0):
 
 @pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-14), (np.float32, 2e-6)])
 @pytest.mark.parametrize("scale", [1.0, 1e-4])          # 1e-4: eps matters
-def test_forward_matches_reference(rng, dtype, tol, scale):
-    x, w = _case(rng, scale=scale)
+# C: the row sums run in 8 lanes (csrc/mx_activations.h, mx_row_dot2/3): fewer, a whole
+# multiple, and a remainder
+@pytest.mark.parametrize("C", [1, 7, 8, 33, 256])
+def test_forward_matches_reference(rng, dtype, tol, scale, C):
+    x, w = _case(rng, C=C, scale=scale)
     out, rstd = np.empty_like(x, dtype), np.empty(len(x), dtype)
     steps.rmsnorm_forward(out, rstd, x.astype(dtype), w.astype(dtype))
     want, want_rstd = ref.rmsnorm_forward(x.astype(dtype).astype(np.float64),
@@ -27,8 +30,9 @@ def test_forward_matches_reference(rng, dtype, tol, scale):
     np.testing.assert_allclose(rstd, want_rstd[:, 0], rtol=tol)
 
 
-def test_backward_matches_finite_differences(rng, vjp_check):
-    x, w = _case(rng)
+@pytest.mark.parametrize("C", [1, 7, 8, 33])
+def test_backward_matches_finite_differences(rng, vjp_check, C):
+    x, w = _case(rng, C=C)
     dout = rng.standard_normal(x.shape)
     out, rstd = np.empty_like(x), np.empty(len(x))
     steps.rmsnorm_forward(out, rstd, x, w, 1e-5)

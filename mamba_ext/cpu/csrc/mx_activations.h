@@ -74,11 +74,42 @@ MX_KERNEL void mx_add_##SFX(T* MX_RESTRICT out, const T* MX_RESTRICT a, ptrdiff_
     for (ptrdiff_t i = 0; i < n; i++) out[i] += a[i];                                    \
 }
 
+/* The row sums of RMSNorm (mamba_ext/cpu/rmsnorm.pyx), in double: mx_row_dot2 = sum of
+   a b (the forward's sum of x^2), mx_row_dot3 = sum of a b c (the backward's dout weight x).
+   MX_ROW_LANES partial sums, lane k over i = k mod MX_ROW_LANES, added in a fixed order at
+   the end: one result for a row whichever thread or clone runs it, and no chain of
+   dependent double adds (one sum per row was bound by their latency: ~10x slower than the
+   row's memory traffic at d_model 256). */
+#define MX_ROW_LANES 8
+#define MX_ROW_SUM(TERM)                                                                  \
+    double acc[MX_ROW_LANES] = {0, 0, 0, 0, 0, 0, 0, 0};                                 \
+    ptrdiff_t i = 0;                                                                      \
+    int k;                                                                                \
+    for (; i + MX_ROW_LANES <= n; i += MX_ROW_LANES) {                                    \
+        MX_OMP_SIMD                                                                       \
+        for (k = 0; k < MX_ROW_LANES; k++) acc[k] += TERM(i + k);                         \
+    }                                                                                     \
+    for (k = 0; i + k < n; k++) acc[k] += TERM(i + k);                                    \
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+#define MX_ROW_SUM_KERNELS(T, SFX)                                                        \
+MX_KERNEL double mx_row_dot2_##SFX(const T* MX_RESTRICT a, const T* MX_RESTRICT b,        \
+                                   ptrdiff_t n) {                                         \
+    MX_ROW_SUM(MX_ROW_TERM2)                                                              \
+}                                                                                         \
+MX_KERNEL double mx_row_dot3_##SFX(const T* MX_RESTRICT a, const T* MX_RESTRICT b,        \
+                                   const T* MX_RESTRICT c, ptrdiff_t n) {                 \
+    MX_ROW_SUM(MX_ROW_TERM3)                                                              \
+}
+#define MX_ROW_TERM2(j) ((double)a[j] * b[j])
+#define MX_ROW_TERM3(j) ((double)a[j] * b[j] * c[j])
+
 /* SIMD 1 for float: the inline branch-free helpers vectorise (`omp simd`); 0 for double:
    libm calls, which no compiler vectorises */
 MX_KERNELS_BEGIN
 MX_ACTIVATION_KERNELS(float, f, mx_sigmoidf, mx_softplusf, mx_expm1f, mx_expf, 1)
 MX_ACTIVATION_KERNELS(double, d, mx_sigmoid, mx_softplus, expm1, exp, 0)
+MX_ROW_SUM_KERNELS(float, f)
+MX_ROW_SUM_KERNELS(double, d)
 MX_KERNELS_END
 
 #endif /* MX_ACTIVATIONS_H */

@@ -95,8 +95,17 @@ MX_INLINE float mx_softplusf(float x) {
     return (x > 0 ? x : 0) + mx_log1pf_unit(mx_expf(-fabsf(x)));
 }
 
-/* sigmoid(x) = 1 / (1 + exp(-x)); exp(-x) = inf for x << 0 gives the limit 0. */
-MX_INLINE float mx_sigmoidf(float x) { return 1 / (1 + mx_expf(-x)); }
+/* sigmoid(x) = 1 / (1 + exp(-x)), the same values as 1 / (1 + mx_expf(-x)) for every x,
+   with one division: exp(-x) from mx_exp_parts (-x clamped to [-87, 88], so finite and
+   positive: 1 for x > 87 as with mx_expf's 0), then the limit 0 below -88 (where
+   mx_expf's inf gave it) and NaN by selects after the division. Written so because the
+   selects of mx_expf before the division made the compiler divide twice per vector. */
+MX_INLINE float mx_sigmoidf(float x) {
+    float er, scale, s;
+    mx_exp_parts(-x, &er, &scale);
+    s = 1 / (1 + er * scale);
+    return x < -88.0f ? 0.0f : (x == x ? s : x);
+}
 
 /* The same in double, by libm (exact to an ulp; not vectorised, and not hot). */
 MX_INLINE double mx_softplus(double x) { return (x > 0 ? x : 0) + log1p(exp(-fabs(x))); }
