@@ -8,7 +8,8 @@
 #   softplus_backward: ddelta (n,) *= -expm1(-delta (n,))    (ddelta becomes ddelta_pre)
 #   exp_shift:        x (n,) = exp(x - shift) in place        (the cross-entropy's softmax)
 #   add:              out (n,) += a (n,)                      (no overlap)
-#   row_dot2, row_dot3: sum of a b, of a b c over the row, in double, in a fixed order
+#   row_sum, row_dot2, row_dot3: sum of a, a b, a b c over the row, in double, fixed order
+#   row_max:          the largest value of a (n >= 1)
 cdef extern from "csrc/mx_activations.h" nogil:
     void mx_silu_forward_f(float* out, const float* conv, Py_ssize_t n) noexcept
     void mx_silu_forward_d(double* out, const double* conv, Py_ssize_t n) noexcept
@@ -28,6 +29,10 @@ cdef extern from "csrc/mx_activations.h" nogil:
     void mx_exp_shift_d(double* x, double shift, Py_ssize_t n) noexcept
     void mx_add_f(float* out, const float* a, Py_ssize_t n) noexcept
     void mx_add_d(double* out, const double* a, Py_ssize_t n) noexcept
+    double mx_row_sum_f(const float* a, Py_ssize_t n) noexcept
+    double mx_row_sum_d(const double* a, Py_ssize_t n) noexcept
+    float mx_row_max_f(const float* a, Py_ssize_t n) noexcept
+    double mx_row_max_d(const double* a, Py_ssize_t n) noexcept
     double mx_row_dot2_f(const float* a, const float* b, Py_ssize_t n) noexcept
     double mx_row_dot2_d(const double* a, const double* b, Py_ssize_t n) noexcept
     double mx_row_dot3_f(const float* a, const float* b, const float* c, Py_ssize_t n) noexcept

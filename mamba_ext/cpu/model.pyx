@@ -36,7 +36,8 @@ import numpy as np
 
 from mamba_ext.cpu.types cimport floating, idx_t
 from mamba_ext.cpu.constants cimport DEFAULT_EPS
-from mamba_ext.cpu.activations cimport mx_exp_shift_f, mx_exp_shift_d
+from mamba_ext.cpu.activations cimport (mx_exp_shift_d, mx_exp_shift_f, mx_row_max_d,
+                                        mx_row_max_f, mx_row_sum_d, mx_row_sum_f)
 from mamba_ext.cpu.block cimport (mamba_dims, MAMBA_NPARAMS, block_cache_len,
                                block_forward_state, block_backward_state,
                                flat_op, FLAT_ZERO)
@@ -181,19 +182,16 @@ cdef void cross_entropy_forward_backward(double* row_loss, floating* logits,
     for r in prange(M, schedule='static', num_threads=nt, nogil=True):
         row = logits + r * V
         picked = row[targets[r]]
-        mx = row[0]
-        for v in range(1, V):
-            if row[v] > mx:
-                mx = row[v]
-        # row <- exp(row - max) (one vectorised loop, csrc/mx_activations.h), summed in
-        # double in index order
+        # row <- exp(row - max), summed in double (vectorised loops and fixed-order row
+        # reductions, csrc/mx_activations.h)
         if floating is float:
+            mx = mx_row_max_f(row, V)
             mx_exp_shift_f(row, mx, V)
+            s = mx_row_sum_f(row, V)
         else:
+            mx = mx_row_max_d(row, V)
             mx_exp_shift_d(row, mx, V)
-        s = 0.0
-        for v in range(V):
-            s = s + row[v]
+            s = mx_row_sum_d(row, V)
         row_loss[r] = mx + log(s) - picked
         scale = seed_scale / s
         for v in range(V):          # (softmax - onehot) * loss_scale / M

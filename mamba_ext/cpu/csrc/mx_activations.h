@@ -74,8 +74,10 @@ MX_KERNEL void mx_add_##SFX(T* MX_RESTRICT out, const T* MX_RESTRICT a, ptrdiff_
     for (ptrdiff_t i = 0; i < n; i++) out[i] += a[i];                                    \
 }
 
-/* The row sums of RMSNorm (mamba_ext/cpu/rmsnorm.pyx), in double: mx_row_dot2 = sum of
-   a b (the forward's sum of x^2), mx_row_dot3 = sum of a b c (the backward's dout weight x).
+/* Row reductions, sums in double: mx_row_sum = sum of a (the softmax's denominator in the
+   cross-entropy, mamba_ext/cpu/model.pyx), mx_row_dot2 = sum of a b (RMSNorm's sum of x^2,
+   mamba_ext/cpu/rmsnorm.pyx), mx_row_dot3 = sum of a b c (RMSNorm's backward: dout weight x);
+   mx_row_max = the largest of a (n >= 1; NaNs are skipped unless a[0] is one).
    MX_ROW_LANES partial sums, lane k over i = k mod MX_ROW_LANES, added in a fixed order at
    the end: one result for a row whichever thread or clone runs it, and no chain of
    dependent double adds (one sum per row was bound by their latency: ~10x slower than the
@@ -92,6 +94,22 @@ MX_KERNEL void mx_add_##SFX(T* MX_RESTRICT out, const T* MX_RESTRICT a, ptrdiff_
     for (k = 0; i + k < n; k++) acc[k] += TERM(i + k);                                    \
     return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 #define MX_ROW_SUM_KERNELS(T, SFX)                                                        \
+MX_KERNEL double mx_row_sum_##SFX(const T* MX_RESTRICT a, ptrdiff_t n) {                  \
+    MX_ROW_SUM(MX_ROW_TERM1)                                                              \
+}                                                                                         \
+MX_KERNEL T mx_row_max_##SFX(const T* MX_RESTRICT a, ptrdiff_t n) {                       \
+    T m[MX_ROW_LANES];                                                                    \
+    ptrdiff_t i = 0;                                                                      \
+    int k;                                                                                \
+    for (k = 0; k < MX_ROW_LANES; k++) m[k] = a[0];                                       \
+    for (; i + MX_ROW_LANES <= n; i += MX_ROW_LANES) {                                    \
+        MX_OMP_SIMD                                                                       \
+        for (k = 0; k < MX_ROW_LANES; k++) m[k] = a[i + k] > m[k] ? a[i + k] : m[k];      \
+    }                                                                                     \
+    for (k = 0; i + k < n; k++) m[k] = a[i + k] > m[k] ? a[i + k] : m[k];                 \
+    for (k = 1; k < MX_ROW_LANES; k++) m[0] = m[k] > m[0] ? m[k] : m[0];                  \
+    return m[0];                                                                          \
+}                                                                                         \
 MX_KERNEL double mx_row_dot2_##SFX(const T* MX_RESTRICT a, const T* MX_RESTRICT b,        \
                                    ptrdiff_t n) {                                         \
     MX_ROW_SUM(MX_ROW_TERM2)                                                              \
@@ -100,6 +118,7 @@ MX_KERNEL double mx_row_dot3_##SFX(const T* MX_RESTRICT a, const T* MX_RESTRICT 
                                    const T* MX_RESTRICT c, ptrdiff_t n) {                 \
     MX_ROW_SUM(MX_ROW_TERM3)                                                              \
 }
+#define MX_ROW_TERM1(j) ((double)a[j])
 #define MX_ROW_TERM2(j) ((double)a[j] * b[j])
 #define MX_ROW_TERM3(j) ((double)a[j] * b[j] * c[j])
 
