@@ -33,7 +33,8 @@ SCAN_RB = 1
 SCAN_SUM_PARTS = 2
 # scan_backward_grads' dBs/dCs sums through subgroup shuffles (kernels/scan_sums_subgroup.wgsl)
 # where subgroup_sums allows, else through workgroup memory (scan_sums_workgroup.wgsl). Off
-# by default until measured on hardware (tested on lavapipe only: docs/gpu.md, Kernels).
+# by default: no faster on NVIDIA hardware, whose backward walk is bound by its arithmetic,
+# not its barriers (docs/gpu.md, Kernels).
 SCAN_SUBGROUP_SUMS = False
 SUBGROUP_SIZES = (8, 16, 32)     # the subgroup sizes scan_sums_subgroup.wgsl is written for
 _TSMAX, _CKMAX, _RS, _BCMAX = 8, 16, 35, 32   # consts of kernels/scan.wgsl (RS: its sums')
