@@ -49,7 +49,7 @@ from mamba_ext.cpu.activations cimport (
     mx_gate_forward_f, mx_gate_forward_d, mx_gate_backward_f, mx_gate_backward_d,
     mx_silu_backward_f, mx_silu_backward_d, mx_softplus_backward_f, mx_softplus_backward_d,
     mx_add_f, mx_add_d)
-from mamba_ext.cpu.linear cimport linear_forward, linear_backward
+from mamba_ext.cpu.linear cimport linear_forward, linear_backward, linear_backward_set
 from mamba_ext.cpu.rmsnorm cimport rmsnorm_forward, rmsnorm_backward
 from mamba_ext.cpu.conv1d cimport conv1d_forward, conv1d_backward
 from mamba_ext.cpu.scan cimport scan_forward_state, scan_backward_state, scan_nchunks
@@ -343,10 +343,12 @@ cdef int backward_window(floating* dx, floating** grads,
     cdef floating* dxn
     if M == 0:
         return 0
-    # scratch, written before it is read: s1 (gated, then dy), s3 (u) (M, D); dt_low (M, R);
-    # xn (M, Dm). Accumulated into, so zeroed here: s2 (dgated, then conv), du, ddelta
-    # (M, D); dxz (M, 2D), its first D columns (the z half is written whole by
-    # gate_backward); dxproj (M, P); ddt_low (M, R); dxn (M, Dm).
+    # scratch, each buffer written before it is read (none zeroed but dxz's first half):
+    # s1 (gated, then dy), s2 (dgated, then conv), s3 (u), du, ddelta (M, D); dt_low (M, R);
+    # xn (M, Dm); dxz (M, 2D): its z half written by gate_backward, its first D columns
+    # zeroed here and added to by the conv's backward; dxproj (M, P): the dBs | dCs
+    # columns written by the scan, the dt_low ones copied from ddt_low (M, R); dxn (M, Dm).
+    # The products write their dx (linear_backward_set), the scan its rows (add 0).
     buf = <floating*>mx_workspace(M * (7 * D + P + 2 * R + 2 * Dm) * sizeof(floating))
     if buf == NULL:
         return -1
@@ -361,14 +363,12 @@ cdef int backward_window(floating* dx, floating** grads,
     dxproj = dxz + M * 2 * D
     ddt_low = dxproj + M * P
     dxn = ddt_low + M * R
-    flat_op(FLAT_ZERO, s2, NULL, M * 3 * D, nt)
     zero_cols(dxz, M, D, 2 * D, nt)
-    flat_op(FLAT_ZERO, dxproj, NULL, M * (P + R + Dm), nt)
 
     # residual and out_proj: s1 = gated (M, D), s2 = dgated
     flat_op(FLAT_ADD, dx, dout, M * Dm, nt)
     rows_elementwise(2, s1, xz + D, 2 * D, yb, M, D, nt)
-    if linear_backward(s2, grads[P_wOutProj], grads[P_bOutProj], dout, s1,
+    if linear_backward_set(s2, grads[P_wOutProj], grads[P_bOutProj], dout, s1,
                        params[P_wOutProj], M, D, Dm, nt) != 0:
         return -1
     # gate: s1 = dy = dgated * silu(z); dz = dgated * y * silu'(z) into dxz[:, D:2D]
@@ -381,20 +381,20 @@ cdef int backward_window(floating* dx, floating** grads,
     rc = scan_backward_state(du, ddelta, dxproj + R, dxproj + R + N, grads[P_A_log],
                              grads[P_D_vec], dh0, s1, dh_last, cache + cl.hstate, s3, delta,
                              xproj + R, xproj + R + N, P, params[P_A_log], 0, params[P_D_vec],
-                             B, L, D, N, d.discretization, n_threads)
+                             B, L, D, N, d.discretization, 0, n_threads)
     if rc != 0:
         return rc
     # softplus: ddelta_pre = ddelta * sigmoid(delta_pre), in place
     rows_elementwise(4, ddelta, delta, D, <floating*>NULL, M, D, nt)
     # dt_proj on the dt_low columns of xproj
     copy_cols(dt_low, xproj, M, R, P, nt)
-    if linear_backward(ddt_low, grads[P_wDtProj], grads[P_bDtProj], ddelta, dt_low,
+    if linear_backward_set(ddt_low, grads[P_wDtProj], grads[P_bDtProj], ddelta, dt_low,
                        params[P_wDtProj], M, R, D, nt) != 0:
         return -1
     nt_rows = mx_team(nt, M * (R + Dm), MIN_ELEMENTS_PER_THREAD, M)
     for r in prange(M, schedule='static', num_threads=nt_rows):
         for j in range(R):
-            dxproj[r * P + j] += ddt_low[r * R + j]
+            dxproj[r * P + j] = ddt_low[r * R + j]
     # x_proj, then silu: dconv = du * silu'(conv), in place
     if linear_backward(du, grads[P_wXProj], grads[P_bXProj], dxproj, s3, params[P_wXProj], M, D, P,
                        nt) != 0:
@@ -411,7 +411,7 @@ cdef int backward_window(floating* dx, floating** grads,
     for r in prange(M, schedule='static', num_threads=nt_rows):
         for j in range(Dm):
             xn[r * Dm + j] = x[r * Dm + j] * rstd[r] * normW[j]
-    if linear_backward(dxn, grads[P_wInProj], grads[P_bInProj], dxz, xn, params[P_wInProj],
+    if linear_backward_set(dxn, grads[P_wInProj], grads[P_bInProj], dxz, xn, params[P_wInProj],
                        M, Dm, 2 * D, nt) != 0:
         return -1
     rmsnorm_backward(dx, grads[P_normWeight], dxn, x, normW, rstd, M, Dm, nt)

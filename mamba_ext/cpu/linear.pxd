@@ -17,3 +17,9 @@ cdef void linear_forward(floating* out, const floating* x, const floating* weigh
 cdef int linear_backward(floating* dx, floating* dweight, floating* dbias,
                          const floating* dout, const floating* x, const floating* weight,
                          idx_t M, idx_t IC, idx_t OC, int n_threads) noexcept nogil
+
+# The same, with dx (M, IC) = dout @ weight: written, not added to (its input is not read,
+# so it needs no zeroing); the sums are the same as linear_backward's into zeros.
+cdef int linear_backward_set(floating* dx, floating* dweight, floating* dbias,
+                             const floating* dout, const floating* x, const floating* weight,
+                             idx_t M, idx_t IC, idx_t OC, int n_threads) noexcept nogil

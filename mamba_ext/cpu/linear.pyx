@@ -371,10 +371,11 @@ cdef void linear_forward(floating* out, const floating* x, const floating* weigh
 cdef void backward_slice(floating* dx, floating* dweight, floating* dwt, floating* dbias,
                          const floating* dout, const floating* x, const floating* weight,
                          idx_t M, idx_t IC, idx_t OC, idx_t wn, idx_t row_unit, idx_t col_unit,
-                         int nt, int t) noexcept nogil:
+                         floating dx_beta, int nt, int t) noexcept nogil:
     # thread t of nt: dx rows, dweight rows of OC (dwt NULL) or columns of IC (through
     # dwt), dbias columns (BLAS's n only: the module docstring); see linear_backward.
-    # wn: dW's split columns; dx rows and those columns in units of row_unit, col_unit
+    # wn: dW's split columns; dx rows and those columns in units of row_unit, col_unit;
+    # dx_beta 1: dx added to, 0: dx written (not read)
     cdef idx_t r, o, i, r0, mb, lo, hi, step = row_block(max(IC, OC))
     cdef floating one = 1, beta
     if IC > 0 and dx != NULL:
@@ -382,9 +383,9 @@ cdef void backward_slice(floating* dx, floating* dweight, floating* dwt, floatin
         r0 = lo
         while r0 < hi:
             mb = min(step, hi - r0)
-            # dx^T (IC, mb) += W^T(col-major (IC, OC)) . dout^T (OC, mb)
+            # dx^T (IC, mb) (+)= W^T(col-major (IC, OC)) . dout^T (OC, mb)
             gemm(c'N', c'N', IC, mb, OC, one, weight, IC, dout + r0 * OC, OC,
-                 one, dx + r0 * IC, IC)
+                 dx_beta, dx + r0 * IC, IC)
             r0 += mb
     if IC > 0 and dweight != NULL and dwt != NULL:
         part(IC, nt, t, col_unit, &lo, &hi)
@@ -420,11 +421,12 @@ cdef void backward_slice(floating* dx, floating* dweight, floating* dwt, floatin
                     mx_add_d(dbias + lo, dout + r * OC + lo, hi - lo)
 
 
-cdef int linear_backward(floating* dx, floating* dweight, floating* dbias,
-                         const floating* dout, const floating* x, const floating* weight,
-                         idx_t M, idx_t IC, idx_t OC, int n_threads) noexcept nogil:
-    # dx (M, IC) += dout (M, OC) @ weight (OC, IC); dweight (OC, IC) += dout^T @ x;
-    # dbias (OC,) += column sums of dout; one region, each thread on its slices.
+cdef int backward(floating* dx, floating dx_beta, floating* dweight, floating* dbias,
+                  const floating* dout, const floating* x, const floating* weight,
+                  idx_t M, idx_t IC, idx_t OC, int n_threads) noexcept nogil:
+    # dx (M, IC) = dx_beta * dx + dout (M, OC) @ weight (OC, IC) (dx_beta 1 or 0: dx not
+    # read); dweight (OC, IC) += dout^T @ x; dbias (OC,) += column sums of dout; one
+    # region, each thread on its slices.
     # dweight with few rows and more columns (OC < IC and OC < DWT_MAX_OC, e.g. x_proj) is
     # split by its IC columns, which only the transposed product has on BLAS's n: it is
     # formed in scratch dwt (IC, OC) and added transposed (a split of OC would leave threads
@@ -445,7 +447,19 @@ cdef int linear_backward(floating* dx, floating* dweight, floating* dbias,
     mx_blas_single_begin()
     for t in prange(nt, schedule='static', num_threads=nt):
         backward_slice(dx, dweight, dwt, dbias, dout, x, weight, M, IC, OC, wn, row_unit,
-                       col_unit, nt, t)
+                       col_unit, dx_beta, nt, t)
     mx_blas_single_end()
     free(dwt)
     return 0
+
+
+cdef int linear_backward(floating* dx, floating* dweight, floating* dbias,
+                         const floating* dout, const floating* x, const floating* weight,
+                         idx_t M, idx_t IC, idx_t OC, int n_threads) noexcept nogil:
+    return backward(dx, 1, dweight, dbias, dout, x, weight, M, IC, OC, n_threads)
+
+
+cdef int linear_backward_set(floating* dx, floating* dweight, floating* dbias,
+                             const floating* dout, const floating* x, const floating* weight,
+                             idx_t M, idx_t IC, idx_t OC, int n_threads) noexcept nogil:
+    return backward(dx, 0, dweight, dbias, dout, x, weight, M, IC, OC, n_threads)

@@ -41,7 +41,7 @@ from mamba_ext.cpu.activations cimport (mx_exp_shift_d, mx_exp_shift_f, mx_row_m
 from mamba_ext.cpu.block cimport (mamba_dims, MAMBA_NPARAMS, block_cache_len,
                                block_forward_state, block_backward_state,
                                flat_op, FLAT_ZERO)
-from mamba_ext.cpu.linear cimport linear_forward, linear_backward
+from mamba_ext.cpu.linear cimport linear_forward, linear_backward_set
 from mamba_ext.cpu.rmsnorm cimport rmsnorm_forward, rmsnorm_backward
 
 cnp.import_array()
@@ -267,8 +267,7 @@ cdef int model_loss_and_grads_state(double* loss,
         loss[0] = total / <double>M
 
         # head: dxn (scratch) = dlogits @ embedding; g_embedding += dlogits^T @ xn
-        flat_op(FLAT_ZERO, scratch, <floating*>NULL, M * Dm, n_threads)
-        if linear_backward(scratch, g_embedding, g_lm_head_bias, logits, xn, embedding, M, Dm,
+        if linear_backward_set(scratch, g_embedding, g_lm_head_bias, logits, xn, embedding, M, Dm,
                            V, n_threads) != 0:
             free(row_loss)
             return MODEL_ERR_NOMEM

@@ -75,14 +75,14 @@ cdef extern from "csrc/mx_scan.h" nogil:
                                   const float* A, const float* A_inv, const float* D_lane,
                                   const float* h, const float* em1,
                                   float* carry, float* dBC, float* dA_acc, float* dD_acc,
-                                  float* du, float* ddelta) noexcept
+                                  float* du, float* ddelta, int add) noexcept
     void mx_scan_backward_chunk_d(idx_t n_steps, idx_t N, int zoh,
                                   const double* delta, const double* u, const double* dy,
                                   idx_t ld, const double* Bs, const double* Cs, idx_t ld_bc,
                                   const double* A, const double* A_inv, const double* D_lane,
                                   const double* h, const double* em1,
                                   double* carry, double* dBC, double* dA_acc, double* dD_acc,
-                                  double* du, double* ddelta) noexcept
+                                  double* du, double* ddelta, int add) noexcept
     void mx_scan_fold_f(idx_t n_rows, const float* dBC, float* sums) noexcept
     void mx_scan_fold_d(idx_t n_rows, const double* dBC, double* sums) noexcept
 
@@ -267,7 +267,7 @@ cdef int scan_backward(floating* du, floating* ddelta, floating* dBs, floating* 
                        int discretization, int n_threads) noexcept nogil:
     return scan_backward_state(du, ddelta, dBs, dCs, dA_log, dD_vec, <floating*>NULL, dy,
                                <floating*>NULL, hstate, u, delta, Bs, Cs, ld_bc, A_log, 0,
-                               D_vec, B, L, D, N, discretization, n_threads)
+                               D_vec, B, L, D, N, discretization, 1, n_threads)
 
 
 cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floating* dCs,
@@ -278,7 +278,7 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
                              const floating* Bs, const floating* Cs, idx_t ld_bc,
                              const floating* A_log, int a_given, const floating* D_vec,
                              idx_t B, idx_t L, idx_t D, idx_t N,
-                             int discretization, int n_threads) noexcept nogil:
+                             int discretization, int add, int n_threads) noexcept nogil:
     # Deterministic: every job writes its shares of the shared gradients (dBs/dCs rows of
     # its sequence, dA_log/D_vec rows of its channels) to its own slot of partBC / partAD,
     # and these are summed afterwards in a fixed order (over channel groups, resp. over
@@ -378,7 +378,6 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
                         stage(dl, delta + r0 * D + d0, tn, D, nl)
                         stage(uu, u + r0 * D + d0, tn, D, nl)
                         stage(dyy, dy + r0 * D + d0, tn, D, nl)
-                        memset(dul, 0, 2 * T * G * sizeof(floating))    # dul, dDl
                         pdl, puu, pdy, pdu, pdD, ld = dl, uu, dyy, dul, dDl, G
                     chunk_fwd(tn, N, zoh, pdl, puu, ld, Bs + r0 * ld_bc, Cs + r0 * ld_bc,
                               ld_bc, AT, invAT, N * G, h, em1, <floating*>NULL, Dv)
@@ -386,11 +385,13 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
                     if floating is float:
                         mx_scan_backward_chunk_f(tn, N, zoh, pdl, puu, pdy, ld, Bs + r0 * ld_bc,
                                             Cs + r0 * ld_bc, ld_bc, AT, invAT, Dv, h, em1,
-                                            carry, dBC, dAacc, dDacc, pdu, pdD)
+                                            carry, dBC, dAacc, dDacc, pdu, pdD,
+                                            add if nl == G else 0)
                     else:
                         mx_scan_backward_chunk_d(tn, N, zoh, pdl, puu, pdy, ld, Bs + r0 * ld_bc,
                                             Cs + r0 * ld_bc, ld_bc, AT, invAT, Dv, h, em1,
-                                            carry, dBC, dAacc, dDacc, pdu, pdD)
+                                            carry, dBC, dAacc, dDacc, pdu, pdD,
+                                            add if nl == G else 0)
                     # the chunk's rows of the job's slot: dBC summed over its GB lanes
                     # (ng == 1: the job owns these rows of dBs / dCs and adds into them)
                     pbc = partBC + (job * L + t0) * 2 * N if ng > 1 else sums
@@ -401,13 +402,15 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
                     if ng == 1:
                         for s in range(tn):
                             for k in range(N):
-                                dBs[(r0 + s) * ld_bc + k] += sums[s * 2 * N + k]
-                                dCs[(r0 + s) * ld_bc + k] += sums[s * 2 * N + N + k]
-                    if nl < G:
+                                j = (r0 + s) * ld_bc + k
+                                dBs[j] = (dBs[j] if add else 0) + sums[s * 2 * N + k]
+                                dCs[j] = (dCs[j] if add else 0) + sums[s * 2 * N + N + k]
+                    if nl < G:        # the staged lanes, written by the chunk (not added)
                         for s in range(tn):
                             for g in range(nl):
-                                du[(r0 + s) * D + d0 + g] += dul[s * G + g]
-                                ddelta[(r0 + s) * D + d0 + g] += dDl[s * G + g]
+                                j = (r0 + s) * D + d0 + g
+                                du[j] = (du[j] if add else 0) + dul[s * G + g]
+                                ddelta[j] = (ddelta[j] if add else 0) + dDl[s * G + g]
                 if dh0 != NULL:       # carry = a_bar[0] * dh[0] = dLoss/dh0
                     state_add(dh0 + (b * D + d0) * N, carry, N, nl)
                 # the job's slot of dAacc, dDacc (its dBs | dCs rows were folded per chunk)
@@ -422,9 +425,9 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
                 for j in range(ng):
                     sum = sum + partBC[((b * ng + j) * L + r - b * L) * 2 * N + k]
                 if k < N:
-                    dBs[r * ld_bc + k] += sum
+                    dBs[r * ld_bc + k] = (dBs[r * ld_bc + k] if add else 0) + sum
                 else:
-                    dCs[r * ld_bc + k - N] += sum
+                    dCs[r * ld_bc + k - N] = (dCs[r * ld_bc + k - N] if add else 0) + sum
     if not failed:
         # dA_log (zero where the clamp is active; dA = (A dLoss/dA) / A when a_given), D_vec:
         # sum over the sequences b = 0 .. B-1

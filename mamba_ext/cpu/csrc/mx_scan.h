@@ -78,14 +78,15 @@ MX_KERNEL void mx_scan_forward_chunk_##SFX(mx_idx n_steps, mx_idx N, int zoh,   
    in the forward; carry (N, G) = a_bar[t+1] * dh[t+1], in/out;                         \
    dBC (n_steps, 2N, GB) += [dBs | dCs] terms per lane mod GB (summed by the driver);   \
    dA_acc (N, G) += A * dLoss/dA; dD_acc (G,) += dy*u (dLoss/dD_vec);                   \
-   du += scan part + dy*D_lane; ddelta += scan part. */                                 \
+   du (+)= scan part + dy*D_lane; ddelta (+)= scan part: added to where add != 0, else  \
+   written (not read). */                                                               \
 MX_KERNEL void mx_scan_backward_chunk_##SFX(mx_idx n_steps, mx_idx N, int zoh,         \
         const T* MX_RESTRICT delta, const T* MX_RESTRICT u, const T* MX_RESTRICT dy,    \
         mx_idx ld, const T* MX_RESTRICT Bs, const T* MX_RESTRICT Cs, mx_idx ld_bc,      \
         const T* MX_RESTRICT A, const T* MX_RESTRICT A_inv, const T* MX_RESTRICT D_lane,\
         const T* MX_RESTRICT h, const T* MX_RESTRICT em1,                               \
         T* MX_RESTRICT carry, T* MX_RESTRICT dBC, T* MX_RESTRICT dA_acc,                \
-        T* MX_RESTRICT dD_acc, T* MX_RESTRICT du, T* MX_RESTRICT ddelta)                \
+        T* MX_RESTRICT dD_acc, T* MX_RESTRICT du, T* MX_RESTRICT ddelta, int add)       \
 {                                                                                       \
     for (mx_idx s = n_steps - 1; s >= 0; s--) {                                         \
         const T* MX_RESTRICT ds = delta + s * ld;                                       \
@@ -130,8 +131,8 @@ MX_KERNEL void mx_scan_backward_chunk_##SFX(mx_idx n_steps, mx_idx N, int zoh,  
             for (int g = 0; g < MX_SCAN_GB; g++) { dB[g] += tB[g]; dC[g] += tC[g]; }    \
         }                                                                               \
         for (int g = 0; g < MX_SCAN_G; g++) {                                           \
-            du[s * ld + g] += dus[g] + gs[g] * D_lane[g];                               \
-            ddelta[s * ld + g] += dds[g];                                               \
+            du[s * ld + g] = (add ? du[s * ld + g] : 0) + (dus[g] + gs[g] * D_lane[g]); \
+            ddelta[s * ld + g] = (add ? ddelta[s * ld + g] : 0) + dds[g];               \
             dD_acc[g] += gs[g] * us[g];                                                 \
         }                                                                               \
     }                                                                                   \
