@@ -52,7 +52,7 @@ from mamba_ext.cpu.activations cimport (
 from mamba_ext.cpu.linear cimport linear_forward, linear_backward, linear_backward_set
 from mamba_ext.cpu.rmsnorm cimport rmsnorm_forward, rmsnorm_backward
 from mamba_ext.cpu.conv1d cimport conv1d_forward, conv1d_backward
-from mamba_ext.cpu.scan cimport scan_forward_state, scan_backward_state, scan_nchunks
+from mamba_ext.cpu.scan cimport scan_forward_state, scan_backward_state_set, scan_nchunks
 from mamba_ext.cpu.threads cimport mx_aligned_alloc, mx_aligned_free, mx_threads, mx_team, mx_workspace
 
 cnp.import_array()
@@ -348,7 +348,7 @@ cdef int backward_window(floating* dx, floating** grads,
     # xn (M, Dm); dxz (M, 2D): its z half written by gate_backward, its first D columns
     # zeroed here and added to by the conv's backward; dxproj (M, P): the dBs | dCs
     # columns written by the scan, the dt_low ones copied from ddt_low (M, R); dxn (M, Dm).
-    # The products write their dx (linear_backward_set), the scan its rows (add 0).
+    # The products write their dx (linear_backward_set), the scan its rows (_set).
     buf = <floating*>mx_workspace(M * (7 * D + P + 2 * R + 2 * Dm) * sizeof(floating))
     if buf == NULL:
         return -1
@@ -378,10 +378,10 @@ cdef int backward_window(floating* dx, floating** grads,
     if conv_state != NULL:
         conv_history_forward(s2, params[P_wConv], conv_state, B, L, D, K)
     rows_elementwise(0, s3, s2, D, <floating*>NULL, M, D, nt)
-    rc = scan_backward_state(du, ddelta, dxproj + R, dxproj + R + N, grads[P_A_log],
+    rc = scan_backward_state_set(du, ddelta, dxproj + R, dxproj + R + N, grads[P_A_log],
                              grads[P_D_vec], dh0, s1, dh_last, cache + cl.hstate, s3, delta,
                              xproj + R, xproj + R + N, P, params[P_A_log], 0, params[P_D_vec],
-                             B, L, D, N, d.discretization, 0, n_threads)
+                             B, L, D, N, d.discretization, n_threads)
     if rc != 0:
         return rc
     # softplus: ddelta_pre = ddelta * sigmoid(delta_pre), in place

@@ -53,8 +53,6 @@ cdef int scan_forward_state(floating* y, floating* hstate, floating* h_last,
                             int discretization, int n_threads) noexcept nogil
 
 # dh_last (B, D, N): dLoss/d h_last (read; NULL = 0); dh0 (B, D, N) += dLoss/d h0.
-# add 1: du, ddelta, dBs, dCs added to, as scan_backward; 0: written, their inputs not read
-# (the same sums as into zeros); dA_log, dD_vec and dh0 are added to either way.
 cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floating* dCs,
                              floating* dA_log, floating* dD_vec, floating* dh0,
                              const floating* dy, const floating* dh_last,
@@ -63,4 +61,16 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
                              const floating* Bs, const floating* Cs, idx_t ld_bc,
                              const floating* A_log, int a_given, const floating* D_vec,
                              idx_t B, idx_t L, idx_t D, idx_t N,
-                             int discretization, int add, int n_threads) noexcept nogil
+                             int discretization, int n_threads) noexcept nogil
+
+# The same, with du, ddelta, dBs, dCs written, not added to (their inputs not read; the sums
+# are those into zeros); dA_log, dD_vec and dh0 are added to as above.
+cdef int scan_backward_state_set(floating* du, floating* ddelta, floating* dBs, floating* dCs,
+                                 floating* dA_log, floating* dD_vec, floating* dh0,
+                                 const floating* dy, const floating* dh_last,
+                                 const floating* hstate,
+                                 const floating* u, const floating* delta,
+                                 const floating* Bs, const floating* Cs, idx_t ld_bc,
+                                 const floating* A_log, int a_given, const floating* D_vec,
+                                 idx_t B, idx_t L, idx_t D, idx_t N,
+                                 int discretization, int n_threads) noexcept nogil

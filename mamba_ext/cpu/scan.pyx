@@ -267,7 +267,7 @@ cdef int scan_backward(floating* du, floating* ddelta, floating* dBs, floating* 
                        int discretization, int n_threads) noexcept nogil:
     return scan_backward_state(du, ddelta, dBs, dCs, dA_log, dD_vec, <floating*>NULL, dy,
                                <floating*>NULL, hstate, u, delta, Bs, Cs, ld_bc, A_log, 0,
-                               D_vec, B, L, D, N, discretization, 1, n_threads)
+                               D_vec, B, L, D, N, discretization, n_threads)
 
 
 cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floating* dCs,
@@ -278,7 +278,35 @@ cdef int scan_backward_state(floating* du, floating* ddelta, floating* dBs, floa
                              const floating* Bs, const floating* Cs, idx_t ld_bc,
                              const floating* A_log, int a_given, const floating* D_vec,
                              idx_t B, idx_t L, idx_t D, idx_t N,
-                             int discretization, int add, int n_threads) noexcept nogil:
+                             int discretization, int n_threads) noexcept nogil:
+    return backward_state(du, ddelta, dBs, dCs, dA_log, dD_vec, dh0, dy, dh_last, hstate, u,
+                          delta, Bs, Cs, ld_bc, A_log, a_given, D_vec, B, L, D, N,
+                          discretization, 1, n_threads)
+
+
+cdef int scan_backward_state_set(floating* du, floating* ddelta, floating* dBs, floating* dCs,
+                                 floating* dA_log, floating* dD_vec, floating* dh0,
+                                 const floating* dy, const floating* dh_last,
+                                 const floating* hstate,
+                                 const floating* u, const floating* delta,
+                                 const floating* Bs, const floating* Cs, idx_t ld_bc,
+                                 const floating* A_log, int a_given, const floating* D_vec,
+                                 idx_t B, idx_t L, idx_t D, idx_t N,
+                                 int discretization, int n_threads) noexcept nogil:
+    return backward_state(du, ddelta, dBs, dCs, dA_log, dD_vec, dh0, dy, dh_last, hstate, u,
+                          delta, Bs, Cs, ld_bc, A_log, a_given, D_vec, B, L, D, N,
+                          discretization, 0, n_threads)
+
+
+cdef int backward_state(floating* du, floating* ddelta, floating* dBs, floating* dCs,
+                        floating* dA_log, floating* dD_vec, floating* dh0,
+                        const floating* dy, const floating* dh_last,
+                        const floating* hstate,
+                        const floating* u, const floating* delta,
+                        const floating* Bs, const floating* Cs, idx_t ld_bc,
+                        const floating* A_log, int a_given, const floating* D_vec,
+                        idx_t B, idx_t L, idx_t D, idx_t N,
+                        int discretization, int add, int n_threads) noexcept nogil:
     # Deterministic: every job writes its shares of the shared gradients (dBs/dCs rows of
     # its sequence, dA_log/D_vec rows of its channels) to its own slot of partBC / partAD,
     # and these are summed afterwards in a fixed order (over channel groups, resp. over

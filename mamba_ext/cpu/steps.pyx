@@ -289,7 +289,7 @@ def scan_backward(floating[:, :, ::1] du not None, floating[:, :, ::1] ddelta no
                                  &dA_log[0, 0], &dD_vec[0], pdh0, &dy[0, 0, 0], pdhl,
                                  &hstate[0, 0, 0, 0], &u[0, 0, 0], &delta[0, 0, 0],
                                  &Bs[0, 0, 0], &Cs[0, 0, 0], N, &A_log[0, 0], a_given,
-                                 &D_vec[0], B, L, D, N, disc, 1, nt)
+                                 &D_vec[0], B, L, D, N, disc, nt)
     if rc != 0:
         raise MemoryError("scan_backward: out of memory for scratch buffers")
 

@@ -130,7 +130,7 @@ static void check_backward(int zoh) {
     static inputs_t in;
     static double dy[S * G], Gc[N * G], y[S * G], hs[(S + 1) * N * G], em1[S * N * G];
     static double Ainv[N * G], carry[N * G], dBC[S * 2 * N * GB], dA[N * G], dD[G];
-    static double du[S * G], dd[S * G], v[S * LDBC + S * G + N * G];
+    static double du[S * G], dd[S * G], du0[S * G], dd0[S * G], v[S * LDBC + S * G + N * G];
     double an, fd, worst = 0;
     int i, s, n, g, k;
     make_inputs(&in);
@@ -141,11 +141,20 @@ static void check_backward(int zoh) {
     /* em1 of the stored states, as the driver's recomputation gives them */
     mx_scan_forward_chunk_d(S, N, zoh, in.delta, in.u, G, in.bc, in.bc + N, LDBC, in.A, Ainv,
                             N * G, hs, em1, NULL, in.Dl);
-    memcpy(carry, Gc, sizeof carry);
-    memset(dBC, 0, sizeof dBC); memset(dA, 0, sizeof dA); memset(dD, 0, sizeof dD);
-    memset(du, 0, sizeof du); memset(dd, 0, sizeof dd);
-    mx_scan_backward_chunk_d(S, N, zoh, in.delta, in.u, dy, G, in.bc, in.bc + N, LDBC, in.A,
-                             Ainv, in.Dl, hs, em1, carry, dBC, dA, dD, du, dd);
+    /* du, dd written (add 0) over NaN: not read; then added (add 1) to 1.0: 1 + the same */
+    for (k = 0; k < 2; k++) {
+        memcpy(carry, Gc, sizeof carry);
+        memset(dBC, 0, sizeof dBC); memset(dA, 0, sizeof dA); memset(dD, 0, sizeof dD);
+        for (i = 0; i < S * G; i++) du[i] = dd[i] = k == 0 ? NAN : 1.0;
+        mx_scan_backward_chunk_d(S, N, zoh, in.delta, in.u, dy, G, in.bc, in.bc + N, LDBC,
+                                 in.A, Ainv, in.Dl, hs, em1, carry, dBC, dA, dD, du, dd, k);
+        if (k == 0) { memcpy(du0, du, sizeof du); memcpy(dd0, dd, sizeof dd); }
+        else
+            for (i = 0; i < S * G; i++)
+                MX_CHECK(du[i] == 1.0 + du0[i] && dd[i] == 1.0 + dd0[i], "backward zoh=%d add=1:"
+                         " row %d lane %d is not 1 + the written value", zoh, i / G, i % G);
+    }
+    memcpy(du, du0, sizeof du); memcpy(dd, dd0, sizeof dd);
 
     for (k = 0; k < 6; k++) {           /* u, delta, Bs|Cs, A, D_vec, h0 */
         double* field; int n_el;
