@@ -172,7 +172,9 @@ def as_float_array(name: str, value: ArrayLike, dtype: DTypeLike | None = None,
         raise TypeError(f"{name}: dtype {arr.dtype} does not match the other arrays' dtype "
                         f"{np.dtype(dtype)}; convert all inputs to one float dtype")
     check_count(name, arr.shape)   # before any copy: a broadcast view may be huge
-    return np.ascontiguousarray(arr) if contiguous else arr
+    # np.asarray(order="C"), not ascontiguousarray: that makes a 0-d array 1-d, and the
+    # shape checks would then report (1,) for a scalar given
+    return np.asarray(arr, order="C") if contiguous else arr
 
 
 def _shape_error(name, expected, actual, why=""):
@@ -260,14 +262,18 @@ def check_tokens(name: str, tokens: ArrayLike, vocab_size: int | None = None,
     if shape is not None and arr.shape != tuple(shape):
         raise _shape_error(name, shape, arr.shape)
     check_count(name, arr.shape)
-    arr = np.ascontiguousarray(arr, dtype=np.int64)
     if vocab_size is not None and arr.size:
+        # checked in the given dtype (a uint64 id above 2^63 - 1 would wrap in int64)
         bad = np.flatnonzero((arr < 0) | (arr >= vocab_size))
         if bad.size:
             pos = np.unravel_index(bad[0], arr.shape)
             raise ValueError(f"{name}: token id {int(arr[pos])} at position (batch {pos[0]}, "
                              f"time {pos[1]}) is out of range [0, {vocab_size})")
-    return arr
+    if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
+        pos = np.unravel_index(int(np.argmax(arr)), arr.shape)
+        raise ValueError(f"{name}: token id {int(arr[pos])} at position (batch {pos[0]}, "
+                         f"time {pos[1]}) does not fit a signed 64-bit integer")
+    return np.ascontiguousarray(arr, dtype=np.int64)
 
 
 # discretization keyword -> the kernels' int code (mamba_dims.discretization)

@@ -219,6 +219,11 @@ def test_bad_param_rank_names_the_parameter(name):
     p[name] = params[name][..., None]
     with pytest.raises(ValueError, match=name):
         fwd(x, p)
+    # a scalar is reported as given, shape () (not as the (1,) a contiguous copy would make)
+    p[name] = params[name].dtype.type(1)
+    with pytest.raises(ValueError, match=rf"{name}: expected a {params[name].ndim}-D array, "
+                                         r"got shape \(\)"):
+        fwd(x, p)
 
 
 def test_missing_unknown_and_non_mapping_params():

@@ -340,6 +340,8 @@ def test_stop_sequence_ends_that_sequence_only():
     (dict(stop=[[]]), ValueError, r"stop\[0\]: expected at least one"),
     (dict(stop=[[99]]), ValueError, r"stop\[0\]: token id 99"),
     (dict(stop="ab"), TypeError, "stop"),
+    (dict(stop=[np.array([2 ** 63 + 5], np.uint64)]), ValueError,
+     r"stop\[0\]: token id 9223372036854775813 at position \(batch 0, time 0\) does not fit"),
     (dict(weights_dtype="int8"), ValueError, "weights_dtype"),
     (dict(n_threads=0), ValueError, "n_threads"),
 ])
@@ -359,3 +361,7 @@ def test_float16_weights_need_float32_and_the_half_range():
         generate(p, np.array([[1]]), 2, weights_dtype="float16")
     with pytest.raises(ValueError, match=r"prompt\[1\]: token id 13 at position 0 is out of range"):
         generate(p, [[1], [13]], 2)
+    # an unsigned id past int64 is named as given (not wrapped to a negative one)
+    with pytest.raises(ValueError, match=r"prompt: token id 9223372036854775813 at position "
+                                         r"\(batch 0, time 1\) does not fit"):
+        generate(p, np.array([[1, 2 ** 63 + 5]], np.uint64), 2)

@@ -155,6 +155,14 @@ def test_token_ids_out_of_range_name_id_and_position():
         mamba_ext.model_forward(tok.astype(np.float32), p)
     with pytest.raises(ValueError, match="tokens"):
         mamba_ext.model_forward(tok[0], p)
+    # unsigned ids are checked as given: 2^63 + 3 must not wrap to a negative int64 id
+    big = tok.astype(np.uint64)
+    big[1, 3] = 2 ** 63 + 3
+    with pytest.raises(ValueError, match=r"tokens: token id 9223372036854775811 at position "
+                                         r"\(batch 1, time 3\) is out of range"):
+        mamba_ext.model_forward(big, p)
+    np.testing.assert_array_equal(mamba_ext.model_forward(tok.astype(np.uint64), p),
+                                  mamba_ext.model_forward(tok, p))
 
 
 def test_empty_batch():
