@@ -15,7 +15,9 @@ each column over the rows in order.
 The float32 GEMM is the BLAS's sgemm, or mamba_ext's own (csrc/mx_sgemm.h, AVX-512)
 where the CPU has AVX-512 and OpenBLAS runs a kernel set without it (set_gemm, "auto"):
 on an AMD Zen 5 OpenBLAS falls back to its Haswell kernels at half its own AVX-512
-speed, and the choice cannot be changed from inside a running process.
+speed, and the choice cannot be changed from inside a running process. On an AMD CPU
+whose OpenBLAS runs its AVX-512 kernels (Zen 4), ours takes the weight gradients split by
+OC (IC >= DW_OWN_MIN_IC) and OpenBLAS the rest: per kind of product, the faster there.
 
 Bitwise results for any thread count: slices split only BLAS's n dimension, at multiples
 of SPLIT_N (the rows of the batch; the output columns of dW). OpenBLAS computes a column
@@ -61,6 +63,7 @@ cdef extern from "csrc/mx_blas.h" nogil:
 
 cdef extern from "csrc/mx_sgemm.h" nogil:
     int mx_sgemm_supported() noexcept
+    int mx_sgemm_cpu_amd() noexcept
     int mx_sgemm(char transa, char transb, idx_t m, idx_t n, idx_t k, float alpha,
                  const float* A, idx_t lda, const float* B, idx_t ldb, float beta,
                  float* C, idx_t ldc) noexcept
@@ -77,6 +80,10 @@ cdef enum:
     # output columns: a split of fewer OC leaves threads idle, while for more the strided
     # add costs more than it saves (docs/performance.md)
     DWT_MAX_OC = 4 * SPLIT_N
+    # the weight gradients (split by OC) that "auto" may give mamba_ext's sgemm while the
+    # other products stay on OpenBLAS's AVX-512 kernels: IC (their m) fills at least one
+    # of its 32-row micro-tiles (IC 16 ran at 0.7x OpenBLAS's rate, 32 and up at 1.05-1.2x)
+    DW_OWN_MIN_IC = 32
 
 # multiply-adds (m*n*k) up to which OpenBLAS's AVX-512 kernel sets (SkylakeX, Cooper Lake,
 # Sapphire Rapids) take their small-matrix kernel (its *_small_kernel_permit_skylakex.c)
@@ -98,14 +105,20 @@ def blas_threads():
 
 
 # Which float32 GEMM the products call: 1 = csrc/mx_sgemm.h (AVX-512), 0 = the BLAS's
-# sgemm. "auto" takes ours where the CPU has AVX-512 and OpenBLAS runs a kernel set
-# without it (its detection falls back to AVX2 kernels on CPUs it does not know, e.g.
-# AMD Zen 5: half its own AVX-512 speed there); float64 always goes to the BLAS.
+# sgemm; own_sgemm for the forward and dX products, own_sgemm_dw for the weight gradients
+# of at least DW_OWN_MIN_IC input columns. "auto" takes ours for all of them where the CPU
+# has AVX-512 and OpenBLAS runs a kernel set without it (its detection falls back to AVX2
+# kernels on CPUs it does not know, e.g. AMD Zen 5: half its own AVX-512 speed there),
+# and for those weight gradients on an AMD CPU whose OpenBLAS runs its AVX-512 kernels
+# (Zen 4: there OpenBLAS's dW = x^T dout, a contraction over all M rows, ran at 0.75-0.9x
+# of ours, its other products as fast as ours or faster; docs/performance.md, "Weight
+# gradients on mamba_ext's sgemm"). float64 always goes to the BLAS.
 GEMM_KINDS = ("auto", "blas", "avx512")
 # OpenBLAS's kernel sets that use AVX-512 (openblas_get_corename, lower-cased); any
 # other runs without it (the bench's BLAS line reads the same list)
 AVX512_CORES = ("skylakex", "cooperlake", "sapphirerapids")
 cdef int own_sgemm = 0
+cdef int own_sgemm_dw = 0
 _gemm_kind = "auto"
 
 
@@ -115,13 +128,21 @@ cdef bint auto_own_sgemm():
     return bool(mx_sgemm_supported()) and core != "" and core not in AVX512_CORES
 
 
+cdef bint auto_own_sgemm_dw():
+    # "auto", weight gradients: ours for all products (above), or on an AMD CPU with
+    # AVX-512 under OpenBLAS (measured on Zen 4; Intel's, unmeasured, keep the BLAS)
+    return auto_own_sgemm() or (bool(mx_sgemm_supported()) and bool(mx_sgemm_cpu_amd())
+                                and blas_corename() != "")
+
+
 def set_gemm(kind="auto"):
     """Choose the float32 GEMM of every product (process-wide; set it before calls, not
-    while a product runs): "auto" (the default), "blas" (SciPy's sgemm) or "avx512"
-    (mamba_ext's, csrc/mx_sgemm.h; needs a CPU with AVX-512F). Returns the previous kind.
-    The two differ in rounding (float32 sums in another order); each alone is bitwise
-    the same for any thread count."""
-    global own_sgemm, _gemm_kind
+    while a product runs): "auto" (the default: per kind of product, the faster where
+    measured; gemm_kernel says which), "blas" (SciPy's sgemm) or "avx512" (mamba_ext's,
+    csrc/mx_sgemm.h; needs a CPU with AVX-512F). Returns the previous kind.
+    The two differ in rounding (float32 sums in another order); every choice gives
+    bitwise the same results for any thread count."""
+    global own_sgemm, own_sgemm_dw, _gemm_kind
     if not isinstance(kind, str) or kind not in GEMM_KINDS:
         raise ValueError(f"kind must be one of {', '.join(GEMM_KINDS)}; got {kind!r}")
     if kind == "avx512" and not mx_sgemm_supported():
@@ -129,13 +150,16 @@ def set_gemm(kind="auto"):
                          'GCC or Clang); this one has not')
     prev = _gemm_kind
     own_sgemm = 1 if kind == "avx512" or (kind == "auto" and auto_own_sgemm()) else 0
+    own_sgemm_dw = 1 if kind == "avx512" or (kind == "auto" and auto_own_sgemm_dw()) else 0
     _gemm_kind = kind
     return prev
 
 
-def gemm_kernel():
-    """The float32 GEMM the products call now: "avx512" (mamba_ext's) or "blas"."""
-    return "avx512" if own_sgemm else "blas"
+def gemm_kernel(weight_gradient=False):
+    """The float32 GEMM that the forward and dX products call now (weight_gradient=True:
+    the weight gradients of at least DW_OWN_MIN_IC input columns): "avx512" (mamba_ext's)
+    or "blas"."""
+    return "avx512" if (own_sgemm_dw if weight_gradient else own_sgemm) else "blas"
 
 
 def blas_corename():
@@ -207,12 +231,20 @@ cdef inline void gemm(char ta, char tb, idx_t m, idx_t n, idx_t k,
                       const floating* b, idx_t ldb, floating beta,
                       floating* c, idx_t ldc) noexcept nogil:
     """Column-major C (m, n) = alpha op(A) op(B) + beta C; sizes < INT_MAX."""
+    gemm_on(own_sgemm, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+
+
+cdef inline void gemm_on(int own, char ta, char tb, idx_t m, idx_t n, idx_t k,
+                         floating alpha, const floating* a, idx_t lda,
+                         const floating* b, idx_t ldb, floating beta,
+                         floating* c, idx_t ldc) noexcept nogil:
+    # gemm on mamba_ext's sgemm where own (float32), else on the BLAS
     cdef int im = <int>m, jn = <int>n, kk = <int>k
     cdef int ia = <int>lda, ib = <int>ldb, ic = <int>ldc
     if m == 0 or n == 0:
         return
     if floating is float:
-        if own_sgemm and mx_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) == 0:
+        if own and mx_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) == 0:
             return     # (-1: no workspace for its packed panels; the BLAS then)
         sgemm(&ta, &tb, &im, &jn, &kk, &alpha, <float*>a, &ia, <float*>b, &ib, &beta, c, &ic)
     else:
@@ -408,8 +440,9 @@ cdef void backward_slice(floating* dx, floating* dweight, floating* dwt, floatin
         while r0 < M and hi > lo:
             mb = min(step, M - r0)
             # dW^T[:, lo:hi] (IC, cols) += x^T (IC, mb) . dout[:, lo:hi] (mb, cols)
-            gemm(c'N', c'T', IC, hi - lo, mb, one, x + r0 * IC, IC, dout + r0 * OC + lo,
-                 OC, one, dweight + lo * IC, IC)
+            gemm_on(own_sgemm_dw if IC >= DW_OWN_MIN_IC else own_sgemm, c'N', c'T', IC,
+                    hi - lo, mb, one, x + r0 * IC, IC, dout + r0 * OC + lo, OC, one,
+                    dweight + lo * IC, IC)
             r0 += mb
     if dbias != NULL:
         part(OC, nt, t, 16, &lo, &hi)       # our own loop: any split is bitwise

@@ -33,13 +33,30 @@ def gemm():
     linear.set_gemm(prev)
 
 
+def _cpu_is_amd():
+    """From /proc/cpuinfo (Linux), else platform's processor string."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "AuthenticAMD" in f.read()
+    except OSError:
+        import platform
+        return "AMD" in platform.processor()
+
+
 def test_auto_follows_the_cpu_and_the_blas(gemm):
     gemm("auto")
     core = linear.blas_corename().lower()
-    want = HAS_AVX512 and linear.BLAS_CONTROLS == "openblas" and core != "" and \
-        core not in ("skylakex", "cooperlake", "sapphirerapids")
+    openblas = HAS_AVX512 and linear.BLAS_CONTROLS == "openblas" and core != ""
+    want = openblas and core not in ("skylakex", "cooperlake", "sapphirerapids")
     assert linear.gemm_kernel() == ("avx512" if want else "blas")
+    # the weight gradients: ours also on an AMD CPU whose OpenBLAS runs AVX-512 kernels
+    want_dw = want or (openblas and _cpu_is_amd())
+    assert linear.gemm_kernel(weight_gradient=True) == ("avx512" if want_dw else "blas")
     assert gemm("blas") == "auto" and linear.gemm_kernel() == "blas"
+    assert linear.gemm_kernel(weight_gradient=True) == "blas"
+    if HAS_AVX512:
+        gemm("avx512")
+        assert linear.gemm_kernel() == linear.gemm_kernel(weight_gradient=True) == "avx512"
 
 
 def test_bad_choices_refused(gemm):
@@ -146,11 +163,14 @@ def _block(n_threads, dm=80):
 
 
 # d_model 80: every weight gradient with fewer rows than columns formed transposed in scratch;
-# 192: out_proj's (192 x 384) split by its rows instead (linear.pyx, DWT_MAX_OC)
+# 192: out_proj's (192 x 384) split by its rows instead (linear.pyx, DWT_MAX_OC). "auto":
+# where it gives the weight gradients of in_proj and out_proj (dm 192) to our sgemm and the
+# other products to the BLAS, the mix is bitwise for any thread count as well.
 @needs_avx512
+@pytest.mark.parametrize("kind", ["avx512", "auto"])
 @pytest.mark.parametrize("dm", [80, 192])
-def test_own_sgemm_block_bitwise_for_any_thread_count_and_close_to_blas(gemm, dm):
-    gemm("avx512")
+def test_own_sgemm_block_bitwise_for_any_thread_count_and_close_to_blas(gemm, dm, kind):
+    gemm(kind)
     ref = _block(1, dm)
     for nt in (2, 3, 5):
         out, dx, g = _block(nt, dm)
@@ -164,13 +184,14 @@ def test_own_sgemm_block_bitwise_for_any_thread_count_and_close_to_blas(gemm, dm
 
 
 @needs_avx512
-def test_own_sgemm_model_gradients_close_to_blas(gemm):
+@pytest.mark.parametrize("kind", ["avx512", "auto"])
+def test_own_sgemm_model_gradients_close_to_blas(gemm, kind):
     p = init_model_params(64, 48, 2, seed=0)
     rng = np.random.default_rng(0)
     tok, tgt = rng.integers(0, 64, (4, 150)), rng.integers(0, 64, (4, 150))
     gemm("blas")
     l0, g0 = model_loss_and_grads(tok, tgt, p, n_threads=2)
-    gemm("avx512")
+    gemm(kind)
     l1, g1 = model_loss_and_grads(tok, tgt, p, n_threads=3)
     assert abs(l1 - l0) <= 1e-6 * abs(l0)
     for k in g0:

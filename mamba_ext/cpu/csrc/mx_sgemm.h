@@ -21,7 +21,8 @@
  *     (beta 1 after the first block). So results do not depend on how a caller splits m
  *     or n (the core's thread-count invariance), only on k. beta == 0 never reads C.
  * mx_sgemm_supported(): 1 where this file was compiled for x86_64 with GCC or Clang and
- * the CPU has AVX-512F; elsewhere mx_sgemm must not be called.
+ * the CPU has AVX-512F; elsewhere mx_sgemm must not be called. mx_sgemm_cpu_amd(): 1 on
+ * an AMD CPU there (linear.pyx picks the weight gradients' GEMM by it).
  */
 #ifndef MX_SGEMM_H
 #define MX_SGEMM_H
@@ -50,6 +51,11 @@
 static MX_UNUSED int mx_sgemm_supported(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+}
+
+static MX_UNUSED int mx_sgemm_cpu_amd(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd");
 }
 
 /* c (mr <= MR rows, nr <= NR columns, ldc) = alpha a.b + beta c; a (kc, MR), b (kc, NR)
@@ -181,6 +187,7 @@ MX_AVX512 static int mx_sgemm(char transa, char transb, ptrdiff_t m, ptrdiff_t n
 #else  /* not x86_64 GCC/Clang: never used */
 
 static MX_UNUSED int mx_sgemm_supported(void) { return 0; }
+static MX_UNUSED int mx_sgemm_cpu_amd(void) { return 0; }
 static MX_UNUSED int mx_sgemm(char transa, char transb, ptrdiff_t m, ptrdiff_t n,
                               ptrdiff_t k, float alpha, const float* A, ptrdiff_t lda,
                               const float* B, ptrdiff_t ldb, float beta, float* C,
