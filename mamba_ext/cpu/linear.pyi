@@ -11,7 +11,7 @@ GEMM_KINDS: tuple[str, ...]   # ("auto", "blas", "avx512")
 AVX512_CORES: tuple[str, ...]   # OpenBLAS's kernel sets with AVX-512 (lower case)
 
 def set_gemm(kind: str = "auto") -> str: ...   # the float32 GEMM of every product; returns the previous kind
-def gemm_kernel() -> str: ...                   # "avx512" (mamba_ext's, csrc/mx_sgemm.h) or "blas"
+def gemm_kernel(weight_gradient: bool = False) -> str: ...  # "avx512" (csrc/mx_sgemm.h) or "blas"
 def blas_corename() -> str: ...                 # OpenBLAS's kernel set ("" for another BLAS)
 def blas_config() -> str: ...                   # OpenBLAS's description of its build ("" for another BLAS)
 def product(x: np.ndarray, weight: np.ndarray, n_threads: int | None = None,

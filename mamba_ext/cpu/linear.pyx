@@ -16,8 +16,9 @@ The float32 GEMM is the BLAS's sgemm, or mamba_ext's own (csrc/mx_sgemm.h, AVX-5
 where the CPU has AVX-512 and OpenBLAS runs a kernel set without it (set_gemm, "auto"):
 on an AMD Zen 5 OpenBLAS falls back to its Haswell kernels at half its own AVX-512
 speed, and the choice cannot be changed from inside a running process. On an AMD CPU
-whose OpenBLAS runs its AVX-512 kernels (Zen 4), ours takes the weight gradients split by
-OC (IC >= DW_OWN_MIN_IC) and OpenBLAS the rest: per kind of product, the faster there.
+whose OpenBLAS runs its AVX-512 kernels (Zen 4), ours takes the weight gradients of at
+least DW_OWN_MIN_IC input columns and OpenBLAS the rest: per kind of product, the faster
+there.
 
 Bitwise results for any thread count: slices split only BLAS's n dimension, at multiples
 of SPLIT_N (the rows of the batch; the output columns of dW). OpenBLAS computes a column
@@ -80,10 +81,11 @@ cdef enum:
     # output columns: a split of fewer OC leaves threads idle, while for more the strided
     # add costs more than it saves (docs/performance.md)
     DWT_MAX_OC = 4 * SPLIT_N
-    # the weight gradients (split by OC) that "auto" may give mamba_ext's sgemm while the
-    # other products stay on OpenBLAS's AVX-512 kernels: IC (their m) fills at least one
-    # of its 32-row micro-tiles (IC 16 ran at 0.7x OpenBLAS's rate, 32 and up at 1.05-1.2x)
-    DW_OWN_MIN_IC = 32
+    # the weight gradients that "auto" may give mamba_ext's sgemm while the other products
+    # stay on OpenBLAS's AVX-512 kernels: those of at least this many input columns (at
+    # IC 256-1536 ours ran at 1.05-1.5x OpenBLAS's rate; at IC 16 at 0.7x, at 128 with OC
+    # 64 at 0.9x: docs/performance.md)
+    DW_OWN_MIN_IC = 256
 
 # multiply-adds (m*n*k) up to which OpenBLAS's AVX-512 kernel sets (SkylakeX, Cooper Lake,
 # Sapphire Rapids) take their small-matrix kernel (its *_small_kernel_permit_skylakex.c)
@@ -106,7 +108,7 @@ def blas_threads():
 
 # Which float32 GEMM the products call: 1 = csrc/mx_sgemm.h (AVX-512), 0 = the BLAS's
 # sgemm; own_sgemm for the forward and dX products, own_sgemm_dw for the weight gradients
-# of at least DW_OWN_MIN_IC input columns. "auto" takes ours for all of them where the CPU
+# of at least DW_OWN_MIN_IC input columns (the others follow own_sgemm). "auto" takes ours for all of them where the CPU
 # has AVX-512 and OpenBLAS runs a kernel set without it (its detection falls back to AVX2
 # kernels on CPUs it does not know, e.g. AMD Zen 5: half its own AVX-512 speed there),
 # and for those weight gradients on an AMD CPU whose OpenBLAS runs its AVX-512 kernels
@@ -402,12 +404,14 @@ cdef void linear_forward(floating* out, const floating* x, const floating* weigh
 
 cdef void backward_slice(floating* dx, floating* dweight, floating* dwt, floating* dbias,
                          const floating* dout, const floating* x, const floating* weight,
-                         idx_t M, idx_t IC, idx_t OC, idx_t wn, idx_t row_unit, idx_t col_unit,
-                         floating dx_beta, int nt, int t) noexcept nogil:
-    # thread t of nt: dx rows, dweight rows of OC (dwt NULL) or columns of IC (through
-    # dwt), dbias columns (BLAS's n only: the module docstring); see linear_backward.
-    # wn: dW's split columns; dx rows and those columns in units of row_unit, col_unit;
+                         idx_t M, idx_t IC, idx_t OC, bint by_ic, idx_t row_unit,
+                         idx_t col_unit, floating dx_beta, int nt, int t) noexcept nogil:
+    # thread t of nt: dx rows, dweight rows of OC, or with by_ic its columns of IC (through
+    # dwt on the BLAS, directly on our sgemm where dwt is NULL), dbias columns (BLAS's n
+    # only: the module docstring); see backward.
+    # dx rows and dW's split columns in units of row_unit, col_unit;
     # dx_beta 1: dx added to, 0: dx written (not read)
+    cdef idx_t wn = IC if by_ic else OC
     cdef idx_t r, o, i, r0, mb, lo, hi, step = row_block(max(IC, OC))
     cdef floating one = 1, beta
     if IC > 0 and dx != NULL:
@@ -419,7 +423,17 @@ cdef void backward_slice(floating* dx, floating* dweight, floating* dwt, floatin
             gemm(c'N', c'N', IC, mb, OC, one, weight, IC, dout + r0 * OC, OC,
                  dx_beta, dx + r0 * IC, IC)
             r0 += mb
-    if IC > 0 and dweight != NULL and dwt != NULL:
+    if IC > 0 and dweight != NULL and by_ic and dwt == NULL:
+        part(IC, nt, t, col_unit, &lo, &hi)
+        r0 = 0
+        while r0 < M and hi > lo:
+            mb = min(step, M - r0)
+            # dW^T[lo:hi] (cols, OC) += x[:, lo:hi]^T (cols, mb) . dout (mb, OC): our
+            # sgemm, whose sums do not depend on a split of its m
+            gemm_on(1, c'N', c'T', hi - lo, OC, mb, one, x + r0 * IC + lo, IC,
+                    dout + r0 * OC, OC, one, dweight + lo, IC)
+            r0 += mb
+    elif IC > 0 and dweight != NULL and by_ic:
         part(IC, nt, t, col_unit, &lo, &hi)
         r0 = 0
         beta = 0
@@ -461,25 +475,29 @@ cdef int backward(floating* dx, floating dx_beta, floating* dweight, floating* d
     # read); dweight (OC, IC) += dout^T @ x; dbias (OC,) += column sums of dout; one
     # region, each thread on its slices.
     # dweight with few rows and more columns (OC < IC and OC < DWT_MAX_OC, e.g. x_proj) is
-    # split by its IC columns, which only the transposed product has on BLAS's n: it is
-    # formed in scratch dwt (IC, OC) and added transposed (a split of OC would leave threads
-    # idle). The choice depends on the shape only, so results stay bitwise for any n_threads.
+    # split by its IC columns (a split of OC would leave threads idle): on our sgemm
+    # directly (IC is its m, and its sums do not depend on a split of m), on the BLAS,
+    # which is bitwise only under a split of its n, formed transposed in scratch dwt
+    # (IC, OC) and added transposed. The choices depend on the shape and the GEMM only,
+    # so results stay bitwise for any n_threads.
     # Returns 0, or -1 when that scratch cannot be allocated (nothing written then).
     cdef int nt, t
     cdef floating* dwt = NULL
-    if dweight != NULL and IC > 0 and OC < IC and OC < DWT_MAX_OC and M > 0:   # (M 0: nothing to add)
+    cdef bint by_ic = dweight != NULL and IC > 0 and OC < IC and OC < DWT_MAX_OC and M > 0
+    cdef bint own_dw = floating is float and (own_sgemm_dw if IC >= DW_OWN_MIN_IC else own_sgemm)
+    if by_ic and not own_dw:       # (M 0: nothing to add)
         dwt = <floating*>malloc(IC * OC * sizeof(floating))
         if dwt == NULL:
             return -1
     # slices: dx rows and dW's wn split columns (backward_slice), in units of blas_unit
-    cdef idx_t wn = IC if dwt != NULL else OC
+    cdef idx_t wn = IC if by_ic else OC
     cdef idx_t row_unit = blas_unit(IC * OC)
     cdef idx_t col_unit = blas_unit(M * IC * OC // max(wn, <idx_t>1))
     nt = team_size(M * max(IC, <idx_t>1) * OC, max(M // row_unit, wn // col_unit, <idx_t>1),
                    n_threads)
     mx_blas_single_begin()
     for t in prange(nt, schedule='static', num_threads=nt):
-        backward_slice(dx, dweight, dwt, dbias, dout, x, weight, M, IC, OC, wn, row_unit,
+        backward_slice(dx, dweight, dwt, dbias, dout, x, weight, M, IC, OC, by_ic, row_unit,
                        col_unit, dx_beta, nt, t)
     mx_blas_single_end()
     free(dwt)
