@@ -51,7 +51,7 @@ from mamba_ext.cpu.activations cimport (
     mx_add_f, mx_add_d)
 from mamba_ext.cpu.linear cimport linear_forward, linear_backward, linear_backward_set
 from mamba_ext.cpu.rmsnorm cimport rmsnorm_forward, rmsnorm_backward
-from mamba_ext.cpu.conv1d cimport conv1d_forward, conv1d_backward
+from mamba_ext.cpu.conv1d cimport conv1d_forward, conv1d_backward_set
 from mamba_ext.cpu.scan cimport scan_forward_state, scan_backward_state_set, scan_nchunks
 from mamba_ext.cpu.threads cimport mx_aligned_alloc, mx_aligned_free, mx_threads, mx_team, mx_workspace
 
@@ -181,14 +181,6 @@ cdef void copy_cols(floating* dst, const floating* src, idx_t M, idx_t ncol,
     nt = mx_team(nt, M * ncol, MIN_ELEMENTS_PER_THREAD, M)
     for r in prange(M, schedule='static', num_threads=nt):
         memcpy(dst + r * ncol, src + r * ld_src, ncol * sizeof(floating))
-
-
-cdef void zero_cols(floating* a, idx_t M, idx_t ncol, idx_t ld, int nt) noexcept nogil:
-    # a[:, 0:ncol] = 0, rows ld apart
-    cdef idx_t r
-    nt = mx_team(nt, M * ncol, 4 * MIN_ELEMENTS_PER_THREAD, M)
-    for r in prange(M, schedule='static', num_threads=nt):
-        memset(a + r * ld, 0, ncol * sizeof(floating))
 
 
 # Conv history (state passing): the K-1 steps before x, cs (B, D, K-1) oldest first,
@@ -343,12 +335,12 @@ cdef int backward_window(floating* dx, floating** grads,
     cdef floating* dxn
     if M == 0:
         return 0
-    # scratch, each buffer written before it is read (none zeroed but dxz's first half):
+    # scratch, each buffer written before it is read (none zeroed):
     # s1 (gated, then dy), s2 (dgated, then conv), s3 (u), du, ddelta (M, D); dt_low (M, R);
-    # xn (M, Dm); dxz (M, 2D): its z half written by gate_backward, its first D columns
-    # zeroed here and added to by the conv's backward; dxproj (M, P): the dBs | dCs
-    # columns written by the scan, the dt_low ones copied from ddt_low (M, R); dxn (M, Dm).
-    # The products write their dx (linear_backward_set), the scan its rows (_set).
+    # xn (M, Dm); dxz (M, 2D): its z half written by gate_backward, its first D columns by
+    # the conv's backward; dxproj (M, P): the dBs | dCs columns written by the scan, the
+    # dt_low ones copied from ddt_low (M, R); dxn (M, Dm). The products write their dx
+    # (linear_backward_set), the scan its rows and the conv its dxc (_set).
     buf = <floating*>mx_workspace(M * (7 * D + P + 2 * R + 2 * Dm) * sizeof(floating))
     if buf == NULL:
         return -1
@@ -363,7 +355,6 @@ cdef int backward_window(floating* dx, floating** grads,
     dxproj = dxz + M * 2 * D
     ddt_low = dxproj + M * P
     dxn = ddt_low + M * R
-    zero_cols(dxz, M, D, 2 * D, nt)
 
     # residual and out_proj: s1 = gated (M, D), s2 = dgated
     flat_op(FLAT_ADD, dx, dout, M * Dm, nt)
@@ -400,7 +391,7 @@ cdef int backward_window(floating* dx, floating** grads,
                        nt) != 0:
         return -1
     rows_elementwise(3, du, s2, D, <floating*>NULL, M, D, nt)
-    if conv1d_backward(dxz, 2 * D, grads[P_wConv], grads[P_bConv], du, xz, 2 * D,
+    if conv1d_backward_set(dxz, 2 * D, grads[P_wConv], grads[P_bConv], du, xz, 2 * D,
                        params[P_wConv], B, L, D, K, nt) != 0:
         return -1
     conv_history_backward(dconv_state, grads[P_wConv], du, params[P_wConv], conv_state,

@@ -19,3 +19,9 @@ cdef int conv1d_backward(floating* dxc, idx_t ld_dxc, floating* dweight, floatin
                          const floating* dconv, const floating* xc, idx_t ld_xc,
                          const floating* weight,
                          idx_t B, idx_t L, idx_t D, idx_t K, int n_threads) noexcept nogil
+
+# The same with dxc written, not added to (not read: the sums into zeros).
+cdef int conv1d_backward_set(floating* dxc, idx_t ld_dxc, floating* dweight, floating* dbias,
+                             const floating* dconv, const floating* xc, idx_t ld_xc,
+                             const floating* weight,
+                             idx_t B, idx_t L, idx_t D, idx_t K, int n_threads) noexcept nogil

@@ -27,11 +27,11 @@ cdef extern from "csrc/mx_conv1d.h" nogil:
     void mx_conv1d_backward_f(float* dxc, idx_t ld_dxc, float* dw_part, float* db_part,
                               const float* dconv, const float* xc, idx_t ld_xc,
                               const float* weight, idx_t L, idx_t D, idx_t K, idx_t r0,
-                              idx_t r1, idx_t d0, int n, idx_t k0, int kn) noexcept
+                              idx_t r1, idx_t d0, int n, idx_t k0, int kn, int add) noexcept
     void mx_conv1d_backward_d(double* dxc, idx_t ld_dxc, double* dw_part, double* db_part,
                               const double* dconv, const double* xc, idx_t ld_xc,
                               const double* weight, idx_t L, idx_t D, idx_t K, idx_t r0,
-                              idx_t r1, idx_t d0, int n, idx_t k0, int kn) noexcept
+                              idx_t r1, idx_t d0, int n, idx_t k0, int kn, int add) noexcept
     void mx_conv1d_reduce_f(float* dweight, float* dbias, const float* dw_part,
                             const float* db_part, idx_t nblk, idx_t D, idx_t K, idx_t d0,
                             int n) noexcept
@@ -83,8 +83,24 @@ cdef int conv1d_backward(floating* dxc, idx_t ld_dxc, floating* dweight, floatin
                          const floating* dconv, const floating* xc, idx_t ld_xc,
                          const floating* weight,
                          idx_t B, idx_t L, idx_t D, idx_t K, int n_threads) noexcept nogil:
-    # dxc (B*L rows, ld_dxc) +=; dweight (D, K) +=; dbias (D,) +=
-    # dconv (B, L, D); xc (B*L rows, ld_xc); weight (D, K)
+    return backward(dxc, ld_dxc, 1, dweight, dbias, dconv, xc, ld_xc, weight, B, L, D, K,
+                    n_threads)
+
+
+cdef int conv1d_backward_set(floating* dxc, idx_t ld_dxc, floating* dweight, floating* dbias,
+                             const floating* dconv, const floating* xc, idx_t ld_xc,
+                             const floating* weight,
+                             idx_t B, idx_t L, idx_t D, idx_t K, int n_threads) noexcept nogil:
+    return backward(dxc, ld_dxc, 0, dweight, dbias, dconv, xc, ld_xc, weight, B, L, D, K,
+                    n_threads)
+
+
+cdef int backward(floating* dxc, idx_t ld_dxc, int add, floating* dweight, floating* dbias,
+                  const floating* dconv, const floating* xc, idx_t ld_xc,
+                  const floating* weight,
+                  idx_t B, idx_t L, idx_t D, idx_t K, int n_threads) noexcept nogil:
+    # dxc (B*L rows, ld_dxc) += (add 1) or = (add 0: not read); dweight (D, K) +=;
+    # dbias (D,) +=; dconv (B, L, D); xc (B*L rows, ld_xc); weight (D, K)
     # scratch: dw_part (nblk, K, D), db_part (nblk, D): the row blocks' partial sums
     cdef idx_t M = B * L, rb = rows_per_job(M), nblk = (M + rb - 1) // rb
     cdef idx_t ncb = (D + MX_CONV_CB - 1) // MX_CONV_CB
@@ -110,11 +126,11 @@ cdef int conv1d_backward(floating* dxc, idx_t ld_dxc, floating* dweight, floatin
             if floating is float:
                 mx_conv1d_backward_f(dxc, ld_dxc, dw_part + b * K * D, db_part + b * D, dconv,
                                      xc, ld_xc, weight, L, D, K, r0, min(M, r0 + rb), d0, n,
-                                     k0, kn)
+                                     k0, kn, add)
             else:
                 mx_conv1d_backward_d(dxc, ld_dxc, dw_part + b * K * D, db_part + b * D, dconv,
                                      xc, ld_xc, weight, L, D, K, r0, min(M, r0 + rb), d0, n,
-                                     k0, kn)
+                                     k0, kn, add)
     nt = mx_team(n_threads, nblk * (K + 1) * D, MIN_WORK_PER_THREAD, ncb)
     for j in prange(ncb, schedule='static', num_threads=nt):
         d0 = j * MX_CONV_CB

@@ -34,7 +34,8 @@
    weight (D, K); bias (D,); dw_part (K, D) and db_part (D,): this row block's partial
    sums, written (not added to).
    Forward: conv = (k0 == 0 ? bias : conv) + sum_k weight[., k] * xc[t-k].
-   Backward: dxc[t] += sum_k dconv[t+k] weight[., k] (t+k in the same sequence);
+   Backward: dxc[t] += sum_k dconv[t+k] weight[., k] (t+k in the same sequence); with
+   add 0 the pass of k0 == 0 writes dxc (the same sums into zeros; dxc not read);
    dw_part[k] = sum_t dconv[t] xc[t-k]; db_part = sum_t dconv[t] (when k0 == 0).
    Buffers written must not overlap those read. */
 #define MX_CONV1D_KERNELS(T, SFX)                                                       \
@@ -83,10 +84,11 @@ MX_KERNEL void mx_conv1d_backward_##SFX(T* MX_RESTRICT dxc, ptrdiff_t ld_dxc,   
         T* MX_RESTRICT dw_part, T* MX_RESTRICT db_part, const T* MX_RESTRICT dconv,     \
         const T* MX_RESTRICT xc, ptrdiff_t ld_xc, const T* MX_RESTRICT weight,          \
         ptrdiff_t L, ptrdiff_t D, ptrdiff_t K, ptrdiff_t r0, ptrdiff_t r1,              \
-        ptrdiff_t d0, int n, ptrdiff_t k0, int kn)                                      \
+        ptrdiff_t d0, int n, ptrdiff_t k0, int kn, int add)                             \
 {                                                                                       \
     T wt[MX_CONV_KB][MX_CONV_CB];                                                       \
     T* MX_RESTRICT dwp = dw_part + k0 * D + d0;   /* this job's rows: tap kk at kk*D */ \
+    const int from0 = !add && k0 == 0;            /* dxc written, not read */           \
     T* MX_RESTRICT dbp = db_part + d0;                                                  \
     ptrdiff_t r, t, t0 = r0 % L;                                                        \
     for (int kk = 0; kk < kn; kk++)                                                     \
@@ -105,7 +107,7 @@ MX_KERNEL void mx_conv1d_backward_##SFX(T* MX_RESTRICT dxc, ptrdiff_t ld_dxc,   
             T acc[MX_CONV_V];                                                           \
             T* MX_RESTRICT dij = di + j0;                                               \
             MX_OMP_SIMD                                                                 \
-            for (int j = 0; j < MX_CONV_V; j++) acc[j] = dij[j];                        \
+            for (int j = 0; j < MX_CONV_V; j++) acc[j] = from0 ? 0 : dij[j];            \
             for (int kk = 0; kk < nk; kk++) {                                           \
                 const T* MX_RESTRICT gk = g + kk * D + j0;                              \
                 const T* MX_RESTRICT w = wt[kk] + j0;                                   \
@@ -115,7 +117,9 @@ MX_KERNEL void mx_conv1d_backward_##SFX(T* MX_RESTRICT dxc, ptrdiff_t ld_dxc,   
             MX_OMP_SIMD                                                                 \
             for (int j = 0; j < MX_CONV_V; j++) dij[j] = acc[j];                        \
         }                                                                               \
-        for (int kk = 0; kk < nk && j0 < n; kk++) {    /* the last n - j0 < V channels */\
+        if (from0)                                     /* the last n - j0 < V channels */\
+            for (int j = j0; j < n; j++) di[j] = 0;                                     \
+        for (int kk = 0; kk < nk && j0 < n; kk++) {                                     \
             const T* MX_RESTRICT gk = g + kk * D;                                       \
             const T* MX_RESTRICT w = wt[kk];                                            \
             for (int j = j0; j < n; j++) di[j] += gk[j] * w[j];                         \
