@@ -112,7 +112,7 @@ cdef idx_t block_cache_len(const mamba_dims* d) noexcept nogil:
 # Elementwise steps, parallel over rows; each row is one call of a vectorised C
 # kernel of csrc/mx_activations.h (runtime-dispatched AVX-512/AVX2 clones where built).
 # op: 0 silu(a) -> out; 1 softplus in place; 2 gate out = y * silu(z);
-#     3 out *= silu'(a) (softplus's backward: softplus_backward_bias)
+#     3 out *= silu'(a); 4 out *= softplus'(from softplus output a)
 # a, out (M, D) rows D apart, except z: rows lda apart (the z half of xz (M, 2D)).
 cdef void rows_elementwise(int op, floating* out, const floating* a, idx_t lda,
                            const floating* y, idx_t M, idx_t D, int nt) noexcept nogil:
@@ -126,8 +126,10 @@ cdef void rows_elementwise(int op, floating* out, const floating* a, idx_t lda,
                 mx_softplus_forward_f(out + r * D, D)
             elif op == 2:
                 mx_gate_forward_f(out + r * D, y + r * D, a + r * lda, D)
-            else:
+            elif op == 3:
                 mx_silu_backward_f(out + r * D, a + r * lda, D)
+            else:
+                mx_softplus_backward_f(out + r * D, a + r * lda, D)
         else:
             if op == 0:
                 mx_silu_forward_d(out + r * D, a + r * lda, D)
@@ -135,29 +137,10 @@ cdef void rows_elementwise(int op, floating* out, const floating* a, idx_t lda,
                 mx_softplus_forward_d(out + r * D, D)
             elif op == 2:
                 mx_gate_forward_d(out + r * D, y + r * D, a + r * lda, D)
-            else:
+            elif op == 3:
                 mx_silu_backward_d(out + r * D, a + r * lda, D)
-
-
-cdef void softplus_backward_bias(floating* dd, floating* dbias, const floating* delta,
-                                 idx_t M, idx_t D, int nt) noexcept nogil:
-    # dd (M, D) *= softplus'(from its output delta (M, D)): dd becomes ddelta_pre; dbias
-    # (D,) += the column sums of the new dd, each over the rows in order (as linear_backward
-    # sums a bias gradient: bitwise the same). Parallel over column slices (multiples of 16),
-    # so that a thread adds its columns of a row while they are in L1: one pass over dd.
-    cdef idx_t c, r, lo, hi, units = (D + 15) // 16
-    nt = mx_team(nt, M * D, MIN_ELEMENTS_PER_THREAD, units)
-    for c in prange(nt, schedule='static', num_threads=nt):
-        lo = min(D, c * units // nt * 16)
-        hi = min(D, (c + 1) * units // nt * 16)
-        if hi > lo:
-            for r in range(M):
-                if floating is float:
-                    mx_softplus_backward_f(dd + r * D + lo, delta + r * D + lo, hi - lo)
-                    mx_add_f(dbias + lo, dd + r * D + lo, hi - lo)
-                else:
-                    mx_softplus_backward_d(dd + r * D + lo, delta + r * D + lo, hi - lo)
-                    mx_add_d(dbias + lo, dd + r * D + lo, hi - lo)
+            else:
+                mx_softplus_backward_d(out + r * D, a + r * lda, D)
 
 
 cdef void gate_backward(floating* dy, floating* dz, idx_t ldz, const floating* dg,
@@ -392,12 +375,11 @@ cdef int backward_window(floating* dx, floating** grads,
                              B, L, D, N, d.discretization, n_threads)
     if rc != 0:
         return rc
-    # softplus: ddelta_pre = ddelta * sigmoid(delta_pre), in place, and dt_proj's bias
-    # gradient (its column sums) in the same pass
-    softplus_backward_bias(ddelta, grads[P_bDtProj], delta, M, D, nt)
+    # softplus: ddelta_pre = ddelta * sigmoid(delta_pre), in place
+    rows_elementwise(4, ddelta, delta, D, <floating*>NULL, M, D, nt)
     # dt_proj on the dt_low columns of xproj
     copy_cols(dt_low, xproj, M, R, P, nt)
-    if linear_backward_set(ddt_low, grads[P_wDtProj], <floating*>NULL, ddelta, dt_low,
+    if linear_backward_set(ddt_low, grads[P_wDtProj], grads[P_bDtProj], ddelta, dt_low,
                        params[P_wDtProj], M, R, D, nt) != 0:
         return -1
     nt_rows = mx_team(nt, M * (R + Dm), MIN_ELEMENTS_PER_THREAD, M)
