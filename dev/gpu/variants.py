@@ -7,6 +7,10 @@ matrices, with no workgroup staging (whose f16 stores cost ~13% of the in_proj p
 diagnostic, docs/gpu_h200.txt session 20) and no barriers in the k loop; the fragments of
 the next k-step are loaded before the multiplies of this one; a and b bind as array<f16>.
 linear_f16_rot: each staged word's 2-byte stores in a rotated order (no bank conflicts).
+linear_f16_al8: each staged word's eight 2-byte stores from an index the compiler can see is a
+multiple of 8 (16 bytes), so that it may merge them into one 16-byte store.
+linear_f16_pf1: the global words loaded one k-step ahead instead of two (half the registers
+of the prefetch: room for subgroup blocks of 64 x 64).
 """
 from __future__ import annotations
 
@@ -90,4 +94,44 @@ def rotated(src: str) -> str:
     return src
 
 
-VARIANTS = {"linear_f16_direct": direct, "linear_f16_rot": rotated}
+def aligned(src: str) -> str:
+    """The staging stores of each 16-byte word from ``(at >> 3) << 3``: the same index (every
+    staged word starts at a multiple of 8 halves), written so that the compiler knows its
+    alignment and may merge the eight 2-byte stores into one 16-byte store."""
+    for op, buf in (("a", "sa"), ("b", "sb")):
+        old = (f"fn put_{op}(at : u32, w : vec4<u32>) {{\n"
+               f"    for (var q = 0u; q < 4u; q++) {{\n"
+               f"        let h = bitcast<vec2<f16>>(w[q]);\n"
+               f"        {buf}[at + 2u * q] = h.x;\n"
+               f"        {buf}[at + 2u * q + 1u] = h.y;\n")
+        assert src.count(old) == 1, old
+        src = src.replace(old, (f"fn put_{op}(at_ : u32, w : vec4<u32>) {{\n"
+                                f"    let at = (at_ >> 3u) << 3u;\n"
+                                f"    for (var q = 0u; q < 4u; q++) {{\n"
+                                f"        let h = bitcast<vec2<f16>>(w[q]);\n"
+                                f"        {buf}[at + 2u * q] = h.x;\n"
+                                f"        {buf}[at + 2u * q + 1u] = h.y;\n"))
+    return src
+
+
+def prefetch1(src: str) -> str:
+    """The words of step kt + 1 loaded at the top of step kt (into qa, qb) and staged after
+    its multiplies; no words held from the step before (ra, rb unused)."""
+    subs = [("        let s2 = min(kt + 2u, nk - 1u);      "
+             "// (past the last step: its words again, unused)\n",
+             "        let s2 = min(kt + 1u, nk - 1u);\n"),
+            ("put_a(na + wa[i].x, ra[i]);", "put_a(na + wa[i].x, qa[i]);"),
+            ("put_b(nb + wb[i].x, rb[i]);", "put_b(nb + wb[i].x, qb[i]);"),
+            ("        ra = qa;\n        rb = qb;\n", ""),
+            ("    for (var i = 0u; i < NWA; i++) { if (has_a(t, i)) { "
+             "ra[i] = a[wa[i].y + s1 * da]; } }\n", ""),
+            ("    for (var i = 0u; i < NWB; i++) { if (has_b(t, i)) { "
+             "rb[i] = b[wb[i].y + s1 * db]; } }\n", "")]
+    for old, new in subs:
+        assert src.count(old) == 1, old
+        src = src.replace(old, new)
+    return src
+
+
+VARIANTS = {"linear_f16_direct": direct, "linear_f16_rot": rotated, "linear_f16_al8": aligned,
+            "linear_f16_pf1": prefetch1}

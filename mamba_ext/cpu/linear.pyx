@@ -132,7 +132,8 @@ cdef bint auto_own_sgemm():
 
 cdef bint auto_own_sgemm_dw():
     # "auto", weight gradients: ours for all products (above), or on an AMD CPU with
-    # AVX-512 under OpenBLAS (measured on Zen 4; Intel's, unmeasured, keep the BLAS)
+    # AVX-512 under OpenBLAS (faster on Zen 4; mixed on an Intel Xeon, which keeps the BLAS:
+    # docs/performance.md)
     return auto_own_sgemm() or (bool(mx_sgemm_supported()) and bool(mx_sgemm_cpu_amd())
                                 and blas_corename() != "")
 
