@@ -71,47 +71,37 @@ def direct(src: str) -> str:
     return (head + body + tail).replace("    let nk = KLEN / BK;\n", "")
 
 
+def _put_head(src: str, head: str, loop: str) -> str:
+    """put_a and put_b (the staging of one 16-byte word) with ``head`` as their first lines
+    and ``loop`` as the first line of the loop over the word's four f16 pairs (both WGSL,
+    for either operand), the rest of their text kept."""
+    for op, buf in (("a", "sa"), ("b", "sb")):
+        tail = (f"        let h = bitcast<vec2<f16>>(w[q]);\n"
+                f"        {buf}[at + 2u * q] = h.x;\n"
+                f"        {buf}[at + 2u * q + 1u] = h.y;\n")
+        old = (f"fn put_{op}(at : u32, w : vec4<u32>) {{\n"
+               f"    for (var q = 0u; q < 4u; q++) {{\n" + tail)
+        assert src.count(old) == 1, old
+        src = src.replace(old, head.format(op=op) + loop + tail)
+    return src
+
+
 def rotated(src: str) -> str:
     """The staging stores of each 16-byte word in a rotated order: invocation's word at
     staged half x writes its four f16 pairs starting from pair (x / 64) % 4. In one store
     instruction the 32 lanes' words (16-byte aligned: 8 banks of 4 bytes) put 4 lanes on
     each bank; lanes whose words sit 128 bytes apart (the same banks) get different pairs,
     so each store instruction meets no bank conflict instead of 4-way ones."""
-    for op, buf in (("a", "sa"), ("b", "sb")):
-        old = (f"fn put_{op}(at : u32, w : vec4<u32>) {{\n"
-               f"    for (var q = 0u; q < 4u; q++) {{\n"
-               f"        let h = bitcast<vec2<f16>>(w[q]);\n"
-               f"        {buf}[at + 2u * q] = h.x;\n"
-               f"        {buf}[at + 2u * q + 1u] = h.y;\n")
-        assert src.count(old) == 1, old
-        src = src.replace(old, (f"fn put_{op}(at : u32, w : vec4<u32>) {{\n"
-                                f"    let rot = (at / 64u) % 4u;\n"
-                                f"    for (var i = 0u; i < 4u; i++) {{\n"
-                                f"        let q = (i + rot) % 4u;\n"
-                                f"        let h = bitcast<vec2<f16>>(w[q]);\n"
-                                f"        {buf}[at + 2u * q] = h.x;\n"
-                                f"        {buf}[at + 2u * q + 1u] = h.y;\n"))
-    return src
+    return _put_head(src, "fn put_{op}(at : u32, w : vec4<u32>) {{\n    let rot = (at / 64u) % 4u;\n",
+                     "    for (var i = 0u; i < 4u; i++) {\n        let q = (i + rot) % 4u;\n")
 
 
 def aligned(src: str) -> str:
     """The staging stores of each 16-byte word from ``(at >> 3) << 3``: the same index (every
     staged word starts at a multiple of 8 halves), written so that the compiler knows its
     alignment and may merge the eight 2-byte stores into one 16-byte store."""
-    for op, buf in (("a", "sa"), ("b", "sb")):
-        old = (f"fn put_{op}(at : u32, w : vec4<u32>) {{\n"
-               f"    for (var q = 0u; q < 4u; q++) {{\n"
-               f"        let h = bitcast<vec2<f16>>(w[q]);\n"
-               f"        {buf}[at + 2u * q] = h.x;\n"
-               f"        {buf}[at + 2u * q + 1u] = h.y;\n")
-        assert src.count(old) == 1, old
-        src = src.replace(old, (f"fn put_{op}(at_ : u32, w : vec4<u32>) {{\n"
-                                f"    let at = (at_ >> 3u) << 3u;\n"
-                                f"    for (var q = 0u; q < 4u; q++) {{\n"
-                                f"        let h = bitcast<vec2<f16>>(w[q]);\n"
-                                f"        {buf}[at + 2u * q] = h.x;\n"
-                                f"        {buf}[at + 2u * q + 1u] = h.y;\n"))
-    return src
+    return _put_head(src, "fn put_{op}(at_ : u32, w : vec4<u32>) {{\n    let at = (at_ >> 3u) << 3u;\n",
+                     "    for (var q = 0u; q < 4u; q++) {\n")
 
 
 def prefetch1(src: str) -> str:
