@@ -9,11 +9,16 @@
 //   a_t = exp(x_t),  b_t = coef_t * Bs_t,  coef_t = expm1(x_t)/A (ZOH) | delta_t (Euler)
 //   h_t = a_t h_{t-1} + b_t u_t,  y_t = sum_n Cs_t h_t + D_vec u_t
 // Time is cut into C chunks of SCAN_CHUNK steps (the last may be shorter). Forward:
-//   scan_forward_chunk   every chunk from a zero state: its end state hchunk and
-//                        its decay product achunk = prod_t a_t
+//   scan_forward_chunk   every chunk from a zero state: y of that state (all of y in
+//                        chunk 0), its end state hchunk and its decay product
+//                        achunk = prod_t a_t
 //   scan_forward_carry   per (b,d,n) over chunks: hstate[c] = state entering chunk c
 //                        (hstate[0] = 0, hstate[c+1] = achunk[c] hstate[c] + hchunk[c])
-//   scan_forward_output  every chunk again from hstate[c], writing y
+//   scan_forward_correct chunks c >= 1: y_t += sum_n Cs_t exp(A S_t) hstate[c], the part
+//                        of the state entering the chunk (its decay to step t,
+//                        prod_{tau <= t} a_tau = exp(A S_t), S_t = sum_{tau <= t} delta_tau
+//                        within the chunk): 5 operations per state and step where a
+//                        second walk of the recurrence took ~20
 // Backward (g_t = dLoss/dh_t = Cs_t dy_t + a_{t+1} g_{t+1}):
 //   scan_backward_chunk  every chunk from zero beyond its end: gchunk[c] = a_first * g_first
 //   scan_backward_carry  gcarry[c] = carry into the last step of chunk c
@@ -26,8 +31,8 @@
 //                        (b, chunk) and the partial sums of dBs/dCs per channel group
 //   scan_backward_sum_bc     dBs, dCs = sums of the channel-group partials -> dxproj columns
 //   scan_backward_sum_a_log  dA_log += A * sum of dA partials, exactly 0 at/beyond the clamp
-// With one chunk (C = 1) the host skips the chunk and carry passes: chunk 0 starts
-// from a zero state and the last chunk from a zero carry, without reading either.
+// With one chunk (C = 1) the host runs the forward's chunk pass alone (its y is all of y)
+// and skips the backward's chunk and carry passes: the last chunk starts from a zero carry.
 // All reductions are fixed-order sums (no float atomics): deterministic.
 //
 // Workgroup layout of the chunk kernels (why: the sums over n of y, du and ddelta
@@ -59,14 +64,14 @@
 // | binding | name       | shape     | written by             | read by                         |
 // |---------|------------|-----------|------------------------|---------------------------------|
 // | 1       | xproj      | (M, P)    |                        | the chunk kernels               |
-// | 2       | u          | (M, D)    |                        | forward_chunk/_output, _grads   |
+// | 2       | u          | (M, D)    |                        | forward_chunk/_correct, _grads  |
 // | 3       | delta_pre  | (M, D)    |                        | the chunk kernels               |
 // | 4       | w          | arena     |                        | the chunk kernels, sum_a_log    |
 // | 5       | dy         | (M, D)    |                        | backward_chunk, backward_grads  |
 // | 6       | hchunk     | (B,C,D,N) | forward_chunk          | forward_carry                   |
 // | 7       | achunk     | (B,C,D,N) | forward_chunk          | forward_carry, backward_carry   |
-// | 8       | hstate     | (B,C,D,N) | forward_carry          | forward_output, backward_grads  |
-// | 9       | y          | (M, D)    | forward_output         |                                 |
+// | 8       | hstate     | (B,C,D,N) | forward_carry          | forward_correct, backward_grads |
+// | 9       | y          | (M, D)    | forward_chunk, forward_correct (+=)                      |
 // | 10      | gchunk     | (B,C,D,N) | backward_chunk         | backward_carry                  |
 // | 11      | gcarry     | (B,C,D,N) | backward_carry         | backward_grads                  |
 // | 12      | da_part    | (B,C,D,N) | backward_grads         | backward_sum_a_log              |
@@ -134,7 +139,7 @@ const RS: u32 = 35u;       // floats per (step, invocation) row of red: dBs 16 |
 // Bs (0) | Cs (1) of a block of TS steps, 16 states per group (zero past N and past
 // the block's last step).
 var<workgroup> bc: array<vec4<f32>, 2u * TS * 2u * SG * 4u>;
-// (TS, WG) partial y of each invocation (scan_forward_output, SG > 1).
+// (TS, WG) partial y of each invocation (scan_forward_chunk / _correct, SG > 1).
 var<workgroup> ysum: array<f32, TS * WG>;
 // (RB, WG, RS) per-step contributions of scan_backward_grads' workgroup sums, see RS.
 var<workgroup> red: array<f32, RB * WG * RS>;
@@ -292,6 +297,21 @@ fn ck_index(l: Lane, q: u32, k: u32) -> u32 {
 }
 
 // ---------------------------------------------------------------- forward
+// y of the block's steps where SG > 1: the sums over each channel's state groups of ysum
+// (fixed order), written as y = sum + D_vec u (scan_forward_chunk) or added to y
+// (scan_forward_correct); a barrier before (ysum complete), none after.
+fn y_group_sums(l: Lane, li: u32, tb: u32, t1: u32, dvec: f32, add: bool) {
+    workgroupBarrier();
+    for (var ts = 0u; ts < TS; ts++) {
+        if (l.on && l.s == 0u && tb + ts < t1) {
+            var ys = 0.0;
+            for (var j = 0u; j < SG; j++) { ys += ysum[ts * WG + li + j]; }
+            let r = (l.b * p.L + tb + ts) * p.D + l.d;
+            if (add) { y[r] += ys; } else { y[r] = ys + dvec * u[r]; }
+        }
+    }
+}
+
 @compute @workgroup_size(WG)
 fn scan_forward_chunk(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let l = lane(li, wid);
@@ -299,6 +319,7 @@ fn scan_forward_chunk(@builtin(local_invocation_index) li: u32, @builtin(workgro
     let t1 = min(t0 + p.chunk, p.L);
     load_a(l);
     for (var q = 0u; q < 4u; q++) { hv[q] = vec4<f32>(0.0); acp[q] = vec4<f32>(1.0); }
+    let dvec = select(0.0, w[p.dvec_off + min(l.d, p.D - 1u)], l.on);
     fetch_bc(li, l.b, t0, t1);
     store_bc(li, 0u);
     workgroupBarrier();
@@ -306,18 +327,28 @@ fn scan_forward_chunk(@builtin(local_invocation_index) li: u32, @builtin(workgro
         let buf = ((tb - t0) / TS) % 2u;
         if (tb + TS < t1) { fetch_bc(li, l.b, tb + TS, t1); }
         for (var ts = 0u; ts < TS; ts++) {
+            var yv = 0.0;
+            let r = (l.b * p.L + tb + ts) * p.D + l.d;
             if (l.on && tb + ts < t1) {
-                let r = (l.b * p.L + tb + ts) * p.D + l.d;
-                step_h(l, buf, ts, softplus(delta_pre[r]), u[r], true);
+                let uu = u[r];
+                step_h(l, buf, ts, softplus(delta_pre[r]), uu, true);
+                for (var q = 0u; q < 4u; q++) {
+                    if (q < NV) { yv += dot(bc_at(buf, ts, 1u, l.s, q), hv[q]); }
+                }
+                if (SG == 1u) { y[r] = yv + dvec * uu; }
             }
+            if (SG > 1u) { ysum[ts * WG + li] = yv; }
         }
+        if (SG > 1u) { y_group_sums(l, li, tb, t1, dvec, false); }
         if (tb + TS < t1) { store_bc(li, 1u - buf); }
         workgroupBarrier();
     }
-    for (var q = 0u; q < 4u; q++) {
-        for (var k = 0u; k < 4u; k++) {
-            let i = ck_index(l, q, k);
-            if (i != NONE) { hchunk[i] = hv[q][k]; achunk[i] = acp[q][k]; }
+    if (p.C > 1u) {                            // (one chunk: y is all there is)
+        for (var q = 0u; q < 4u; q++) {
+            for (var k = 0u; k < 4u; k++) {
+                let i = ck_index(l, q, k);
+                if (i != NONE) { hchunk[i] = hv[q][k]; achunk[i] = acp[q][k]; }
+            }
         }
     }
 }
@@ -339,22 +370,21 @@ fn scan_forward_carry(@builtin(local_invocation_index) li: u32,
     }
 }
 
+// Grid (G, C - 1, B): chunk c = 1 + workgroup y (chunk 0 starts from zero: nothing to add).
 @compute @workgroup_size(WG)
-fn scan_forward_output(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let l = lane(li, wid);
-    let t0 = wid.y * p.chunk;
+fn scan_forward_correct(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let l = lane(li, vec3<u32>(wid.x, wid.y + 1u, wid.z));
+    let t0 = (wid.y + 1u) * p.chunk;          // (from wid: uniform bounds for the barriers)
     let t1 = min(t0 + p.chunk, p.L);
     load_a(l);
-    for (var q = 0u; q < 4u; q++) { hv[q] = vec4<f32>(0.0); }
-    if (l.c > 0u) {                                      // hstate[0] = 0 is not read
-        for (var q = 0u; q < 4u; q++) {
-            for (var k = 0u; k < 4u; k++) {
-                let i = ck_index(l, q, k);
-                if (i != NONE) { hv[q][k] = hstate[i]; }
-            }
+    for (var q = 0u; q < 4u; q++) {
+        hv[q] = vec4<f32>(0.0);
+        for (var k = 0u; k < 4u; k++) {
+            let i = ck_index(l, q, k);
+            if (i != NONE) { hv[q][k] = hstate[i]; }
         }
     }
-    let dvec = select(0.0, w[p.dvec_off + min(l.d, p.D - 1u)], l.on);
+    var S = 0.0;                               // sum of delta over the chunk's steps so far
     fetch_bc(li, l.b, t0, t1);
     store_bc(li, 0u);
     workgroupBarrier();
@@ -365,27 +395,15 @@ fn scan_forward_output(@builtin(local_invocation_index) li: u32, @builtin(workgr
             var yv = 0.0;
             let r = (l.b * p.L + tb + ts) * p.D + l.d;
             if (l.on && tb + ts < t1) {
-                let uu = u[r];
-                step_h(l, buf, ts, softplus(delta_pre[r]), uu, false);
+                S += softplus(delta_pre[r]);
                 for (var q = 0u; q < 4u; q++) {
-                    if (q < NV) { yv += dot(bc_at(buf, ts, 1u, l.s, q), hv[q]); }
+                    if (q < NV) { yv += dot(bc_at(buf, ts, 1u, l.s, q), exp(Av[q] * S) * hv[q]); }
                 }
-                if (SG == 1u) { y[r] = yv + dvec * uu; }
+                if (SG == 1u) { y[r] += yv; }
             }
             if (SG > 1u) { ysum[ts * WG + li] = yv; }
         }
-        if (SG > 1u) {
-            // y = sum over the channel's state groups (fixed order) + D_vec u
-            workgroupBarrier();
-            for (var ts = 0u; ts < TS; ts++) {
-                if (l.on && l.s == 0u && tb + ts < t1) {
-                    var ys = 0.0;
-                    for (var j = 0u; j < SG; j++) { ys += ysum[ts * WG + li + j]; }
-                    let r = (l.b * p.L + tb + ts) * p.D + l.d;
-                    y[r] = ys + dvec * u[r];
-                }
-            }
-        }
+        if (SG > 1u) { y_group_sums(l, li, tb, t1, 0.0, true); }
         if (tb + TS < t1) { store_bc(li, 1u - buf); }
         workgroupBarrier();
     }

@@ -8,9 +8,12 @@ diagnostic, docs/gpu_h200.txt session 20) and no barriers in the k loop; the fra
 the next k-step are loaded before the multiplies of this one; a and b bind as array<f16>.
 linear_f16_rot: each staged word's 2-byte stores in a rotated order (no bank conflicts).
 linear_f16_al8: each staged word's eight 2-byte stores from an index the compiler can see is a
-multiple of 8 (16 bytes), so that it may merge them into one 16-byte store.
+multiple of 8 (16 bytes), so that it may merge them into one 16-byte store: the same time as
+linear_f16 (in_proj 185 / 196 / 174 TFLOP/s, H100, session 30: the stores stay as they were).
 linear_f16_pf1: the global words loaded one k-step ahead instead of two (half the registers
-of the prefetch: room for subgroup blocks of 64 x 64).
+of the prefetch: room for subgroup blocks of 64 x 64): 107-125 TFLOP/s, and 29 with 64 x 64
+blocks (session 30).
+linear_f16_al8pf1: both (as pf1).
 """
 from __future__ import annotations
 
@@ -124,4 +127,4 @@ def prefetch1(src: str) -> str:
 
 
 VARIANTS = {"linear_f16_direct": direct, "linear_f16_rot": rotated, "linear_f16_al8": aligned,
-            "linear_f16_pf1": prefetch1}
+            "linear_f16_pf1": prefetch1, "linear_f16_al8pf1": lambda src: aligned(prefetch1(src))}

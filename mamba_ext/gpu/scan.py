@@ -151,8 +151,9 @@ def _module(g, s):
     return "scan_sums_subgroup", g.subgroup_directive
 
 
-def _chunk_op(g, s, entry, params, **named):
-    """One workgroup per (channel group, chunk, batch row)."""
+def _chunk_op(g, s, entry, params, chunks=None, **named):
+    """One workgroup per (channel group, chunk, batch row); ``chunks``: of the first
+    ``chunks`` workgroups along y only (default all C)."""
     ts = s.ts_b if entry == "scan_backward_grads" else s.ts_f
     consts = {**scan_constants(s.wg), "SG": s.SG, "NV": s.NV, "TS": ts, "RB": s.rb}
     if entry == "scan_backward_grads":
@@ -160,7 +161,8 @@ def _chunk_op(g, s, entry, params, **named):
         if s.sub:
             consts["SUB"] = s.sub
     file, prelude = _module(g, s)
-    return g.op(file, entry, (s.G, s.C, s.B), params, _bind(**named), consts, prelude)
+    grid = (s.G, s.C if chunks is None else chunks, s.B)
+    return g.op(file, entry, grid, params, _bind(**named), consts, prelude)
 
 
 def _flat_op(g, s, entry, n, params, **named):
@@ -174,15 +176,19 @@ def scan_forward(g, s, xproj, u, delta_pre, w, o, hchunk, achunk, hstate, y):
     """Ops: y (M, D) = scan of u with delta = softplus(delta_pre) (M, D), A (from A_log at
     ``o["A_log"]``), Bs, Cs (columns of xproj (M, P)) + D_vec u; hstate (B, C, D, N) = the state entering each
     chunk (kept for the backward); hchunk, achunk (B, C, D, N) are scratch (achunk is
-    read by the backward). One chunk: the output pass alone."""
+    read by the backward). Every chunk from a zero state (its y, end state and decay
+    product), the states entering the chunks, then y of chunks 1.. corrected by them
+    (kernels/scan.wgsl). One chunk: the first pass alone."""
     prm = s.params(o["A_log"], o["D_vec"])
     ins = dict(xproj=xproj, u=u, delta_pre=delta_pre, w=w)
-    carry = [] if s.C == 1 else [
-        _chunk_op(g, s, "scan_forward_chunk", prm, **ins, hchunk=hchunk, achunk=achunk),
-        _flat_op(g, s, "scan_forward_carry", s.B * s.D * s.N, prm, hchunk=hchunk,
-                 achunk=achunk, hstate=hstate),
-    ]
-    return [*carry, _chunk_op(g, s, "scan_forward_output", prm, **ins, hstate=hstate, y=y)]
+    first = _chunk_op(g, s, "scan_forward_chunk", prm, **ins, hchunk=hchunk, achunk=achunk, y=y)
+    if s.C == 1:
+        return [first]
+    return [first,
+            _flat_op(g, s, "scan_forward_carry", s.B * s.D * s.N, prm, hchunk=hchunk,
+                     achunk=achunk, hstate=hstate),
+            _chunk_op(g, s, "scan_forward_correct", prm, chunks=s.C - 1, **ins, hstate=hstate,
+                      y=y)]
 
 
 class ScanScratch:

@@ -228,13 +228,13 @@ def test_scan_deterministic():
 
 @pytest.mark.parametrize("L", [8, 40])
 def test_scan_passes(L):
-    """One chunk: the output pass alone (chunk 0 starts from zero); more: three."""
+    """One chunk: the chunk pass alone (its y is all of y); more: three."""
     s = S.ScanShape(2, L, 8, 4, 1, 8, True)
     bufs = [g.buffer(4, "b") for _ in range(7)]
     ops = S.scan_forward(g, s, *bufs[:4], {"A_log": 0, "D_vec": 0}, *bufs[4:7], g.buffer(4, "y"))
-    assert [op.name for op in ops] == (["scan_forward_output"] if L <= 8 else
+    assert [op.name for op in ops] == (["scan_forward_chunk"] if L <= 8 else
                                        ["scan_forward_chunk", "scan_forward_carry",
-                                        "scan_forward_output"])
+                                        "scan_forward_correct"])
 
 
 @pytest.mark.parametrize("N, SG, NV", [(1, 1, 1), (5, 1, 2), (16, 1, 4), (17, 2, 4), (40, 3, 4),
