@@ -36,6 +36,21 @@
 // | 3       | Y         | (M, 2D) | read (f32 or f16)                    |
 // | 4       | dy        | (M, D)  | read_write: dgated * SiLU(z)         |
 // | 5       | dY        | (M, 2D) | read_write: dY[:, D:2D] = dgated * y * SiLU'(z) (the z half) |
+// gate_backward_f16 (the f16 mode's backward: gate_backward with HALF, its dz half written
+// as f16 pairs, in_proj's operand, and summed per column from the f32 values, in_proj's
+// bias gradient, in the same pass): a workgroup takes 64 channels (32 words, k = li % 32)
+// of a row block (rows rb * rows_per .. + rows_per, 8 lanes ly = li / 32 of GB_ROWS rows a
+// step, their loads issued together); each invocation sums its rows' dz in row order,
+// the 8 lanes are added in the order ly = 0..7 into part[rb, :], and
+// reduce.wgsl's column_sum_final adds the row blocks in order. dgated and dy as f32
+// pairs (8-byte accesses); D a multiple of 64.
+// | 0       | gp        | GateParams | uniform                           |
+// | 1       | dgated    | (M, D)  | read                                 |
+// | 2       | y16       | (M, D)  | read: f16 pairs                      |
+// | 3       | Y16       | (M, 2D) | read: f16 pairs                      |
+// | 4       | dy        | (M, D)  | read_write: dgated * SiLU(z)         |
+// | 5       | dY16      | (M, 2D) | read_write: its z half, f16 pairs    |
+// | 6       | part      | (RB, D) | read_write: the row blocks' column sums of dz |
 
 struct Params { n: u32, D: u32, y_rs: u32 }
 
@@ -118,5 +133,57 @@ fn gate_forward_f16(@builtin(local_invocation_index) t: u32,
         let lo = (gh_tile[(2u * j) * 33u + c / 2u] >> s) & 0xffffu;
         let hi = (gh_tile[(2u * j + 1u) * 33u + c / 2u] >> s) & 0xffffu;
         gh_gated16_t[(c0 + c) * (M / 2u) + r0 / 2u + j] = lo | (hi << 16u);
+    }
+}
+
+struct GateParams { M: u32, D: u32, rows_per: u32 }
+const GB_ROWS: u32 = 4u;     // gate_backward_f16: rows an invocation loads at once
+@group(0) @binding(0) var<uniform> gp: GateParams;
+@group(0) @binding(1) var<storage, read> g16_dgated: array<vec2<f32>>;
+@group(0) @binding(2) var<storage, read> g16_y: array<u32>;
+@group(0) @binding(3) var<storage, read> g16_Y: array<u32>;
+@group(0) @binding(4) var<storage, read_write> g16_dy: array<vec2<f32>>;
+@group(0) @binding(5) var<storage, read_write> g16_dY: array<u32>;
+@group(0) @binding(6) var<storage, read_write> g16_part: array<f32>;
+var<workgroup> g16_red: array<vec2<f32>, 256>;   // (8, 32) the lanes' sums
+
+@compute @workgroup_size(256)
+fn gate_backward_f16(@builtin(local_invocation_index) li: u32,
+                     @builtin(workgroup_id) wid: vec3<u32>) {
+    let k = li % 32u;
+    let w = wid.x * 32u + k;                   // the word (channels 2w, 2w + 1) of a row of y16
+    let hD = gp.D / 2u;                        // words per row of y16 (of Y16: 2 hD)
+    let rb = wid.y;
+    let r1 = min(gp.M, (rb + 1u) * gp.rows_per);
+    var s = vec2<f32>(0.0);
+    for (var r0 = rb * gp.rows_per + (li / 32u) * GB_ROWS; r0 < r1; r0 += 8u * GB_ROWS) {
+        var gv: array<vec2<f32>, GB_ROWS>;
+        var yw: array<u32, GB_ROWS>;
+        var zw: array<u32, GB_ROWS>;
+        for (var i = 0u; i < GB_ROWS; i++) {
+            let r = min(r0 + i, r1 - 1u);      // (rows past r1 are loaded, not used)
+            gv[i] = g16_dgated[r * hD + w];
+            yw[i] = g16_y[r * hD + w];
+            zw[i] = g16_Y[r * gp.D + hD + w];
+        }
+        for (var i = 0u; i < GB_ROWS; i++) {
+            let r = r0 + i;
+            if (r < r1) {
+                let z = vec2<f32>(f16_value(zw[i] & 0xffffu), f16_value(zw[i] >> 16u));
+                let yv = vec2<f32>(f16_value(yw[i] & 0xffffu), f16_value(yw[i] >> 16u));
+                g16_dy[r * hD + w] = gv[i] * vec2<f32>(silu(z.x), silu(z.y));
+                let dz = gv[i] * yv * vec2<f32>(dsilu(z.x), dsilu(z.y));   // gate_backward's order
+                g16_dY[r * gp.D + hD + w] = f16_pair(dz.x, dz.y);
+                s += dz;
+            }
+        }
+    }
+    g16_red[li] = s;
+    workgroupBarrier();
+    if (li < 32u) {
+        var t = g16_red[li];
+        for (var l = 1u; l < 8u; l++) { t += g16_red[l * 32u + li]; }
+        g16_part[rb * gp.D + 2u * w] = t.x;
+        g16_part[rb * gp.D + 2u * w + 1u] = t.y;
     }
 }

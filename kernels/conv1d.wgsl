@@ -1,8 +1,8 @@
 // conv1d.wgsl — depthwise causal convolution over time, fused with SiLU. The
 // GPU side of mamba_ext/cpu/conv1d.pyx. common.wgsl is prepended by the loader.
 //
-// Size letters: B batch, L seqLen, D dInner, K dConv, M = B*L rows, T rows per tile,
-// G = ceil(D / 64) channel groups.
+// Size letters: B batch, L seqLen, D dInner, K dConv, M = B*L rows, RPI rows per
+// invocation, G = ceil(D / 64) channel groups.
 //
 //   conv[b,t,d] = bConv[d] + sum_{k<K, t-k>=0} wConv[d,k] * xc[b,t-k,d],  u = SiLU(conv)
 //   (tap k = 0 is the current step; xc = in_proj columns 0..D of Y). conv is not
@@ -11,22 +11,30 @@
 //   dwConv[d,k] = sum_t dconv[t] xc[t-k] (t-k >= 0), dbConv[d] = sum_t dconv[t].
 //
 // Design: a workgroup of 256 invocations takes 64 channels (32 pairs, lx = li % 32, each
-// invocation two adjacent channels d, d + 1) over a tile of T rows (8 lanes ly = li / 32 of
-// RPT = T / 8 consecutive rows each). The tile's xc rows, with the K - 1 rows before it
-// (and, backward, the K - 1 after it), are staged once in workgroup memory (xs: coalesced
-// loads, each word read once), and every tap reads them from there; the per-invocation
-// loops run over the constants K and RPT, so they unroll and their small arrays (the taps,
-// dconv of RPT + K - 1 rows, the weight-gradient sums) stay in registers. The workgroup
-// index (flattened, flat_index's grid) = channel group + G x tile (forward) or row block
-// (backward). dconv is never stored: an invocation computes it for its RPT rows and the
-// K - 1 after them (recomputed by the next lane). T (a multiple of 8, RPT <= RPTMAX) is
-// chosen by the host to fit the device's workgroup memory ((T + 2 (K - 1)) x 256 bytes).
+// invocation two adjacent channels d, d + 1) and 8 lanes (ly = li / 32) of consecutive
+// rows. Every per-invocation loop runs over the constants K, RPI or T, so they unroll and
+// the small arrays (taps, xc rows, dconv rows, weight-gradient sums) stay in registers. The
+// workgroup index (flattened, flat_index's grid) = channel group + G x tile (forward) or
+// row block (backward).
+// - Forward: an invocation takes RPI rows r0.. (a tile of 8 RPI rows a workgroup) and reads
+//   their xc, with the K - 1 rows before them, straight from storage into registers, every
+//   load before the first use, so that they are in flight together (the halo rows are its
+//   neighbours': read again from the cache). No workgroup memory, no barrier.
+// - Backward: a row block in tiles of T rows (RPT = T / 8 an invocation). Each xc row there
+//   serves 2K - 1 rows (conv again for dconv, then dwConv), so the tile's xc rows, with the
+//   K - 1 before and after it, are staged once in workgroup memory (coalesced loads, each
+//   word read once) and every tap reads them from there. dconv is never stored: an
+//   invocation computes it for its RPT rows and the K - 1 after them (recomputed by the next
+//   lane). T (a multiple of 8, RPT <= RPTMAX) is chosen by the host to fit the device's
+//   workgroup memory ((T + 2 (K - 1)) x 256 bytes + 2 KB).
 //
 // Y holds f32 values or, with HALF, f16 pairs (two per word, element e in half e % 2: the
 // f16 mode's cache, read where it is used instead of unpacked into an f32 copy). With
-// OUT16 the forward also writes u's f16 copy (the f16 mode's operand of x_proj).
+// OUT16 the forward also writes u's f16 copy (the f16 mode's operand of x_proj), and the
+// backward writes dY's xc half as f16 pairs (in_proj's operand in the f16 mode; D even)
+// and sums dxc per channel (in_proj's bias gradient, from the f32 values).
 //
-// Bindings, conv1d_forward (one tile per workgroup):
+// Bindings, conv1d_forward (one tile of 8 RPI rows per workgroup):
 // | binding | name | shape   | access                                                 |
 // |---------|------|---------|--------------------------------------------------------|
 // | 0       | p    | Params  | uniform                                                |
@@ -41,19 +49,22 @@
 // | 1       | Y    | (M, 2D) | read: xc columns                                        |
 // | 2       | w    | (..)    | read: parameter arena                                  |
 // | 3       | du   | (M, D)  | read: dLoss/du (scan path + x_proj path)                |
-// | 4       | dY   | (M, 2D) | backward: write dY[:, 0:D] = dxc                        |
-// | 5       | part | (RB, K+1, D) | backward: write; final: read (k = K: the bias)     |
-// | 6       | g    | (..)    | final: read_write: gradient arena, wConv at w_off, bConv at b_off (+=) |
+// | 4       | dY   | (M, 2D) | backward: write dY[:, 0:D] = dxc (f32, or with OUT16 f16 pairs) |
+// | 5       | part | (RB, KS, D) | backward: write; final: read (k = K: the bias; K + 1: dxc) |
+// | 6       | g    | (..)    | final: read_write: gradient arena, wConv at w_off, bConv at b_off, |
+// |         |      |         | (OUT16) in_proj's bias at bin_off (+=)                  |
 
 struct Params { M: u32, L: u32, D: u32, K: u32, y_rs: u32, w_off: u32, b_off: u32,
-                rows_per: u32, RB: u32 }
+                rows_per: u32, RB: u32, bin_off: u32 }
 
 override K: u32 = 4u;         // dConv (= p.K)
-override T: u32 = 32u;        // rows per tile, a multiple of 8
+override RPI: u32 = 8u;       // conv1d_forward: rows per invocation
+override T: u32 = 32u;        // conv1d_backward: rows per tile, a multiple of 8
 override HALF: bool = false;  // Y as f16 pairs
-override OUT16: bool = false; // conv1d_forward: also u's f16 copy
+override OUT16: bool = false; // forward: also u's f16 copy; backward: dY in f16 (see below)
 const KMAX: u32 = 24u;        // taps in registers
-const RPTMAX: u32 = 4u;       // rows per invocation (T / 8) at most
+const RPIMAX: u32 = 8u;       // RPI at most
+const RPTMAX: u32 = 4u;       // conv1d_backward's rows per invocation in a tile (T / 8) at most
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> Y: array<u32>;
@@ -62,6 +73,9 @@ const RPTMAX: u32 = 4u;       // rows per invocation (T / 8) at most
 // (KMAX,) wConv of channels d and d + 1, paired; their bConv.
 var<private> wk: array<vec2<f32>, KMAX>;
 var<private> bk: vec2<f32>;
+// (RPIMAX + KMAX - 1,) conv1d_forward: xc pairs of rows r0 - (K - 1) .. r0 + RPI - 1, r0
+// the invocation's first row
+var<private> xw: array<vec2<f32>, RPIMAX + KMAX - 1u>;
 
 // The taps and biases of the channel pair d, d + 1 (the second 0 past D).
 fn load_taps(d: u32) {
@@ -100,32 +114,24 @@ fn wg_place(wid: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
 
 @group(0) @binding(3) var<storage, read_write> f_u: array<f32>;
 @group(0) @binding(7) var<storage, read_write> f_u16: array<u32>;
-// (T + K - 1, 32) xc pairs of the tile's rows r0 - (K - 1) .. r0 + T - 1
-var<workgroup> xs_f: array<vec2<f32>, (T + K - 1u) * 32u>;
 
 @compute @workgroup_size(256)
 fn conv1d_forward(@builtin(local_invocation_index) li: u32,
                   @builtin(workgroup_id) wid: vec3<u32>,
                   @builtin(num_workgroups) nwg: vec3<u32>) {
     let pl = wg_place(wid, nwg);
-    let r0 = pl.y * T;
-    for (var i = li; i < (T + K - 1u) * 32u; i += 256u) {
-        xs_f[i] = xc_pair(i32(r0 + i / 32u) - i32(K - 1u), pl.x * 64u + 2u * (i % 32u));
-    }
-    workgroupBarrier();
-    let lx = li % 32u;
-    let d = pl.x * 64u + 2u * lx;
-    if (d >= p.D) { return; }
+    let d = pl.x * 64u + 2u * (li % 32u);
+    let r0 = (pl.y * 8u + li / 32u) * RPI;
+    if (d >= p.D || r0 >= p.M) { return; }
     load_taps(d);
-    let RPT = T / 8u;
-    let q0 = (li / 32u) * RPT;               // this invocation's first row in the tile
-    for (var j = 0u; j < RPT; j++) {
-        let r = r0 + q0 + j;
+    for (var i = 0u; i < RPI + K - 1u; i++) { xw[i] = xc_pair(i32(r0 + i) - i32(K - 1u), d); }
+    for (var j = 0u; j < RPI; j++) {
+        let r = r0 + j;
         if (r >= p.M) { break; }
         let t = r % p.L;
         var s = bk;                          // bConv + taps from k = 0 up, as the CPU sums
         for (var k = 0u; k < K; k++) {
-            if (k <= t) { s += wk[k] * xs_f[(q0 + j + K - 1u - k) * 32u + lx]; }
+            if (k <= t) { s += wk[k] * xw[j + K - 1u - k]; }
         }
         let v = vec2<f32>(silu(s.x), silu(s.y));
         f_u[r * p.D + d] = v.x;
@@ -135,7 +141,7 @@ fn conv1d_forward(@builtin(local_invocation_index) li: u32,
 }
 
 @group(0) @binding(3) var<storage, read> b_du: array<f32>;
-@group(0) @binding(4) var<storage, read_write> b_dY: array<f32>;
+@group(0) @binding(4) var<storage, read_write> b_dY: array<u32>;
 @group(0) @binding(5) var<storage, read_write> b_part: array<f32>;
 @group(0) @binding(6) var<storage, read_write> b_g: array<f32>;
 
@@ -146,8 +152,11 @@ var<workgroup> xs_b: array<vec2<f32>, (T + 2u * K - 2u) * 32u>;
 var<workgroup> red: array<vec2<f32>, 256>;
 // (RPTMAX + KMAX - 1,) dconv of this invocation's rows and the K - 1 after them (0 past M)
 var<private> dc: array<vec2<f32>, RPTMAX + KMAX - 1u>;
-// (KMAX + 1,) this invocation's sums of dwConv (k < K) and dbConv (k = K)
-var<private> acc: array<vec2<f32>, KMAX + 1u>;
+// (KMAX + 2,) this invocation's sums of dwConv (k < K), dbConv (k = K) and, with OUT16,
+// of dxc (k = K + 1: in_proj's bias gradient)
+var<private> acc: array<vec2<f32>, KMAX + 2u>;
+// the sums per channel a row block has: K taps, the bias, (OUT16) dxc
+fn n_sums() -> u32 { return K + select(1u, 2u, OUT16); }
 
 @compute @workgroup_size(256)
 fn conv1d_backward(@builtin(local_invocation_index) li: u32,
@@ -162,7 +171,8 @@ fn conv1d_backward(@builtin(local_invocation_index) li: u32,
     let RPT = T / 8u;
     let q0 = (li / 32u) * RPT;
     let r1 = min(p.M, (rb + 1u) * p.rows_per);
-    for (var k = 0u; k <= K; k++) { acc[k] = vec2<f32>(0.0); }
+    let KS = n_sums();
+    for (var k = 0u; k < KS; k++) { acc[k] = vec2<f32>(0.0); }
     if (on) { load_taps(d); }
     for (var r0 = rb * p.rows_per; r0 < r1; r0 += T) {
         for (var i = li; i < (T + 2u * K - 2u) * 32u; i += 256u) {
@@ -194,20 +204,25 @@ fn conv1d_backward(@builtin(local_invocation_index) li: u32,
                     if (k <= t) { acc[k] += dc[j] * xs_b[(q0 + j + K - 1u - k) * 32u + lx]; }
                 }
                 acc[K] += dc[j];
-                b_dY[r * p.y_rs + d] = s.x;
-                if (two) { b_dY[r * p.y_rs + d + 1u] = s.y; }
+                if (OUT16) {                        // f16 pairs (D even); their f32 sums
+                    b_dY[(r * p.y_rs + d) / 2u] = f16_pair(s.x, s.y);
+                    acc[K + 1u] += s;
+                } else {
+                    b_dY[r * p.y_rs + d] = bitcast<u32>(s.x);
+                    if (two) { b_dY[r * p.y_rs + d + 1u] = bitcast<u32>(s.y); }
+                }
             }
         }
         workgroupBarrier();
     }
-    for (var k = 0u; k <= K; k++) {
+    for (var k = 0u; k < KS; k++) {
         red[li] = acc[k];
         workgroupBarrier();
         if (li < 32u && on) {
             var s = red[li];
             for (var l = 1u; l < 8u; l++) { s += red[l * 32u + li]; }
-            b_part[(rb * (K + 1u) + k) * p.D + d] = s.x;
-            if (two) { b_part[(rb * (K + 1u) + k) * p.D + d + 1u] = s.y; }
+            b_part[(rb * KS + k) * p.D + d] = s.x;
+            if (two) { b_part[(rb * KS + k) * p.D + d + 1u] = s.y; }
         }
         workgroupBarrier();
     }
@@ -218,12 +233,14 @@ fn conv1d_backward_weight_final(@builtin(local_invocation_index) li: u32,
                                 @builtin(workgroup_id) wid: vec3<u32>,
                                 @builtin(num_workgroups) nwg: vec3<u32>) {
     let e = flat_index(wid, nwg, li, 256u);
-    if (e >= (K + 1u) * p.D) { return; }
+    let KS = n_sums();
+    if (e >= KS * p.D) { return; }
     let k = e / p.D;
     let d = e % p.D;
     var s = 0.0;
-    for (var rb = 0u; rb < p.RB; rb++) { s += b_part[(rb * (K + 1u) + k) * p.D + d]; }
+    for (var rb = 0u; rb < p.RB; rb++) { s += b_part[(rb * KS + k) * p.D + d]; }
     var o = p.w_off + d * K + k;
     if (k == K) { o = p.b_off + d; }
+    if (k == K + 1u) { o = p.bin_off + d; }
     b_g[o] = b_g[o] + s;
 }

@@ -6,7 +6,12 @@ Size letters: M = B*L rows, D dInner.
 """
 from __future__ import annotations
 
-from .device import elementwise
+import math
+
+from .device import column_sum_final, column_sum_part, elementwise
+
+# gate_backward_f16's row blocks: at most this many (the partial sums column_sum_final adds)
+_GATE_ROW_BLOCKS = 128
 
 
 def gate_forward(g, M, D, y, Y, gated):
@@ -35,3 +40,20 @@ def gate_backward(g, M, D, dgated, y, Y, dy, dY, half=False):
         raise ValueError(f"mamba_ext.gpu.gate_backward: f16 pairs need an even D, got {D}")
     return elementwise(g, "activations", "gate_backward", M * D // (2 if half else 1),
                        [M * D, D, 2 * D], [dgated, y, Y, dy, dY], constants={"HALF": bool(half)})
+
+
+def gate_backward_f16(g, M, D, dgated, y16, Y16, dy, dY16, grad, db_off):
+    """Ops of the f16 mode's backward (BlockLayer): :func:`gate_backward` on the f16 cache
+    (y16 (M, D), Y16 (M, 2D): f16 pairs), dy (M, D) f32 as it computes it, the z half of dY
+    written only as f16 pairs into ``dY16`` (M, 2D) (in_proj's operand), and in_proj's bias
+    gradient of the z half, grad[db_off + D + j] += the column sums of dz (the f32 values:
+    per row block, then the blocks in order), from the same pass. D a multiple of 64."""
+    if D % 64:
+        raise ValueError(f"mamba_ext.gpu.gate_backward_f16: D must be a multiple of 64, got {D}")
+    rows_per = 32 * max(1, math.ceil(M / (32 * _GATE_ROW_BLOCKS)))   # whole steps of 8 x GB_ROWS
+    RB = math.ceil(M / rows_per)
+    part = column_sum_part(g, RB, D)
+    return [g.op("activations", "gate_backward_f16",
+                 g.check_grid((D // 64, RB, 1), "gate_backward_f16"), [M, D, rows_per],
+                 [dgated, y16, Y16, dy, dY16, part]),
+            column_sum_final(g, D, RB, part, grad, db_off + D, dgated)]

@@ -25,7 +25,7 @@ from .._validate import (BLOCK_PARAM_NAMES, BlockDims, block_param_shapes, check
                          check_discretization, check_eps, check_x)
 from ..constants import DEFAULT_EPS
 from . import scan as _scan
-from .activations import gate_backward, gate_forward, gate_forward_f16
+from .activations import gate_backward, gate_backward_f16, gate_forward, gate_forward_f16
 from .conv1d import conv1d_backward, conv1d_forward
 from . import linear_f16 as lf
 from .device import arena_layout, gpu
@@ -117,9 +117,12 @@ class BlockScratch:
         mk = g.buffer
         if f16:     # the f16 operands of the products (BlockLayer's f16 mode), 2 per word
             self.dout16 = mk(M * Dm // 2, "dout_f16")    # (M, Dm) f16: out_proj's dY
-            self.dY16 = mk(M * D, "dY_f16")              # (M, 2D) f16: in_proj's dY
-            # (2D, M) f16: x_proj's and dt_proj's k-major operands (_narrow_backward_ops)
-            self.dY16_t = mk(M * D, "dY_f16_t")
+            # (M, 2D) f16: in_proj's dY, written by the gate's and the conv's backward (the
+            # f16 mode has no f32 dY)
+            self.dY16 = mk(M * D, "dY_f16")
+            # (M, D) and (D, M) f16: x_proj's and dt_proj's operands (_narrow_backward_ops)
+            self.narrow16 = mk(M * D // 2, "narrow_f16")
+            self.narrow16_t = mk(M * D // 2, "narrow_f16_t")
         # Buffers whose lifetimes within backward_ops do not overlap share one (the
         # steps: 1 out_proj, 2 gate, 3 scan, 4 dt_proj, 5 x_proj, 6 conv1d, 7 in_proj,
         # 8 RMSNorm): dgated [1, 2] / ddelta_pre [3, 4] / dxn [7, 8], and
@@ -132,7 +135,8 @@ class BlockScratch:
         self.dy = mk(M * W, "dy")                    # (M, D)
         self.gw = self.dy                            # (M, Dm) per-row gain-gradient terms
         self.du = mk(M * D, "du")                    # (M, D)
-        self.dY = mk(M * 2 * D, "dY")                # (M, 2D) = [dxc | dz]
+        if not f16:
+            self.dY = mk(M * 2 * D, "dY")            # (M, 2D) = [dxc | dz]
         self.dxproj = mk(M * P, "dxproj")            # (M, P) = [ddt_low | dBs | dCs]
         self.scan = _scan.ScanScratch(g, s)
 
@@ -314,23 +318,24 @@ class BlockLayer:
     def _narrow_backward_ops(self, sc):
         """dt_proj's and x_proj's backward on tensor cores (f16 mode, narrow16), after the
         scan's: dxproj[:, 0:R] = ddelta_pre @ wDtProj, dW and db of dt_proj; du +=
-        dxproj @ wXProj, dW and db of x_proj. in_proj's f16 operand buffers (dY16,
-        dY16_t), free until in_proj's backward, hold ddelta_pre's f16 copies and then u's
-        transpose (x_proj's: linear_f16.narrow_backward)."""
+        dxproj @ wXProj, dW and db of x_proj. The scratch narrow16 and narrow16_t hold
+        ddelta_pre's f16 copies, then narrow16 u's transpose (x_proj's:
+        linear_f16.narrow_backward)."""
         g, d, o, M, gr = self.g, self.d, self.o, self.M, self.gr
         D, P, R = d.D, d.P, d.R
         wh, ho = self.f16
         Rp = lf.padded(R)
         dxproj16 = g.scratch("amp_dxproj_f16", M * lf.padded(P) // 2)   # (M, padded(P)) f16
         return [
-            *lf.pack_pair_bias(g, sc.dY16, sc.dY16_t, sc.ddelta_pre, M, D, gr, o["bDtProj"]),
-            lf.product(g, sc.dxproj, sc.dY16, wh, M, Rp, D, a_kmajor=True, b_kmajor=False,
+            *lf.pack_pair_bias(g, sc.narrow16, sc.narrow16_t, sc.ddelta_pre, M, D, gr,
+                               o["bDtProj"]),
+            lf.product(g, sc.dxproj, sc.narrow16, wh, M, Rp, D, a_kmajor=True, b_kmajor=False,
                        lda=D, ldb=Rp, ldc=P, b_off=ho["wDtProj"], n_valid=R),
-            *lf.weight_product(g, gr, o["wDtProj"], D, Rp, M, sc.dY16_t, self._xlow16,
+            *lf.weight_product(g, gr, o["wDtProj"], D, Rp, M, sc.narrow16_t, self._xlow16,
                                b_kmajor=False, ldb=Rp, n_valid=R),
             *lf.narrow_backward(g, sc.du, sc.dxproj, self.u, wh, gr, M, D, P,
                                 w_off=ho["wXProj"], dw_off=o["wXProj"], db_off=o["bXProj"],
-                                dy16=dxproj16, x16_t=sc.dY16, accumulate_dx=True),
+                                dy16=dxproj16, x16_t=sc.narrow16, accumulate_dx=True),
         ]
 
     def backward_ops(self, dout, dx, sc: BlockScratch):
@@ -350,16 +355,16 @@ class BlockLayer:
             in_proj = linear_backward(g, M, Dm, 2 * D, sc.dY, 0, 2 * D, self.xn, 0, Dm, w,
                                       o["wInProj"], o["bInProj"], gr, dx=sc.dxn, dx_rs=Dm,
                                       part=sc.du)
-        else:       # the same with f16 operands, the bias gradients from the f32 dY (read
-            # once, by the pack)
+        else:       # the same with f16 operands; out_proj's bias gradient from the f32 dout
+            # (read once, by the pack), in_proj's from the gate's and the conv's backward,
+            # which write its dY in f16 (dY16) and sum the f32 values per column
             wh, ho = self.f16
             out_proj = [*lf.pack_pair_bias(g, sc.dout16, None, dout, M, Dm, gr, o["bOutProj"]),
                         *lf.dinput(g, sc.dgated, sc.dout16, wh, M, D, Dm, accumulate=False,
                                    w_off=ho["wOutProj"]),
                         *lf.dweight(g, gr, self.gated16_t, sc.dout16, M, D, Dm,
                                     dw_off=o["wOutProj"])]
-            in_proj = [*lf.pack_pair_bias(g, sc.dY16, None, sc.dY, M, 2 * D, gr, o["bInProj"]),
-                       *lf.dinput(g, sc.dxn, sc.dY16, wh, M, Dm, 2 * D, accumulate=False,
+            in_proj = [*lf.dinput(g, sc.dxn, sc.dY16, wh, M, Dm, 2 * D, accumulate=False,
                                   w_off=ho["wInProj"]),
                        *lf.dweight(g, gr, self.xn16_t, sc.dY16, M, Dm, 2 * D,
                                    dw_off=o["wInProj"])]
@@ -383,13 +388,15 @@ class BlockLayer:
         return [
             *out_proj,
             *restore,
-            gate_backward(g, M, D, sc.dgated, y, Y, sc.dy, sc.dY, half=half),
+            *([gate_backward(g, M, D, sc.dgated, y, Y, sc.dy, sc.dY)] if not half else
+              gate_backward_f16(g, M, D, sc.dgated, y, Y, sc.dy, sc.dY16, gr, o["bInProj"])),
             *_scan.scan_backward(g, self.s, sc.scan, self.xproj, self.u, self.delta_pre, w, o,
                                  sc.dy, self.hstate, self.achunk, sc.du, sc.ddelta_pre,
                                  sc.dxproj, gr),
             *narrow,
             # conv + SiLU: dY[:, 0:D]; dwConv, dbConv
-            *conv1d_backward(g, M, L, D, d.K, sc.du, w, o, sc.dY, Y, gr, half=half),
+            *conv1d_backward(g, M, L, D, d.K, sc.du, w, o, sc.dY16 if half else sc.dY, Y, gr,
+                             half=half, out16=half),
             *in_proj,
             # RMSNorm + residual: dx = dout + norm backward; dnormWeight = colsum(gw)
             *rmsnorm_backward(g, M, Dm, self.x, w, o["normWeight"], sc.dxn, self.rstd, dx, sc.gw,

@@ -1,35 +1,39 @@
 """Causal depthwise conv1d + SiLU on the GPU (kernels/conv1d.wgsl), the mirror of
 mamba_ext/cpu/conv1d.pyx.
 
-Size letters: M = B*L rows, L seqLen, D dInner, K dConv, T rows per tile.
+Size letters: M = B*L rows, L seqLen, D dInner, K dConv.
 """
 from __future__ import annotations
 
 import math
 
 MAX_DCONV = 24          # const KMAX of kernels/conv1d.wgsl: the taps held in registers
-_TILES = (32, 16, 8)    # rows per workgroup tile (override T), the largest that fits
+CONV_RPI_FORWARD = 8    # the forward's rows per invocation (override RPI, at most RPIMAX)
+_TILES = (32, 16, 8)    # the backward's rows per workgroup tile (override T), the largest that fits
 # Tiles per workgroup in the backward, at least (see conv1d_backward's row blocks).
 _BACKWARD_TILES = 8
 
 
-def _tile(g, K, backward):
-    """Rows per tile (override T) for dConv ``K``: the largest of :data:`_TILES` whose
-    staged rows (T + K - 1 forward, T + 2 (K - 1) backward, 256 bytes each, and the
-    backward's 2 KB of lane sums) fit the device's workgroup memory."""
+def _check_dconv(K):
     if not 1 <= K <= MAX_DCONV:
         raise ValueError(f"mamba_ext.gpu: dConv must be in [1, {MAX_DCONV}] for the GPU conv "
                          f"kernels, got {K}")
+
+
+def _tile(g, K):
+    """The backward's rows per tile (override T) for dConv ``K``: the largest of
+    :data:`_TILES` whose staged rows (T + 2 (K - 1), 256 bytes each) and 2 KB of lane sums
+    fit the device's workgroup memory."""
+    _check_dconv(K)
     for T in _TILES:
-        staged = (T + 2 * (K - 1)) * 256 + 2048 if backward else (T + K - 1) * 256
-        if staged <= g.wg_memory:
+        if (T + 2 * (K - 1)) * 256 + 2048 <= g.wg_memory:
             return T
     raise ValueError(f"mamba_ext.gpu: dConv {K} needs more workgroup memory than this "
                      f"device's {g.wg_memory} bytes")
 
 
-def _params(M, L, D, K, o, rows_per=0, RB=0):
-    return [M, L, D, K, 2 * D, o["wConv"], o["bConv"], rows_per, RB]
+def _params(M, L, D, K, o, rows_per=0, RB=0, bin_off=0):
+    return [M, L, D, K, 2 * D, o["wConv"], o["bConv"], rows_per, RB, bin_off]
 
 
 def conv1d_forward(g, M, L, D, K, Y, w, o, u, half=False, u16=None):
@@ -37,32 +41,39 @@ def conv1d_forward(g, M, L, D, K, Y, w, o, u, half=False, u16=None):
     with ``half``); weights at ``o["wConv"]``, ``o["bConv"]`` of the parameter arena ``w``;
     ``u16``: also u's f16 copy there (f16 pairs; D even). conv is not kept: the backward
     recomputes it from Y."""
-    T = _tile(g, K, False)
+    _check_dconv(K)
+    rpi = CONV_RPI_FORWARD
     if u16 is not None and D % 2:
         raise ValueError(f"mamba_ext.gpu.conv1d_forward: an f16 copy of u needs an even D, got {D}")
-    groups = math.ceil(D / 64) * math.ceil(M / T)
+    groups = math.ceil(D / 64) * math.ceil(M / (8 * rpi))
     return g.op("conv1d", "conv1d_forward", g.grid1d(groups, "conv1d_forward"),
                 _params(M, L, D, K, o), [Y, w, u, None, None, None, g.dummy(0) if u16 is None else u16],
-                {"K": K, "T": T, "HALF": bool(half), "OUT16": u16 is not None})
+                {"K": K, "RPI": rpi, "HALF": bool(half), "OUT16": u16 is not None})
 
 
-def conv1d_backward(g, M, L, D, K, du, w, o, dY, Y, gr, half=False):
+def conv1d_backward(g, M, L, D, K, du, w, o, dY, Y, gr, half=False, out16=False):
     """Ops: dY[:, 0:D] = dxc (dconv = du * SiLU'(conv), conv recomputed from Y (f32, or
     f16 pairs with ``half``), held in registers); wConv, bConv gradients (at ``o`` of the
-    gradient arena ``gr``) += their sums: per row block, then the blocks' fixed-order sum."""
-    T = _tile(g, K, True)
+    gradient arena ``gr``) += their sums: per row block, then the blocks' fixed-order sum.
+    ``out16`` (the f16 mode's backward, D even): dY (M, 2D) holds f16 pairs (in_proj's
+    operand) and in_proj's bias gradient, at ``o["bInProj"]``, += the column sums of dxc
+    (the f32 values), summed as dbConv is."""
+    if out16 and D % 2:
+        raise ValueError(f"mamba_ext.gpu.conv1d_backward: f16 pairs of dY need an even D, got {D}")
+    T = _tile(g, K)
     # row blocks of rows_per rows, whole tiles: each workgroup at least _BACKWARD_TILES
     # tiles, at most 64 blocks (the partials the final pass sums)
     step = T * _BACKWARD_TILES
     rows_per = step * max(1, math.ceil(M / (step * 64)))
     RB = max(1, math.ceil(M / rows_per))
-    prm = _params(M, L, D, K, o, rows_per, RB)
-    part = g.scratch("conv1d_weight", RB * (K + 1) * D)      # (RB, K+1, D)
-    consts = {"K": K, "T": T, "HALF": bool(half)}
+    prm = _params(M, L, D, K, o, rows_per, RB, o["bInProj"] if out16 else 0)
+    KS = K + (2 if out16 else 1)                      # sums per channel: taps, bias, (dxc)
+    part = g.scratch("conv1d_weight", RB * KS * D)   # (RB, KS, D)
+    consts = {"K": K, "T": T, "HALF": bool(half), "OUT16": bool(out16)}
     return [
         g.op("conv1d", "conv1d_backward", g.grid1d(math.ceil(D / 64) * RB, "conv1d_backward"),
              prm, [Y, w, du, dY, part, None], consts),
         g.op("conv1d", "conv1d_backward_weight_final",
-             g.grid1d(math.ceil((K + 1) * D / 256), "conv1d_backward_weight_final"), prm,
+             g.grid1d(math.ceil(KS * D / 256), "conv1d_backward_weight_final"), prm,
              [None, None, None, None, part, gr], consts),
     ]

@@ -286,6 +286,50 @@ def test_gate_forward_f16_is_the_gate_and_its_packs():
             gate_forward_f16(g, *bad, yb, Yb, *bufs.values())
 
 
+def test_gate_backward_f16_is_the_gate_backward_and_its_pack(monkeypatch):
+    """gate_backward_f16 (the f16 mode's backward gate): dy bit for bit gate_backward's on
+    the same f16 cache; dY16's z half NumPy's float16 of gate_backward's f32 dz (its xc half
+    untouched); in_proj's bias gradient of the z half += the column sums of that f32 dz (to
+    float32 rounding of float64's, the same bits on a second run, the rest of the arena
+    untouched); D not a multiple of 64 refused by name."""
+    from mamba_ext.gpu import activations
+    from mamba_ext.gpu.activations import gate_backward, gate_backward_f16
+    monkeypatch.setattr(activations, "_GATE_ROW_BLOCKS", 2)
+    rng = np.random.default_rng(13)
+    M, D = 200, 128                          # two row blocks of 128 (4 steps), the last partial
+    y16 = _f16(rng.standard_normal((M, D)) * 2)
+    Y16 = _f16(rng.standard_normal((M, 2 * D)) * 3)
+    dgated = rng.standard_normal((M, D)).astype(np.float32)
+    yb = g.buffer(M * D // 2, "y16", y16.view(np.uint32))
+    Yb = g.buffer(M * D, "Y16", Y16.view(np.uint32))
+    dgb = upload(g, "dgated", dgated)
+    dy, dY = g.buffer(M * D, "dy"), g.buffer(M * 2 * D, "dY")
+    run(g, gate_backward(g, M, D, dgb, yb, Yb, dy, dY, half=True))
+    want_dy, want_dz = read(g, dy, (M, D)), read(g, dY, (M, 2 * D))[:, D:]
+    db_off = 5
+    start = rng.standard_normal(2 * D + 10).astype(np.float32)
+    fill = np.full(M * D, 0x7e007e00, np.uint32)           # f16 NaN pairs: what is not written
+    sums = []
+    for _ in range(2):
+        dy16, dY16, gr = g.buffer(M * D, "dy16"), g.buffer(M * D, "dY16", fill), upload(g, "gr", start)
+        ops = gate_backward_f16(g, M, D, dgb, yb, Yb, dy16, dY16, gr, db_off)
+        run(g, ops)
+        assert np.array_equal(read(g, dy16, (M, D)).view(np.uint32), want_dy.view(np.uint32))
+        got16 = read(g, dY16, (M * D,), np.uint32).view(np.float16).reshape(M, 2 * D)
+        assert np.array_equal(got16[:, D:].view(np.uint16), _f16(want_dz).view(np.uint16))
+        assert np.all(got16[:, :D].view(np.uint16) == 0x7e00)
+        got = read(g, gr, (start.size,))
+        sums.append(got)
+        ref = want_dz.astype(np.float64).sum(axis=0)
+        assert nerr(got[db_off + D:db_off + 2 * D].astype(np.float64) - start[db_off + D:db_off + 2 * D],
+                    ref) <= 1e-5
+        untouched = np.r_[0:db_off + D, db_off + 2 * D:start.size]
+        assert np.array_equal(got[untouched], start[untouched])
+    assert np.array_equal(sums[0], sums[1])
+    with pytest.raises(ValueError, match="multiple of 64"):
+        gate_backward_f16(g, M, 96, dgb, yb, Yb, dy, dY, gr, 0)
+
+
 def test_pack_pair_bias_adds_the_column_sums():
     """pack_pair_bias: the same two f16 copies as pack_pair, and the column sums of the f32
     block added to a bias gradient at an offset of the arena (the rest untouched), to f32

@@ -146,3 +146,36 @@ def test_conv1d_writes_the_f16_copy_of_u():
     assert np.array_equal(got16.view(np.uint16), got32.astype(np.float16).view(np.uint16))
     with pytest.raises(ValueError, match="even D"):
         conv1d_forward(g, 4, 4, 3, K, bY, bw, o, u, u16=u16)
+
+
+def test_conv1d_backward_writes_f16_dY_and_its_column_sums():
+    """out16 (the f16 mode's backward): dY's xc half as NumPy's float16 of the f32 path's
+    dxc (the z half untouched), the conv's weight gradients bit for bit the f32 path's, and
+    in_proj's bias gradient of the xc half += the column sums of the f32 dxc (to float32
+    rounding of float64's; the rest of the arena as the f32 path leaves it); an odd D is
+    refused by name."""
+    rng = np.random.default_rng(9)
+    B, L, D, K = 3, 200, 70, 4               # 3 row blocks; a second, partial channel group
+    M = B * L
+    Y = f32(rng, M, 2 * D)
+    o = {"wConv": 0, "bConv": D * K, "bInProj": D * K + D + 3}
+    arena = np.concatenate([f32(rng, D * K, sd=0.5), f32(rng, D, sd=0.3), f32(rng, 2 * D + 6)])
+    bY, bw, du = upload(g, "Y", Y), upload(g, "w", arena), upload(g, "du", f32(rng, M, D))
+    gr0 = f32(rng, arena.size)
+    dY, gr = g.buffer(M * 2 * D, "dY"), upload(g, "gr", gr0)
+    run(g, conv1d_backward(g, M, L, D, K, du, bw, o, dY, bY, gr))
+    want_dxc, want_gr = read(g, dY, (M, 2 * D))[:, :D], read(g, gr, (arena.size,))
+    fill = np.full(M * D, 0x7e007e00, np.uint32)
+    dY16, gr16 = g.buffer(M * D, "dY16", fill), upload(g, "gr16", gr0)
+    run(g, conv1d_backward(g, M, L, D, K, du, bw, o, dY16, bY, gr16, out16=True))
+    got16 = read(g, dY16, (M * D,), np.uint32).view(np.float16).reshape(M, 2 * D)
+    assert np.array_equal(got16[:, :D].view(np.uint16), want_dxc.astype(np.float16).view(np.uint16))
+    assert np.all(got16[:, D:].view(np.uint16) == 0x7e00)
+    got = read(g, gr16, (arena.size,))
+    b = slice(o["bInProj"], o["bInProj"] + D)
+    assert nerr(got[b].astype(np.float64) - gr0[b], want_dxc.astype(np.float64).sum(axis=0)) <= 1e-5
+    rest = np.ones(arena.size, bool)
+    rest[b] = False
+    assert np.array_equal(got[rest], want_gr[rest])
+    with pytest.raises(ValueError, match="even D"):
+        conv1d_backward(g, 4, 4, 3, K, du, bw, o, dY16, bY, gr16, out16=True)
