@@ -42,7 +42,7 @@
 // of a row block (rows rb * rows_per .. + rows_per, 8 lanes ly = li / 32 of GB_ROWS rows a
 // step, their loads issued together); each invocation sums its rows' dz in row order,
 // the 8 lanes are added in the order ly = 0..7 into part[rb, :], and
-// reduce.wgsl's column_sum_final adds the row blocks in order. dgated and dy as f32
+// reduce.wgsl's column_sum_final adds the row blocks in a fixed order. dgated and dy as f32
 // pairs (8-byte accesses); D a multiple of 64.
 // | 0       | gp        | GateParams | uniform                           |
 // | 1       | dgated    | (M, D)  | read                                 |

@@ -30,7 +30,8 @@
 //
 // Y holds f32 values or, with HALF, f16 pairs (two per word, element e in half e % 2: the
 // f16 mode's cache, read where it is used instead of unpacked into an f32 copy). With
-// OUT16 the forward also writes u's f16 copy (the f16 mode's operand of x_proj), and the
+// OUT16 the forward also writes u's f16 copy (the f16 mode's operand of x_proj; with OUT16T
+// its transpose, x_proj's weight-gradient operand, from the restore), and the
 // backward writes dY's xc half as f16 pairs (in_proj's operand in the f16 mode; D even)
 // and sums dxc per channel (in_proj's bias gradient, from the f32 values).
 //
@@ -42,6 +43,7 @@
 // | 2       | w    | (..)    | read: parameter arena, wConv (D, K) at w_off, bConv (D) at b_off |
 // | 3       | u    | (M, D)  | read_write: SiLU(conv), the scan input                  |
 // | 7       | u16  | (M, D)  | read_write (OUT16): u in f16 pairs                      |
+// | 8       | u16t | (D, M)  | read_write (OUT16T): u transposed in f16 pairs (RPI 8, M % 8 = 0) |
 // conv1d_backward (row block rb = rows [rb rows_per, (rb + 1) rows_per) in tiles of T rows;
 // dwConv, dbConv summed per invocation, then over its 8 lanes in a fixed order into part)
 // and conv1d_backward_weight_final (one invocation per (k, d): adds the RB partials in the
@@ -62,6 +64,7 @@ override RPI: u32 = 8u;       // conv1d_forward: rows per invocation
 override T: u32 = 32u;        // conv1d_backward: rows per tile, a multiple of 8
 override HALF: bool = false;  // Y as f16 pairs
 override OUT16: bool = false; // forward: also u's f16 copy; backward: dY in f16 (see below)
+override OUT16T: bool = false; // conv1d_forward: also u's f16 transpose (x_proj's dW operand)
 const KMAX: u32 = 24u;        // taps in registers
 const RPIMAX: u32 = 8u;       // RPI at most
 const RPTMAX: u32 = 4u;       // conv1d_backward's rows per invocation in a tile (T / 8) at most
@@ -114,6 +117,10 @@ fn wg_place(wid: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
 
 @group(0) @binding(3) var<storage, read_write> f_u: array<f32>;
 @group(0) @binding(7) var<storage, read_write> f_u16: array<u32>;
+// (D, M / 8): 8 rows of a channel in f16 pairs a word (one 16-byte store per channel)
+@group(0) @binding(8) var<storage, read_write> f_u16t: array<vec4<u32>>;
+// (RPIMAX,) f16 bits of u at the channel pair, row r0 + j (OUT16T)
+var<private> ub: array<vec2<u32>, RPIMAX>;
 
 @compute @workgroup_size(256)
 fn conv1d_forward(@builtin(local_invocation_index) li: u32,
@@ -137,6 +144,16 @@ fn conv1d_forward(@builtin(local_invocation_index) li: u32,
         f_u[r * p.D + d] = v.x;
         if (d + 1u < p.D) { f_u[r * p.D + d + 1u] = v.y; }
         if (OUT16) { f_u16[(r * p.D + d) / 2u] = f16_pair(v.x, v.y); }
+        if (OUT16T) { ub[j] = vec2<u32>(f16_bits(v.x), f16_bits(v.y)); }
+    }
+    if (OUT16T) {                            // rows r0 .. r0 + 7, all below M (M % 8 = 0)
+        let q = d * (p.M / 8u) + r0 / 8u;
+        f_u16t[q] = vec4<u32>(ub[0].x | (ub[1].x << 16u), ub[2].x | (ub[3].x << 16u),
+                              ub[4].x | (ub[5].x << 16u), ub[6].x | (ub[7].x << 16u));
+        if (d + 1u < p.D) {
+            f_u16t[q + p.M / 8u] = vec4<u32>(ub[0].y | (ub[1].y << 16u), ub[2].y | (ub[3].y << 16u),
+                                             ub[4].y | (ub[5].y << 16u), ub[6].y | (ub[7].y << 16u));
+        }
     }
 }
 

@@ -397,3 +397,27 @@ fn linear_split_sum(@builtin(local_invocation_index) li: u32,
         }
     }
 }
+
+// linear_bias_fill: C[i, j] = bias[j] (+ res[i, j]): linear_split_sum's epilogue over zero
+// slices, the same bits, for products accumulated on top of it (linear_f16's out_proj). A
+// workgroup takes 256 columns of 4 rows (one column an invocation: coalesced, no division
+// per element); flattened grid: column block + ceil(N / 256) x row quad. Bindings 5, 6, 7.
+@compute @workgroup_size(256)
+fn linear_bias_fill(@builtin(local_invocation_index) li: u32,
+                    @builtin(workgroup_id) wid: vec3<u32>,
+                    @builtin(num_workgroups) nwg: vec3<u32>) {
+    let nb = (p.N + 255u) / 256u;
+    let wf = wid.y * nwg.x + wid.x;
+    let j = (wf % nb) * 256u + li;
+    if (j >= p.N) { return; }
+    let bj = bias[p.bias_off + j];
+    for (var q = 0u; q < 4u; q++) {
+        let i = (wf / nb) * 4u + q;
+        if (i < p.M) {
+            var r = 0.0;                       // as linear_split_sum: 0 + bias + res
+            r += bj;
+            if (p.has_res == 1u) { r += res[i * p.c_rs + j]; }
+            c[p.c_off + i * p.c_rs + j] = r;
+        }
+    }
+}

@@ -11,7 +11,8 @@
 // Two passes, so that a (16384, 768) sum keeps a large GPU busy: column_sum
 // sums row block rb (rows rb*rows_per .. +rows_per) of 32 columns per
 // workgroup (32 columns x 8 row groups, 8 partials added in a fixed order) into
-// part[rb, j]; column_sum_final adds the RB partials in the order rb = 0..RB-1.
+// part[rb, j]; column_sum_final adds the RB partials the same way (32 columns x 8 lanes,
+// lane q the row blocks q, q + 8, ... in order, then the lanes in the order q = 0..7).
 //
 // Bindings (both entry points):
 // | binding | name | shape   | access                                       |
@@ -57,13 +58,20 @@ fn column_sum(@builtin(local_invocation_id) lid: vec3<u32>,
     }
 }
 
-@compute @workgroup_size(256)
-fn column_sum_final(@builtin(local_invocation_index) li: u32,
+@compute @workgroup_size(32, 8)
+fn column_sum_final(@builtin(local_invocation_id) lid: vec3<u32>,
                     @builtin(workgroup_id) wid: vec3<u32>) {
     if (p.M == 0xffffffffu) { out[0] = a[0] + b[0]; }   // never: keeps a, b in the auto layout
-    let j = wid.x * 256u + li;
-    if (j >= p.C) { return; }
+    let j = wid.x * 32u + lid.x;
     var s = 0.0;
-    for (var rb = 0u; rb < p.RB; rb++) { s += part[rb * p.C + j]; }
-    out[p.o_off + j] = out[p.o_off + j] + s;
+    if (j < p.C) {
+        for (var rb = lid.y; rb < p.RB; rb += 8u) { s += part[rb * p.C + j]; }
+    }
+    red[lid.y * 32u + lid.x] = s;
+    workgroupBarrier();
+    if (lid.y == 0u && j < p.C) {
+        var tot = 0.0;
+        for (var q = 0u; q < 8u; q++) { tot += red[q * 32u + lid.x]; }
+        out[p.o_off + j] = out[p.o_off + j] + tot;
+    }
 }

@@ -47,7 +47,7 @@ def gate_backward_f16(g, M, D, dgated, y16, Y16, dy, dY16, grad, db_off):
     (y16 (M, D), Y16 (M, 2D): f16 pairs), dy (M, D) f32 as it computes it, the z half of dY
     written only as f16 pairs into ``dY16`` (M, 2D) (in_proj's operand), and in_proj's bias
     gradient of the z half, grad[db_off + D + j] += the column sums of dz (the f32 values:
-    per row block, then the blocks in order), from the same pass. D a multiple of 64."""
+    per row block, then over the blocks in a fixed order), from the same pass. D a multiple of 64."""
     if D % 64:
         raise ValueError(f"mamba_ext.gpu.gate_backward_f16: D must be a multiple of 64, got {D}")
     rows_per = 32 * max(1, math.ceil(M / (32 * _GATE_ROW_BLOCKS)))   # whole steps of 8 x GB_ROWS

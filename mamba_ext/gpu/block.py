@@ -120,9 +120,12 @@ class BlockScratch:
             # (M, 2D) f16: in_proj's dY, written by the gate's and the conv's backward (the
             # f16 mode has no f32 dY)
             self.dY16 = mk(M * D, "dY_f16")
-            # (M, D) and (D, M) f16: x_proj's and dt_proj's operands (_narrow_backward_ops)
+            # (M, D) and (D, M) f16: ddelta_pre's copies, dt_proj's operands; (D, M) f16: u's
+            # transpose, x_proj's weight-gradient operand, written by the restoring conv
+            # (_narrow_backward_ops)
             self.narrow16 = mk(M * D // 2, "narrow_f16")
             self.narrow16_t = mk(M * D // 2, "narrow_f16_t")
+            self.u16_t = mk(M * D // 2, "u_f16_t")
         # Buffers whose lifetimes within backward_ops do not overlap share one (the
         # steps: 1 out_proj, 2 gate, 3 scan, 4 dt_proj, 5 x_proj, 6 conv1d, 7 in_proj,
         # 8 RMSNorm): dgated [1, 2] / ddelta_pre [3, 4] / dxn [7, 8], and
@@ -319,8 +322,8 @@ class BlockLayer:
         """dt_proj's and x_proj's backward on tensor cores (f16 mode, narrow16), after the
         scan's: dxproj[:, 0:R] = ddelta_pre @ wDtProj, dW and db of dt_proj; du +=
         dxproj @ wXProj, dW and db of x_proj. The scratch narrow16 and narrow16_t hold
-        ddelta_pre's f16 copies, then narrow16 u's transpose (x_proj's:
-        linear_f16.narrow_backward)."""
+        ddelta_pre's f16 copies; u16_t holds u's transpose (x_proj's weight-gradient
+        operand), written by the restoring conv of backward_ops."""
         g, d, o, M, gr = self.g, self.d, self.o, self.M, self.gr
         D, P, R = d.D, d.P, d.R
         wh, ho = self.f16
@@ -335,7 +338,8 @@ class BlockLayer:
                                b_kmajor=False, ldb=Rp, n_valid=R),
             *lf.narrow_backward(g, sc.du, sc.dxproj, self.u, wh, gr, M, D, P,
                                 w_off=ho["wXProj"], dw_off=o["wXProj"], db_off=o["bXProj"],
-                                dy16=dxproj16, x16_t=sc.narrow16, accumulate_dx=True),
+                                dy16=dxproj16, x16_t=sc.u16_t, x16_t_written=True,
+                                accumulate_dx=True),
         ]
 
     def backward_ops(self, dout, dx, sc: BlockScratch):
@@ -371,7 +375,8 @@ class BlockLayer:
             # u and delta_pre, which the cache does not hold: the conv again from the f16 Y,
             # dt_proj's ops again
             self.cache_ops()
-            restore = [conv1d_forward(g, M, L, D, d.K, self.Y16, w, o, self.u, half=True),
+            restore = [conv1d_forward(g, M, L, D, d.K, self.Y16, w, o, self.u, half=True,
+                                      u16_t=sc.u16_t if self.narrow16 else None),
                        *self._dt_proj_ops]
         if self.narrow16:
             narrow = self._narrow_backward_ops(sc)

@@ -36,19 +36,26 @@ def _params(M, L, D, K, o, rows_per=0, RB=0, bin_off=0):
     return [M, L, D, K, 2 * D, o["wConv"], o["bConv"], rows_per, RB, bin_off]
 
 
-def conv1d_forward(g, M, L, D, K, Y, w, o, u, half=False, u16=None):
+def conv1d_forward(g, M, L, D, K, Y, w, o, u, half=False, u16=None, u16_t=None):
     """Op: u (M, D) = SiLU(conv), conv from xc = Y[:, 0:D] (Y (M, 2D): f32, or f16 pairs
     with ``half``); weights at ``o["wConv"]``, ``o["bConv"]`` of the parameter arena ``w``;
-    ``u16``: also u's f16 copy there (f16 pairs; D even). conv is not kept: the backward
-    recomputes it from Y."""
+    ``u16``: also u's f16 copy there (f16 pairs; D even); ``u16_t``: also its transpose
+    (D, M) in f16 pairs (M a multiple of 8). conv is not kept: the backward recomputes it
+    from Y."""
     _check_dconv(K)
-    rpi = CONV_RPI_FORWARD
+    rpi = CONV_RPI_FORWARD if u16_t is None else 8       # the transpose: 8 rows a store
     if u16 is not None and D % 2:
         raise ValueError(f"mamba_ext.gpu.conv1d_forward: an f16 copy of u needs an even D, got {D}")
+    if u16_t is not None and M % 8:
+        raise ValueError(f"mamba_ext.gpu.conv1d_forward: u's f16 transpose needs M (rows) a "
+                         f"multiple of 8, got {M}")
     groups = math.ceil(D / 64) * math.ceil(M / (8 * rpi))
     return g.op("conv1d", "conv1d_forward", g.grid1d(groups, "conv1d_forward"),
-                _params(M, L, D, K, o), [Y, w, u, None, None, None, g.dummy(0) if u16 is None else u16],
-                {"K": K, "RPI": rpi, "HALF": bool(half), "OUT16": u16 is not None})
+                _params(M, L, D, K, o),
+                [Y, w, u, None, None, None, g.dummy(0) if u16 is None else u16,
+                 g.dummy(1) if u16_t is None else u16_t],
+                {"K": K, "RPI": rpi, "HALF": bool(half), "OUT16": u16 is not None,
+                 "OUT16T": u16_t is not None})
 
 
 def conv1d_backward(g, M, L, D, K, du, w, o, dY, Y, gr, half=False, out16=False):

@@ -617,11 +617,12 @@ def column_sum_part(g, RB, C):
 
 
 def column_sum_final(g, C, RB, part, out, o_off, read):
-    """Op: out[o_off + j] += sum over rb = 0 .. RB-1, in that order, of part[rb, j], j < C
-    (kernels/reduce.wgsl's second pass). ``read``: any buffer, for the entry's read-only
-    bindings it does not use."""
+    """Op: out[o_off + j] += the sum of part[rb, j] over rb = 0 .. RB-1, j < C, in a fixed
+    order (kernels/reduce.wgsl's second pass: 8 lanes of every 8th row block, then the
+    lanes in order). ``read``: any buffer, for the entry's read-only bindings it does not
+    use."""
     params = [0, C, 0, 0, 0, 0, o_off, 0, 0, RB]      # reduce.wgsl's Params: C, o_off, RB
-    return g.op("reduce", "column_sum_final", g.check_grid((math.ceil(C / 256), 1, 1),
+    return g.op("reduce", "column_sum_final", g.check_grid((math.ceil(C / 32), 1, 1),
                                                            "column_sum_final"),
                 params, [read, read, part, out])
 

@@ -163,12 +163,15 @@ def _sum_op(g, M, N, c, c_off, c_rs, part, S, *, bias=None, bias_off=0, beta=0, 
 
 
 def bias_fill(g, M, O, w, b_off, y, y_off, y_rs, res=None):
-    """Ops: y[:, y_off:y_off+O] (row stride y_rs) = b (+ res (M, O)): the epilogue of
-    :func:`linear_forward` alone, for products accumulated on top of it
-    (mamba_ext.gpu.linear_f16): linear_split_sum over zero slices, one invocation per
-    element (the tile kernel with a contraction of 0 wrote the same 3x slower)."""
-    return [_sum_op(g, M, O, y, y_off, y_rs, g.dummy(0), 0, bias=w, bias_off=b_off, res=res,
-                    label="bias_fill")]
+    """Ops: y[:, y_off:y_off+O] (row stride y_rs) = b (+ res (M, O), the same row stride):
+    the epilogue of :func:`linear_forward` alone, for products accumulated on top of it
+    (mamba_ext.gpu.linear_f16): linear_bias_fill, linear_split_sum's sum over zero slices
+    (the same bits), one column of 4 rows per invocation (75 -> 58 us at block d's out_proj:
+    docs/gpu_h200.txt, session 32)."""
+    params = [M, O, 0, 0, 1, 1, 0, 1, 1, y_off, y_rs, b_off, 1, 0, 0 if res is None else 1, 0, 0]
+    groups = math.ceil(O / 256) * math.ceil(M / 4)
+    return [g.op("linear", "linear_bias_fill", g.grid1d(groups, "bias_fill"), params,
+                 [None, None, None, None, w, g.dummy(2) if res is None else res, y, None, None])]
 
 
 def split_sum(g, M, N, part, S, c, c_off, c_rs, accumulate=False):

@@ -269,18 +269,20 @@ def narrow_forward(g, y, x, x16, w16, M: int, I: int, O: int, *, w_off: int, bia
 
 
 def narrow_backward(g, dx, dy, x, w16, gr, M: int, I: int, O: int, *, w_off: int,
-                    dw_off: int, db_off: int, dy16, x16_t, accumulate_dx: bool):
+                    dw_off: int, db_off: int, dy16, x16_t, accumulate_dx: bool,
+                    x16_t_written: bool = False):
     """Ops of :func:`narrow_forward`'s backward: dX (M, I) [+]= dY @ W; dW (O, I) in the
     gradient arena ``gr`` from ``dw_off`` += dY^T X, computed as its transpose X^T dY (so
     that A is k-major) and stored transposed; db (O,) from ``db_off`` += the column sums of
     the f32 dY. dY (M, O) f32 goes to f16 into ``dy16`` (M, padded(O)), its rows padded
-    with zeros; X (M, I) transposed to f16 into ``x16_t`` (I, M)."""
+    with zeros; X (M, I) transposed to f16 into ``x16_t`` (I, M), unless
+    ``x16_t_written`` (an op before wrote it there: the f16 mode's restoring conv)."""
     from .device import column_sum
     Op = padded(O)
     return [pack(g, dy16, dy, M, O, dst_cols=Op),
             product(g, dx, dy16, w16, M, I, -(-O // BK) * BK, a_kmajor=True, b_kmajor=False,
                     lda=Op, ldb=I, ldc=I, b_off=w_off, accumulate=accumulate_dx),
-            pack_pair(g, None, x16_t, x, M, I),
+            *([] if x16_t_written else [pack_pair(g, None, x16_t, x, M, I)]),
             *weight_product(g, gr, dw_off, I, Op, M, x16_t, dy16, b_kmajor=False, ldb=Op,
                             n_valid=O, c_colmajor=True),
             *column_sum(g, M, O, dy, 0, O, gr, db_off)]
@@ -348,7 +350,7 @@ def pack_pair_bias(g, dst, dst_t, src, rows: int, cols: int, grad, db_off: int):
     """Ops: :func:`pack_pair` of a layer's f32 output gradient dY (rows, cols) (its
     transpose skipped when ``dst_t`` is None), and its bias gradient
     grad[db_off:db_off + cols] += the column sums of dY, from the same read (the sums of its
-    64-row tiles, added in tile order: device.column_sum_final)."""
+    64-row tiles, added in a fixed order: device.column_sum_final)."""
     from .device import column_sum_final, column_sum_part
     part = column_sum_part(g, rows // 64, cols)
     return [pack_pair(g, dst, dst_t, src, rows, cols, part=part),

@@ -508,15 +508,15 @@ def test_products_on_the_reference(reference):
 
 def test_bias_fill_is_exact():
     """linear.bias_fill: y[:, off:off+O] = b (+ res[:, :O], rows y_rs apart, as
-    linear_forward's residual), other columns untouched."""
+    linear_forward's residual), other columns untouched; rows not a multiple of 4, columns
+    past one block of 256."""
     from mamba_ext.gpu.linear import bias_fill
     rng = np.random.default_rng(11)
-    M, O, rs = 37, 24, 40
-    w = rng.standard_normal(50).astype(np.float32)
-    res = rng.standard_normal((M, rs)).astype(np.float32)
-    y0 = rng.standard_normal((M, rs)).astype(np.float32)
-    wb, rb = upload(g, "w", w), upload(g, "res", res)
-    for with_res in (False, True):
+    for M, O, rs, with_res in ((37, 24, 40, False), (37, 24, 40, True), (9, 300, 310, True)):
+        w = rng.standard_normal(O + 10).astype(np.float32)
+        res = rng.standard_normal((M, rs)).astype(np.float32)
+        y0 = rng.standard_normal((M, rs)).astype(np.float32)
+        wb, rb = upload(g, "w", w), upload(g, "res", res)
         yb = upload(g, "y", y0)
         run(g, bias_fill(g, M, O, wb, 7, yb, 8, rs, res=rb if with_res else None))
         got = read(g, yb, (M, rs))

@@ -179,3 +179,23 @@ def test_conv1d_backward_writes_f16_dY_and_its_column_sums():
     assert np.array_equal(got[rest], want_gr[rest])
     with pytest.raises(ValueError, match="even D"):
         conv1d_backward(g, 4, 4, 3, K, du, bw, o, dY16, bY, gr16, out16=True)
+
+
+def test_conv1d_writes_the_f16_transpose_of_u():
+    """u16_t (the f16 mode's restore: x_proj's weight-gradient operand): the transpose of
+    NumPy's float16 of the f32 u the same op writes, (D, M) in f16 pairs, bit for bit; M
+    not a multiple of 8 refused by name."""
+    rng = np.random.default_rng(10)
+    B, L, D, K = 2, 44, 70, 4              # M 88: 11 runs of 8 rows; a partial channel group
+    M = B * L
+    Y = f32(rng, M, 2 * D, sd=3.0).astype(np.float16)
+    arena = np.concatenate([f32(rng, D * K, sd=0.5), f32(rng, D, sd=0.3)])
+    o = {"wConv": 0, "bConv": D * K}
+    bY, bw = g.buffer(M * D, "Y16", Y.view(np.uint32)), upload(g, "w", arena)
+    u, u16_t = g.buffer(M * D, "u"), g.buffer(M * D // 2, "u16_t")
+    run(g, conv1d_forward(g, M, L, D, K, bY, bw, o, u, half=True, u16_t=u16_t))
+    got = read(g, u16_t, (M * D // 2,), np.uint32).view(np.float16).reshape(D, M)
+    want = read(g, u, (M, D)).astype(np.float16).T
+    assert np.array_equal(got.view(np.uint16), np.ascontiguousarray(want).view(np.uint16))
+    with pytest.raises(ValueError, match="multiple of 8"):
+        conv1d_forward(g, 12, 12, D, K, bY, bw, o, u, half=True, u16_t=u16_t)

@@ -79,3 +79,28 @@ def test_rmsnorm_deterministic():
         run(g, rmsnorm_forward(g, M, Dm, bx, bw, 0, xn, rstd, 1e-6))
         outs.append(read(g, xn, (M, Dm)))
     assert np.array_equal(outs[0], outs[1])
+
+
+def test_column_sum_over_many_row_blocks(monkeypatch):
+    """device.column_sum with 22 row blocks (not a multiple of column_sum_final's 8 lanes)
+    and 70 columns (a partial group of 32), with and without the factor b: float64's sums
+    to float32 rounding, added onto the output at its offset (the rest untouched), the same
+    bits on a second run."""
+    from gpu_support import upload as up
+    from mamba_ext.gpu import device
+    monkeypatch.setattr(device, "COLUMN_SUM_ROWS", 16)
+    rng = np.random.default_rng(21)
+    M, C = 350, 70
+    a, b = f32(rng, M, C + 3), f32(rng, M, C)
+    ba, bb = up(g, "a", a), up(g, "b", b)
+    for use_b in (False, True):
+        runs = []
+        for _ in range(2):
+            out = up(g, "out", np.full(C + 9, 0.5, np.float32))
+            run(g, device.column_sum(g, M, C, ba, 1, C + 3, out, 4,
+                                     *((bb, 0, C) if use_b else ())))
+            runs.append(read(g, out, (C + 9,)))
+        want = (a[:, 1:C + 1].astype(np.float64) * (b if use_b else 1)).sum(axis=0)
+        assert nerr(runs[0][4:4 + C] - 0.5, want) <= 1e-5
+        assert np.all(runs[0][:4] == 0.5) and np.all(runs[0][4 + C:] == 0.5)
+        assert np.array_equal(runs[0], runs[1])
