@@ -27,6 +27,9 @@
 //                      (kernels/linear_f16.wgsl). The f16 bits are formed here, not by
 //                      pack2x16float, whose rounding and overflow WGSL leaves to the
 //                      implementation: +-inf past 65504, as NumPy's astype(float16).
+//                      Several blocks of one shape at once (count = n / per of them, the
+//                      m-th from src_off + m src_stride into word dst_off + m dst_stride:
+//                      the same matrix of every layer, one dispatch for all).
 //   amp_pack_f16_pair: the same (rows, cols) block packed twice: row-major into packed
 //                      from word dst_off (when ROW) as amp_pack_f16, and transposed,
 //                      (cols, rows) f16, into packed_t from word dst_t_off (when TRANS):
@@ -34,7 +37,9 @@
 //                      Through a 64 x 64 tile of workgroup memory (as
 //                      64 x 32 words of f16 pairs), so that reads and both writes are
 //                      coalesced in runs of 128 bytes; rows and cols multiples of 64
-//                      (checked on the host). With SUM, also the column sums of the f32
+//                      (checked on the host); the grid's z the block of several (as
+//                      amp_pack_f16's count; packed_t's at word dst_t_off + z dst_t_stride).
+//                      With SUM, also the column sums of the f32
 //                      block's 64-row tiles, part (rows / 64, cols): a bias gradient read
 //                      in the same pass (reduce.wgsl's column_sum_final adds them up, in
 //                      tile order; each tile's sum: 8 rows per invocation, then the 8
@@ -54,7 +59,8 @@
 // | amp_update_scale  | 0 sp ScaleParams uniform; 5 state (4) rw; 6 stat (4) r    |
 
 struct Params { n: u32, inv_scale: f32, cols: u32, src_off: u32, src_rs: u32, dst_off: u32,
-                rows: u32, dst_t_off: u32, dst_cols: u32, use_state: u32 }
+                rows: u32, dst_t_off: u32, dst_cols: u32, use_state: u32,
+                per: u32, src_stride: u32, dst_stride: u32, dst_t_stride: u32 }
 // amp_update_scale's: DynamicLossScaler's factors, their reciprocals, its bounds and theirs
 struct ScaleParams { growth: f32, backoff: f32, inv_growth: f32, inv_backoff: f32,
                      interval: f32, lo: f32, hi: f32, inv_lo: f32, inv_hi: f32 }
@@ -86,16 +92,18 @@ fn round_f16(x: f32) -> f32 {
 fn amp_pack_f16(@builtin(local_invocation_index) li: u32,
                 @builtin(workgroup_id) wid: vec3<u32>,
                 @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(wid, nwg, li, WG);
-    if (i >= p.n) { return; }
+    let ia = flat_index(wid, nwg, li, WG);
+    if (ia >= p.n) { return; }
+    let m = ia / p.per;                       // which block of the count
+    let i = ia % p.per;                       // its word
     let words = p.dst_cols / 2u;              // per packed row
     let col = 2u * (i % words);
     var v = 0u;
     if (col < p.cols) {
-        let src = p.src_off + (i / words) * p.src_rs + col;
+        let src = p.src_off + m * p.src_stride + (i / words) * p.src_rs + col;
         v = f16_pair(w[src], w[src + 1u]);
     }
-    packed[p.dst_off + i] = v;
+    packed[p.dst_off + m * p.dst_stride + i] = v;
 }
 
 @compute @workgroup_size(256)
@@ -103,13 +111,16 @@ fn amp_pack_f16_pair(@builtin(local_invocation_index) t: u32,
                      @builtin(workgroup_id) wid: vec3<u32>) {
     let r0 = wid.y * 64u;                      // this workgroup's 64 rows and 64 columns
     let c0 = wid.x * 64u;
+    let src_off = p.src_off + wid.z * p.src_stride;     // of block z of the count
+    let dst_off = p.dst_off + wid.z * p.dst_stride;
+    let dst_t_off = p.dst_t_off + wid.z * p.dst_t_stride;
     var s0 = 0.0;                              // (SUM) columns c0 + 2k, 2k + 1 over this
     var s1 = 0.0;                              // invocation's 8 rows
     // word k = t % 32 of row r = t / 32 + 8 q: columns c0 + 2k, 2k + 1; the eight rows'
     // loads issued before any store (which the compiler cannot tell from them)
     var xs: array<vec2<f32>, 8>;
     for (var q = 0u; q < 8u; q++) {
-        xs[q] = w2[(p.src_off + (r0 + t / 32u + 8u * q) * p.src_rs + c0 + 2u * (t % 32u)) / 2u];
+        xs[q] = w2[(src_off + (r0 + t / 32u + 8u * q) * p.src_rs + c0 + 2u * (t % 32u)) / 2u];
     }
     for (var q = 0u; q < 8u; q++) {
         let r = t / 32u + 8u * q;
@@ -119,7 +130,7 @@ fn amp_pack_f16_pair(@builtin(local_invocation_index) t: u32,
         s1 += xv.y;
         let v = f16_pair(xv.x, xv.y);
         tile[r * 33u + k] = v;
-        if (ROW) { packed[p.dst_off + (r0 + r) * (p.cols / 2u) + c0 / 2u + k] = v; }
+        if (ROW) { packed[dst_off + (r0 + r) * (p.cols / 2u) + c0 / 2u + k] = v; }
     }
     if (SUM) {
         csum[(t / 32u) * 64u + 2u * (t % 32u)] = s0;
@@ -139,7 +150,7 @@ fn amp_pack_f16_pair(@builtin(local_invocation_index) t: u32,
         let s = 16u * (c % 2u);
         let lo = (tile[(2u * j) * 33u + c / 2u] >> s) & 0xffffu;
         let hi = (tile[(2u * j + 1u) * 33u + c / 2u] >> s) & 0xffffu;
-        packed_t[p.dst_t_off + (c0 + c) * (p.rows / 2u) + r0 / 2u + j] = lo | (hi << 16u);
+        packed_t[dst_t_off + (c0 + c) * (p.rows / 2u) + r0 / 2u + j] = lo | (hi << 16u);
     }
 }
 

@@ -43,7 +43,7 @@
 // | 2       | w    | (..)    | read: parameter arena, wConv (D, K) at w_off, bConv (D) at b_off |
 // | 3       | u    | (M, D)  | read_write: SiLU(conv), the scan input                  |
 // | 7       | u16  | (M, D)  | read_write (OUT16): u in f16 pairs                      |
-// | 8       | u16t | (D, M)  | read_write (OUT16T): u transposed in f16 pairs (RPI 8, M % 8 = 0) |
+// | 8       | u16t | (D, M)  | read_write (OUT16T): u transposed in f16 pairs (RPI 8, M % 8 = 0; through workgroup memory) |
 // conv1d_backward (row block rb = rows [rb rows_per, (rb + 1) rows_per) in tiles of T rows;
 // dwConv, dbConv summed per invocation, then over its 8 lanes in a fixed order into part)
 // and conv1d_backward_weight_final (one invocation per (k, d): adds the RB partials in the
@@ -117,10 +117,14 @@ fn wg_place(wid: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
 
 @group(0) @binding(3) var<storage, read_write> f_u: array<f32>;
 @group(0) @binding(7) var<storage, read_write> f_u16: array<u32>;
-// (D, M / 8): 8 rows of a channel in f16 pairs a word (one 16-byte store per channel)
+// (D, M / 8): 8 rows of a channel in f16 pairs a word (16 bytes)
 @group(0) @binding(8) var<storage, read_write> f_u16t: array<vec4<u32>>;
 // (RPIMAX,) f16 bits of u at the channel pair, row r0 + j (OUT16T)
 var<private> ub: array<vec2<u32>, RPIMAX>;
+// (64, 8) OUT16T: the workgroup's u^T in f16, channel-major: [channel][invocation row
+// group], so that its stores run along M (a subgroup writes whole 128-byte rows of 4
+// channels instead of 16 bytes at 32 channels' places)
+var<workgroup> ut_s: array<vec4<u32>, 512>;
 
 @compute @workgroup_size(256)
 fn conv1d_forward(@builtin(local_invocation_index) li: u32,
@@ -129,30 +133,36 @@ fn conv1d_forward(@builtin(local_invocation_index) li: u32,
     let pl = wg_place(wid, nwg);
     let d = pl.x * 64u + 2u * (li % 32u);
     let r0 = (pl.y * 8u + li / 32u) * RPI;
-    if (d >= p.D || r0 >= p.M) { return; }
-    load_taps(d);
-    for (var i = 0u; i < RPI + K - 1u; i++) { xw[i] = xc_pair(i32(r0 + i) - i32(K - 1u), d); }
-    for (var j = 0u; j < RPI; j++) {
-        let r = r0 + j;
-        if (r >= p.M) { break; }
-        let t = r % p.L;
-        var s = bk;                          // bConv + taps from k = 0 up, as the CPU sums
-        for (var k = 0u; k < K; k++) {
-            if (k <= t) { s += wk[k] * xw[j + K - 1u - k]; }
+    if (d < p.D && r0 < p.M) {
+        load_taps(d);
+        for (var i = 0u; i < RPI + K - 1u; i++) { xw[i] = xc_pair(i32(r0 + i) - i32(K - 1u), d); }
+        for (var j = 0u; j < RPI; j++) {
+            let r = r0 + j;
+            if (r >= p.M) { break; }
+            let t = r % p.L;
+            var s = bk;                      // bConv + taps from k = 0 up, as the CPU sums
+            for (var k = 0u; k < K; k++) {
+                if (k <= t) { s += wk[k] * xw[j + K - 1u - k]; }
+            }
+            let v = vec2<f32>(silu(s.x), silu(s.y));
+            f_u[r * p.D + d] = v.x;
+            if (d + 1u < p.D) { f_u[r * p.D + d + 1u] = v.y; }
+            if (OUT16) { f_u16[(r * p.D + d) / 2u] = f16_pair(v.x, v.y); }
+            if (OUT16T) { ub[j] = vec2<u32>(f16_bits(v.x), f16_bits(v.y)); }
         }
-        let v = vec2<f32>(silu(s.x), silu(s.y));
-        f_u[r * p.D + d] = v.x;
-        if (d + 1u < p.D) { f_u[r * p.D + d + 1u] = v.y; }
-        if (OUT16) { f_u16[(r * p.D + d) / 2u] = f16_pair(v.x, v.y); }
-        if (OUT16T) { ub[j] = vec2<u32>(f16_bits(v.x), f16_bits(v.y)); }
     }
-    if (OUT16T) {                            // rows r0 .. r0 + 7, all below M (M % 8 = 0)
-        let q = d * (p.M / 8u) + r0 / 8u;
-        f_u16t[q] = vec4<u32>(ub[0].x | (ub[1].x << 16u), ub[2].x | (ub[3].x << 16u),
-                              ub[4].x | (ub[5].x << 16u), ub[6].x | (ub[7].x << 16u));
-        if (d + 1u < p.D) {
-            f_u16t[q + p.M / 8u] = vec4<u32>(ub[0].y | (ub[1].y << 16u), ub[2].y | (ub[3].y << 16u),
-                                             ub[4].y | (ub[5].y << 16u), ub[6].y | (ub[7].y << 16u));
+    if (OUT16T) {                            // RPI 8: one word of 8 rows per channel
+        let c = 2u * (li % 32u);
+        let q = li / 32u;
+        ut_s[c * 8u + q] = vec4<u32>(ub[0].x | (ub[1].x << 16u), ub[2].x | (ub[3].x << 16u),
+                                     ub[4].x | (ub[5].x << 16u), ub[6].x | (ub[7].x << 16u));
+        ut_s[(c + 1u) * 8u + q] = vec4<u32>(ub[0].y | (ub[1].y << 16u), ub[2].y | (ub[3].y << 16u),
+                                            ub[4].y | (ub[5].y << 16u), ub[6].y | (ub[7].y << 16u));
+        workgroupBarrier();
+        for (var e = li; e < 512u; e += 256u) {
+            let dc = pl.x * 64u + e / 8u;    // channel
+            let g = pl.y * 8u + e % 8u;      // its 8-row word: rows 8 g .. 8 g + 7, all below M
+            if (dc < p.D && 8u * g < p.M) { f_u16t[dc * (p.M / 8u) + g] = ut_s[e]; }
         }
     }
 }

@@ -18,11 +18,14 @@ from .device import elementwise
 
 def amp_params(n: int, inv_scale: float = 1.0, cols: int = 0, src_off: int = 0,
                src_rs: int = 0, dst_off: int = 0, rows: int = 0, dst_t_off: int = 0,
-               dst_cols: int = 0, use_state: bool = False) -> list:
+               dst_cols: int = 0, use_state: bool = False, per: int = 0, src_stride: int = 0,
+               dst_stride: int = 0, dst_t_stride: int = 0) -> list:
     """The uniform Params of kernels/amp.wgsl, in its field order (each entry point reads
-    the fields it needs)."""
+    the fields it needs); ``per`` (default ``n``): the words of one block of a pack of
+    several, ``*_stride`` from one to the next."""
     return [int(n), float(inv_scale), int(cols), int(src_off), int(src_rs), int(dst_off),
-            int(rows), int(dst_t_off), int(dst_cols), int(bool(use_state))]
+            int(rows), int(dst_t_off), int(dst_cols), int(bool(use_state)),
+            int(per or max(n, 1)), int(src_stride), int(dst_stride), int(dst_t_stride)]
 
 
 def _power_of_two(x: float, lo_exp: int = -100, hi_exp: int = 100) -> bool:

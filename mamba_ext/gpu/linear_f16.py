@@ -299,34 +299,45 @@ def layer_unsupported(M: int, I: int, O: int, w_off: int = 0, dw_off: int = 0,
 
 
 def pack(g, dst, src, rows: int, cols: int, src_off: int = 0, src_rs: int | None = None,
-         dst_off: int = 0, dst_cols: int | None = None):
+         dst_off: int = 0, dst_cols: int | None = None, count: int = 1, src_stride: int = 0,
+         dst_stride: int = 0):
     """Op: ``dst`` from f16 element ``dst_off`` (even) = the (rows, cols) f32 block of
     ``src`` at ``src_off`` (row stride ``src_rs``, default cols) rounded to f16, in rows of
     ``dst_cols`` (default cols) whose columns past ``cols`` are written zero (an operand
-    padded to whole tiles); ``cols`` and ``dst_cols`` even."""
+    padded to whole tiles); ``cols`` and ``dst_cols`` even. ``count`` blocks of that shape
+    at once, the m-th from ``src_off + m src_stride`` to ``dst_off + m dst_stride``
+    (``dst_stride`` even, at least the block's rows x dst_cols): e.g. one matrix of every
+    layer of a model in one dispatch."""
     from .amp import amp_params
     from .device import elementwise
     dc = cols if dst_cols is None else dst_cols
     if cols % 2 or dc % 2 or dst_off % 2 or dc < cols:
         raise ValueError(f"linear_f16.pack: cols {cols}, dst_cols {dc} and dst_off {dst_off} "
                          f"must be even, dst_cols >= cols")
-    n = rows * dc // 2
+    per = rows * dc // 2
+    if count < 1 or (count > 1 and (dst_stride % 2 or dst_stride < 2 * per)):
+        raise ValueError(f"linear_f16.pack: count {count} must be >= 1 and dst_stride "
+                         f"{dst_stride} even and at least {2 * per} (one block)")
+    n = per * count
     return elementwise(g, "amp", "amp_pack_f16", n,
                        amp_params(n, cols=cols, src_off=src_off,
                                   src_rs=cols if src_rs is None else src_rs,
-                                  dst_off=dst_off // 2, rows=rows, dst_cols=dc),
+                                  dst_off=dst_off // 2, rows=rows, dst_cols=dc, per=per,
+                                  src_stride=src_stride, dst_stride=dst_stride // 2),
                        [src, None, dst])
 
 
 def pack_pair(g, dst, dst_t, src, rows: int, cols: int, src_off: int = 0,
-              src_rs: int | None = None, part=None, dst_off: int = 0, dst_t_off: int = 0):
+              src_rs: int | None = None, part=None, dst_off: int = 0, dst_t_off: int = 0,
+              count: int = 1, src_stride: int = 0, dst_stride: int = 0, dst_t_stride: int = 0):
     """Op: the (rows, cols) f32 block of ``src`` (as :func:`pack`; ``src_off`` and
     ``src_rs`` even) rounded to f16 into ``dst`` row-major, (rows, cols) from f16 element
     ``dst_off``, and into ``dst_t`` transposed, (cols, rows) from ``dst_t_off`` (either
     skipped when None): e.g. an operand of a weight gradient and its k-major transpose
     (:func:`dweight`), read once. ``part``: also the column sums of each 64-row tile into
     it, (rows / 64, cols) f32 (:func:`pack_pair_bias`). ``rows`` and ``cols`` multiples of
-    64, the offsets even."""
+    64, the offsets even. ``count`` blocks at once (as :func:`pack`; the strides even,
+    ``part`` None)."""
     from .amp import amp_params
     if rows % 64 or cols % 64:
         raise ValueError(f"linear_f16.pack_pair: rows {rows} and cols {cols} must be "
@@ -337,9 +348,18 @@ def pack_pair(g, dst, dst_t, src, rows: int, cols: int, src_off: int = 0,
                          f"{dst_off} and dst_t_off {dst_t_off} must be even (f32 and f16 pairs)")
     if dst is None and dst_t is None and part is None:
         raise ValueError("linear_f16.pack_pair: nothing to write (dst, dst_t and part None)")
-    return g.op("amp", "amp_pack_f16_pair", g.check_grid((cols // 64, rows // 64, 1), "pack_pair"),
+    if count < 1 or (count > 1 and (part is not None or (src_stride | dst_stride | dst_t_stride) % 2
+                                    or min(dst_stride if dst is not None else rows * cols,
+                                           dst_t_stride if dst_t is not None else rows * cols)
+                                    < rows * cols)):
+        raise ValueError(f"linear_f16.pack_pair: count {count} must be >= 1, and with more "
+                         f"than one block no part and even strides of at least a block")
+    return g.op("amp", "amp_pack_f16_pair",
+                g.check_grid((cols // 64, rows // 64, count), "pack_pair"),
                 amp_params(rows * cols // 2, cols=cols, src_off=src_off, src_rs=rs, rows=rows,
-                           dst_off=dst_off // 2, dst_t_off=dst_t_off // 2),
+                           dst_off=dst_off // 2, dst_t_off=dst_t_off // 2,
+                           src_stride=src_stride, dst_stride=dst_stride // 2,
+                           dst_t_stride=dst_t_stride // 2),
                 [src, None, g.dummy(0) if dst is None else dst,
                  g.dummy(1) if dst_t is None else dst_t, None, None,
                  g.dummy(2) if part is None else part],
@@ -361,6 +381,35 @@ def padded(n: int) -> int:
     """``n`` rounded up to whole tiles (:data:`TILE`): the rows and columns of the f16
     copies of the weights, and the row length of a narrow product's padded operands."""
     return -(-n // TILE[0]) * TILE[0]
+
+
+def _stride(offsets) -> int:
+    """The common difference of ``offsets`` (0 for one)."""
+    return offsets[1] - offsets[0] if len(offsets) > 1 else 0
+
+
+def _strided_groups(tensors, offs, suffix=""):
+    """``tensors`` [(name, arena offset, rows, cols)] cut into runs that one pack can take:
+    the same last name part (e.g. every layer's wInProj) and shape, their arena offsets and
+    their f16 offsets (``offs[name + suffix]``) at constant strides, in order (a tensor
+    that breaks a run starts the next)."""
+    groups = {}
+    for t in tensors:
+        groups.setdefault((t[0].rsplit(".", 1)[-1], t[2], t[3]), []).append(t)
+    runs = []
+    for members in groups.values():
+        run = [members[0]]
+        for t in members[1:]:
+            step = (t[1] - run[-1][1], offs[t[0] + suffix] - offs[run[-1][0] + suffix])
+            first = (run[1][1] - run[0][1], offs[run[1][0] + suffix] - offs[run[0][0] + suffix]) \
+                if len(run) > 1 else step
+            if step[0] > 0 and step[1] > 0 and step == first:
+                run.append(t)
+            else:
+                runs.append(run)
+                run = [t]
+        runs.append(run)
+    return runs
 
 
 class HalfWeights:
@@ -389,10 +438,17 @@ class HalfWeights:
                 self.ld[key] = c
                 at += r * c
         self.buf = g.buffer(at // 2, "params_f16")
-        self.ops = [pack(g, self.buf, arena, rows, cols, src_off=off, dst_off=self.offs[name],
-                         dst_cols=self.ld[name])
-                    for name, off, rows, cols in tensors]
+        self.ops = []
+        for group in _strided_groups(tensors, self.offs):
+            name, off, rows, cols = group[0]
+            n, ss = len(group), _stride([t[1] for t in group])
+            self.ops.append(pack(g, self.buf, arena, rows, cols, src_off=off,
+                                 dst_off=self.offs[name], dst_cols=self.ld[name], count=n,
+                                 src_stride=ss, dst_stride=_stride([self.offs[t[0]] for t in group])))
         # (a second read of the weight: one pack_pair would bind buf to two writable bindings)
-        self.ops += [pack_pair(g, None, self.buf, arena, rows, cols, src_off=off,
-                               dst_t_off=self.offs[name + ".T"])
-                     for name, off, rows, cols in tensors if name in transposed]
+        for group in _strided_groups([t for t in tensors if t[0] in transposed], self.offs, ".T"):
+            name, off, rows, cols = group[0]
+            self.ops.append(pack_pair(g, None, self.buf, arena, rows, cols, src_off=off,
+                                      dst_t_off=self.offs[name + ".T"], count=len(group),
+                                      src_stride=_stride([t[1] for t in group]),
+                                      dst_t_stride=_stride([self.offs[t[0] + ".T"] for t in group])))

@@ -257,6 +257,43 @@ def test_half_weights_keeps_transposes():
         lf.HalfWeights(g, arena, [("b", 2 + a.size, 80, 48)], transposed=["b"])
 
 
+def test_half_weights_packs_each_matrix_of_every_layer_at_once():
+    """A model's HalfWeights: the same matrix of every layer (same shape, constant strides
+    in the arena and in the f16 buffer) packed by one dispatch, its transposes by another;
+    a layer whose matrix sits at another stride starts a run of its own. Every copy equals
+    NumPy's float16 of its matrix, the padding zero."""
+    rng = np.random.default_rng(11)
+    shapes = {"wa": (256, 128), "wb": (16, 40)}
+    arrays, tensors, at = [np.zeros(4, np.float32)], [], 4
+    for i in range(4):
+        if i == 3:                                   # a gap: layer 3 breaks the strides
+            arrays.append(np.zeros(6, np.float32))
+            at += 6
+        for k, shp in shapes.items():
+            a = rng.standard_normal(shp).astype(np.float32)
+            arrays.append(a.ravel())
+            tensors.append((f"layer{i}.{k}", at, *shp))
+            at += a.size
+    arena = np.concatenate(arrays)
+    hw = lf.HalfWeights(g, upload(g, "arena", arena), tensors,
+                        transposed=[t[0] for t in tensors if t[0].endswith("wa")])
+    # wa: layers 0-2, then 3; wb the same; wa's transposes the same: 6 dispatches, not 12
+    assert len(hw.ops) == 6
+    run(g, hw.ops)
+    words = read(g, hw.buf, (hw.buf.size // 4,), np.uint32).view(np.float16)
+    for name, off, r, c in tensors:
+        want = _f16(arena[off:off + r * c].reshape(r, c))
+        R, C = lf.padded(r), lf.padded(c)
+        got = words[hw.offs[name]:hw.offs[name] + R * C].reshape(R, C)
+        assert np.array_equal(got[:r, :c], want), name
+        assert not got[r:].any() and not got[:, c:].any(), name
+        if name.endswith("wa"):
+            t = words[hw.offs[name + ".T"]:hw.offs[name + ".T"] + r * c].reshape(c, r)
+            assert np.array_equal(t, want.T), name
+    with pytest.raises(ValueError, match="count"):
+        lf.pack(g, hw.buf, hw.buf, 2, 4, count=2, dst_stride=4)
+
+
 def test_gate_forward_f16_is_the_gate_and_its_packs():
     """gate_forward_f16 (the f16 mode's forward gate): gated16 and its transpose are
     NumPy's float16 of gate_forward's f32 gated, y16 and Y16 of y and Y, bit for bit (edge
