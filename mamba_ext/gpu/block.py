@@ -332,8 +332,8 @@ class BlockLayer:
         return [
             *lf.pack_pair_bias(g, sc.narrow16, sc.narrow16_t, sc.ddelta_pre, M, D, gr,
                                o["bDtProj"]),
-            *lf.split_product(g, sc.dxproj, sc.narrow16, wh, M, Rp, D, b_kmajor=False, lda=D,
-                              ldb=Rp, ldc=P, b_off=ho["wDtProj"], n_valid=R),
+            lf.product(g, sc.dxproj, sc.narrow16, wh, M, Rp, D, a_kmajor=True, b_kmajor=False,
+                       lda=D, ldb=Rp, ldc=P, b_off=ho["wDtProj"], n_valid=R),
             *lf.weight_product(g, gr, o["wDtProj"], D, Rp, M, sc.narrow16_t, self._xlow16,
                                b_kmajor=False, ldb=Rp, n_valid=R),
             *lf.narrow_backward(g, sc.du, sc.dxproj, self.u, wh, gr, M, D, P,

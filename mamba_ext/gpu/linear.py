@@ -174,13 +174,11 @@ def bias_fill(g, M, O, w, b_off, y, y_off, y_rs, res=None):
                  [None, None, None, None, w, g.dummy(2) if res is None else res, y, None, None])]
 
 
-def split_sum(g, M, N, part, S, c, c_off, c_rs, accumulate=False, bias=None):
+def split_sum(g, M, N, part, S, c, c_off, c_rs, accumulate=False):
     """Ops: c[:, c_off:c_off+N] (M rows c_rs apart) (+)= the sum of S partial products
     (M, N), dense one after the other in ``part``, in slice order (linear_split_sum; e.g.
-    linear_f16.dweight's split-K slices), + ``bias`` (buffer, offset: (N,) f32) when given."""
-    bb, bo = bias if bias is not None else (None, 0)
-    return [_sum_op(g, M, N, c, c_off, c_rs, part, S, beta=1 if accumulate else 0, bias=bb,
-                    bias_off=bo,
+    linear_f16.dweight's split-K slices)."""
+    return [_sum_op(g, M, N, c, c_off, c_rs, part, S, beta=1 if accumulate else 0,
                     label="split_sum")]
 
 

@@ -222,33 +222,6 @@ def dweight_splits(M: int, I: int, O: int) -> int:
     return s
 
 
-def narrow_splits(M: int, N: int, K: int) -> int:
-    """K slices of a product with few tiles (M x N outputs, rounded up to whole tiles;
-    contraction K): the most that keep the workgroups at most :data:`SPLIT_TARGET` and each
-    slice at least :data:`SPLIT_MIN_K` of the contraction in whole steps of :data:`BK`
-    (x_proj's forward and dt_proj's dX: one column of tiles, K = d_inner)."""
-    tiles = -(-M // TILE[0]) * -(-N // TILE[1])
-    return max(s for s in range(1, max(1, SPLIT_TARGET // tiles) + 1)
-               if s == 1 or (K % (s * BK) == 0 and K // s >= SPLIT_MIN_K))
-
-
-def split_product(g, c, a, b, M: int, N: int, K: int, *, lda: int, ldb: int, ldc: int,
-                  b_off: int, n_valid: int, b_kmajor: bool, bias=None, c_off: int = 0):
-    """Ops: C (M, n_valid) at ``c_off`` (rows ``ldc`` apart) = A (M, K) B (K, N) (+ bias
-    (buffer, offset)), A k-major: :func:`product` over :func:`narrow_splits` K slices into
-    a device scratch buffer, summed in slice order with the bias after (linear_split_sum);
-    one product as before where the tiles alone fill the device."""
-    from .linear import split_sum
-    S = narrow_splits(M, N, K)
-    if S == 1:
-        return [product(g, c, a, b, M, N, K, a_kmajor=True, b_kmajor=b_kmajor, lda=lda,
-                        ldb=ldb, ldc=ldc, b_off=b_off, c_off=c_off, bias=bias, n_valid=n_valid)]
-    part = g.scratch("linear_f16_split", S * M * n_valid)
-    return [product(g, part, a, b, M, N, K, a_kmajor=True, b_kmajor=b_kmajor, lda=lda,
-                    ldb=ldb, ldc=n_valid, b_off=b_off, splits=S, n_valid=n_valid),
-            *split_sum(g, M, n_valid, part, S, c, c_off, ldc, bias=bias)]
-
-
 def weight_product(g, dw, dw_off: int, rows: int, cols: int, K: int, a, b, *, b_kmajor: bool,
                    ldb: int, n_valid: int | None = None, c_colmajor: bool = False,
                    accumulate: bool = True):
@@ -288,11 +261,11 @@ def narrow_forward(g, y, x, x16, w16, M: int, I: int, O: int, *, w_off: int, bia
     vocabulary), Y (M, O) f32 = X (M, I) @ W (O, I)^T + b: X rounded to f16 into ``x16``
     (M, I) (``x`` None: ``x16`` holds it already), then the product from W's f16 copy
     (``w16`` from ``w_off``, rows zero-padded to padded(O): :class:`HalfWeights`) storing
-    only Y's O columns (a multiple of :data:`N_STEP`), with ``bias`` (buffer, offset); split
-    over K where its tiles are few (:func:`split_product`)."""
+    only Y's O columns (a multiple of :data:`N_STEP`), started from ``bias`` (buffer,
+    offset)."""
     return [*([] if x is None else [pack(g, x16, x, M, I)]),
-            *split_product(g, y, x16, w16, M, padded(O), I, b_kmajor=True, lda=I, ldb=I, ldc=O,
-                           b_off=w_off, bias=bias, n_valid=O)]
+            product(g, y, x16, w16, M, padded(O), I, a_kmajor=True, b_kmajor=True, lda=I,
+                    ldb=I, ldc=O, b_off=w_off, bias=bias, n_valid=O)]
 
 
 def narrow_backward(g, dx, dy, x, w16, gr, M: int, I: int, O: int, *, w_off: int,

@@ -125,9 +125,7 @@ def test_reference_narrow_products(reference):
     the kernel cannot store are refused by name."""
     from mamba_ext.bench.gpu import check_narrow_f16_products
     res = check_narrow_f16_products(g, lf, np.random.default_rng(8))
-    assert len(res) == 4 and max(res.values()) < 1e-5, res
-    assert "narrow forward+bias in 3 K slices" in res, res      # split_product's split
-    assert lf.narrow_splits(16384, 128, 1536) == 3 and lf.narrow_splits(16384, 3072, 768) == 1
+    assert len(res) == 3 and max(res.values()) < 1e-5, res
     assert "multiple of 16" in lf.unsupported(128, 128, 64, 64, 64, 48, n_valid=40)
     assert "at most N" in lf.unsupported(128, 128, 64, 64, 64, 48, n_valid=144)
     assert lf.unsupported(128, 128, 64, 64, 64, 48, n_valid=48) is None
@@ -522,12 +520,10 @@ def test_dawn_model_with_tensor_core_products():
     assert res["loss"] <= 1e-4 and res["grads"] <= 5e-3, res
 
 
-@pytest.mark.parametrize("Dm", [128, 256, 512])
+@pytest.mark.parametrize("Dm", [128, 256])
 def test_check_f16_model_on_the_reference(reference, Dm):
     """bench.check_f16_model on the portable kernel: at d_model 256 x_proj's and dt_proj's
-    products run in f16 too (test_narrow_products_run_where_they_fit); at 512 (d_inner
-    1024, one tile of rows) x_proj's forward and dt_proj's dX split over K."""
-    assert (lf.narrow_splits(128, 128, 2 * Dm) > 1) is (Dm == 512)
+    products run in f16 too (test_narrow_products_run_where_they_fit)."""
     res = check_f16_model(g, np.random.default_rng(0), Dm=Dm, n_layers=1, B=1, L=128)
     assert res["loss"] <= 1e-4 and res["grads"] <= 5e-3, res
 
