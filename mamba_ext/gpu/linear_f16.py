@@ -348,10 +348,11 @@ def pack_pair(g, dst, dst_t, src, rows: int, cols: int, src_off: int = 0,
                          f"{dst_off} and dst_t_off {dst_t_off} must be even (f32 and f16 pairs)")
     if dst is None and dst_t is None and part is None:
         raise ValueError("linear_f16.pack_pair: nothing to write (dst, dst_t and part None)")
+    # several blocks: no part (its sums would collide); the strides even, and those of the
+    # copies written at least a block apart
+    written = [st for st, buf in ((dst_stride, dst), (dst_t_stride, dst_t)) if buf is not None]
     if count < 1 or (count > 1 and (part is not None or (src_stride | dst_stride | dst_t_stride) % 2
-                                    or min(dst_stride if dst is not None else rows * cols,
-                                           dst_t_stride if dst_t is not None else rows * cols)
-                                    < rows * cols)):
+                                    or min(written) < rows * cols)):
         raise ValueError(f"linear_f16.pack_pair: count {count} must be >= 1, and with more "
                          f"than one block no part and even strides of at least a block")
     return g.op("amp", "amp_pack_f16_pair",
@@ -383,32 +384,26 @@ def padded(n: int) -> int:
     return -(-n // TILE[0]) * TILE[0]
 
 
-def _stride(offsets) -> int:
-    """The common difference of ``offsets`` (0 for one)."""
-    return offsets[1] - offsets[0] if len(offsets) > 1 else 0
-
-
-def _strided_groups(tensors, offs, suffix=""):
+def _strided_runs(tensors, offs, suffix=""):
     """``tensors`` [(name, arena offset, rows, cols)] cut into runs that one pack can take:
     the same last name part (e.g. every layer's wInProj) and shape, their arena offsets and
-    their f16 offsets (``offs[name + suffix]``) at constant strides, in order (a tensor
-    that breaks a run starts the next)."""
+    their f16 offsets (``offs[name + suffix]``) at constant positive strides, in order (a
+    tensor that breaks a run starts the next). Returns [(the run's first tensor, its
+    length, (arena stride, f16 stride))], the strides (0, 0) for a run of one."""
     groups = {}
     for t in tensors:
         groups.setdefault((t[0].rsplit(".", 1)[-1], t[2], t[3]), []).append(t)
     runs = []
     for members in groups.values():
-        run = [members[0]]
-        for t in members[1:]:
-            step = (t[1] - run[-1][1], offs[t[0] + suffix] - offs[run[-1][0] + suffix])
-            first = (run[1][1] - run[0][1], offs[run[1][0] + suffix] - offs[run[0][0] + suffix]) \
-                if len(run) > 1 else step
-            if step[0] > 0 and step[1] > 0 and step == first:
-                run.append(t)
+        first, n, step = members[0], 1, (0, 0)
+        for prev, t in zip(members, members[1:]):
+            s = (t[1] - prev[1], offs[t[0] + suffix] - offs[prev[0] + suffix])
+            if s[0] > 0 and s[1] > 0 and (n == 1 or s == step):
+                n, step = n + 1, s
             else:
-                runs.append(run)
-                run = [t]
-        runs.append(run)
+                runs.append((first, n, step))
+                first, n, step = t, 1, (0, 0)
+        runs.append((first, n, step))
     return runs
 
 
@@ -439,16 +434,13 @@ class HalfWeights:
                 at += r * c
         self.buf = g.buffer(at // 2, "params_f16")
         self.ops = []
-        for group in _strided_groups(tensors, self.offs):
-            name, off, rows, cols = group[0]
-            n, ss = len(group), _stride([t[1] for t in group])
+        for (name, off, rows, cols), n, (ss, ds) in _strided_runs(tensors, self.offs):
             self.ops.append(pack(g, self.buf, arena, rows, cols, src_off=off,
                                  dst_off=self.offs[name], dst_cols=self.ld[name], count=n,
-                                 src_stride=ss, dst_stride=_stride([self.offs[t[0]] for t in group])))
+                                 src_stride=ss, dst_stride=ds))
         # (a second read of the weight: one pack_pair would bind buf to two writable bindings)
-        for group in _strided_groups([t for t in tensors if t[0] in transposed], self.offs, ".T"):
-            name, off, rows, cols = group[0]
+        for (name, off, rows, cols), n, (ss, ds) in _strided_runs(
+                [t for t in tensors if t[0] in transposed], self.offs, ".T"):
             self.ops.append(pack_pair(g, None, self.buf, arena, rows, cols, src_off=off,
-                                      dst_t_off=self.offs[name + ".T"], count=len(group),
-                                      src_stride=_stride([t[1] for t in group]),
-                                      dst_t_stride=_stride([self.offs[t[0] + ".T"] for t in group])))
+                                      dst_t_off=self.offs[name + ".T"], count=n,
+                                      src_stride=ss, dst_t_stride=ds))
