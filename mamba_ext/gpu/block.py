@@ -110,9 +110,10 @@ def block_arena(d: BlockDims, prefix=""):
 
 
 class BlockScratch:
-    """Backward temporaries of one block shape, shared by all layers of a model."""
+    """Backward temporaries of one block shape, shared by all layers of a model; ``f16``,
+    ``narrow16``: those of BlockLayer's f16 mode, and of its x_proj and dt_proj in f16."""
 
-    def __init__(self, g, d: BlockDims, s: _scan.ScanShape, f16=False):
+    def __init__(self, g, d: BlockDims, s: _scan.ScanShape, f16=False, narrow16=False):
         M, D, P, Dm = s.M, d.D, d.P, d.Dm
         mk = g.buffer
         if f16:     # the f16 operands of the products (BlockLayer's f16 mode), 2 per word
@@ -120,6 +121,7 @@ class BlockScratch:
             # (M, 2D) f16: in_proj's dY, written by the gate's and the conv's backward (the
             # f16 mode has no f32 dY)
             self.dY16 = mk(M * D, "dY_f16")
+        if f16 and narrow16:    # x_proj and dt_proj in f16 too (BlockLayer.narrow16)
             # (M, D) and (D, M) f16: ddelta_pre's copies, dt_proj's operands; (D, M) f16: u's
             # transpose, x_proj's weight-gradient operand, written by the restoring conv
             # (_narrow_backward_ops)
@@ -435,7 +437,7 @@ class BlockPlan:
         self.layer = BlockLayer(g, dims, B, L, self.w, self.gr, self.offs, self.x, self.out,
                                 eps, discretization, chunk,
                                 f16=None if half is None else (half.buf, half.offs))
-        self.scratch = BlockScratch(g, dims, self.layer.s, f16=f16)
+        self.scratch = BlockScratch(g, dims, self.layer.s, f16=f16, narrow16=self.layer.narrow16)
         self.fwd = ([] if half is None else half.ops) + self.layer.forward_ops()
         self.bwd = self.layer.backward_ops(self.dout, self.dx, self.scratch)
         self.n = n

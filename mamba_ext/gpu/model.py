@@ -164,7 +164,8 @@ class ModelPlan:
                                      and k != "embedding"])]
         cur = 0
         if self.layers:
-            scratch = BlockScratch(g, self.dims.block, self.layers[0].s, f16=f16 is not None)
+            scratch = BlockScratch(g, self.dims.block, self.layers[0].s, f16=f16 is not None,
+                                   narrow16=self.layers[0].narrow16)
             for i in reversed(range(nl)):
                 lay = self.layers[i]
                 if self.checkpointing and i < nl - 1:   # the last layer's cache is intact

@@ -136,7 +136,7 @@ def test_narrow_products_run_where_they_fit(reference):
     16 (d_model 256: 16 and 48), else in f32 (d_model 128: 8 and 40), and the tied head
     where the vocabulary is; their f16 weights are zero-padded to whole tiles; activation
     checkpointing gives the same bits."""
-    from mamba_ext.gpu.block import half_weights, narrow_f16_unsupported
+    from mamba_ext.gpu.block import BlockScratch, half_weights, narrow_f16_unsupported
     from mamba_ext.gpu.device import arena_layout
     from mamba_ext.gpu.model import ModelPlan
     assert narrow_f16_unsupported(48, 16) is None
@@ -150,6 +150,9 @@ def test_narrow_products_run_where_they_fit(reference):
         plan = ModelPlan(arrays, dims, 1, 128, list(arrays), w=w, f16=half)
         assert plan.layers[0].narrow16 is narrow
         assert ("layer0.wDtProj" in half.offs) is narrow
+        # the narrow products' scratch (ddelta_pre's f16 copies, u's transpose) only for them
+        sc = BlockScratch(g, dims.block, plan.layers[0].s, f16=True, narrow16=narrow)
+        assert all(hasattr(sc, k) is narrow for k in ("narrow16", "narrow16_t", "u16_t"))
         assert plan.head16 is not None            # vocabulary 64: the tied head in f16 too
         if narrow:
             run(g, half.ops)
