@@ -1,6 +1,7 @@
 """The GPU scan's and conv's layout constants (mamba_ext.gpu.scan: SCAN_CHUNK, SCAN_WG,
 SCAN_TS_FORWARD, SCAN_TS_BACKWARD, SCAN_RB, SCAN_SUM_PARTS, SCAN_SUBGROUP_SUMS;
-mamba_ext.gpu.conv1d: CONV_RPI_FORWARD) swept at block d, mixed precision,
+mamba_ext.gpu.conv1d: CONV_RPI_FORWARD, CONV_BACKWARD_TILES, CONV_BACKWARD_BLOCKS, CONV_TILES
+(one value: the backward's tile)) swept at block d, mixed precision,
 alternated over two rounds: the whole block's pass (GPU ms, median of 7 after 0.5 s of
 passes), its scan dispatches and its conv dispatches in passes of their own, and the largest
 difference of dx and the gradients from the first setting's (max |difference| / max |value|).
@@ -33,7 +34,8 @@ def main(settings: list[str]) -> int:
     dout = rng.standard_normal((B, L, Dm)).astype(np.float32)
     names = ("CHUNK", "WG", "TS_FORWARD", "TS_BACKWARD", "RB", "SUM_PARTS", "SUBGROUP_SUMS")
     home = {**{n: (scan, "SCAN_" + n) for n in names},
-            **{n: (conv1d, "CONV_" + n) for n in ("RPI_FORWARD",)}}
+            **{n: (conv1d, "CONV_" + n)
+               for n in ("RPI_FORWARD", "BACKWARD_TILES", "BACKWARD_BLOCKS", "TILES")}}
     default = {n: getattr(m, a) for n, (m, a) in home.items()}
     first = None
     for rnd in range(2):
@@ -42,7 +44,7 @@ def main(settings: list[str]) -> int:
             if setting != "default":
                 for kv in setting.split(","):
                     k, v = kv.split("=")
-                    vals[k] = int(v)
+                    vals[k] = (int(v),) if k == "TILES" else int(v)
             for k, v in vals.items():
                 setattr(*home[k], v)
             plan = BlockPlan(dims, B, L, DEFAULT_EPS, "zoh", scan.layout_key(), f16=True)
@@ -65,7 +67,8 @@ def main(settings: list[str]) -> int:
             print(f"round {rnd + 1} {setting:28s} pass {ms:7.3f} ms | scan {sms:6.3f} ms | "
                   f"conv {cms:6.3f} ms | "
                   f"chunk {s.chunk} wg {s.wg} ts {s.ts_f}/{s.ts_b} rb {s.rb} hs {s.hs} "
-                  f"sub {s.sub} conv {vals['RPI_FORWARD']} | "
+                  f"sub {s.sub} conv {vals['RPI_FORWARD']} "
+                  f"{vals['TILES'][0]}x{vals['BACKWARD_TILES']}/{vals['BACKWARD_BLOCKS']} | "
                   f"vs first {err:.1e}", flush=True)
     return 0
 

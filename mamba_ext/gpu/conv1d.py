@@ -9,9 +9,12 @@ import math
 
 MAX_DCONV = 24          # const KMAX of kernels/conv1d.wgsl: the taps held in registers
 CONV_RPI_FORWARD = 8    # the forward's rows per invocation (override RPI, at most RPIMAX)
-_TILES = (32, 16, 8)    # the backward's rows per workgroup tile (override T), the largest that fits
-# Tiles per workgroup in the backward, at least (see conv1d_backward's row blocks).
-_BACKWARD_TILES = 8
+CONV_TILES = (32, 16, 8)   # the backward's rows per workgroup tile (override T), the largest that fits
+# The backward's row blocks (one workgroup per 64 channels of a block): each at least
+# CONV_BACKWARD_TILES tiles, at most CONV_BACKWARD_BLOCKS blocks (the partials the final
+# pass sums per channel).
+CONV_BACKWARD_TILES = 8
+CONV_BACKWARD_BLOCKS = 64
 
 
 def _check_dconv(K):
@@ -22,10 +25,10 @@ def _check_dconv(K):
 
 def _tile(g, K):
     """The backward's rows per tile (override T) for dConv ``K``: the largest of
-    :data:`_TILES` whose staged rows (T + 2 (K - 1), 256 bytes each) and 2 KB of lane sums
+    :data:`CONV_TILES` whose staged rows (T + 2 (K - 1), 256 bytes each) and 2 KB of lane sums
     fit the device's workgroup memory."""
     _check_dconv(K)
-    for T in _TILES:
+    for T in CONV_TILES:
         if (T + 2 * (K - 1)) * 256 + 2048 <= g.wg_memory:
             return T
     raise ValueError(f"mamba_ext.gpu: dConv {K} needs more workgroup memory than this "
@@ -68,10 +71,9 @@ def conv1d_backward(g, M, L, D, K, du, w, o, dY, Y, gr, half=False, out16=False)
     if out16 and D % 2:
         raise ValueError(f"mamba_ext.gpu.conv1d_backward: f16 pairs of dY need an even D, got {D}")
     T = _tile(g, K)
-    # row blocks of rows_per rows, whole tiles: each workgroup at least _BACKWARD_TILES
-    # tiles, at most 64 blocks (the partials the final pass sums)
-    step = T * _BACKWARD_TILES
-    rows_per = step * max(1, math.ceil(M / (step * 64)))
+    # row blocks of rows_per rows, whole tiles (CONV_BACKWARD_TILES, CONV_BACKWARD_BLOCKS)
+    step = T * CONV_BACKWARD_TILES
+    rows_per = step * max(1, math.ceil(M / (step * CONV_BACKWARD_BLOCKS)))
     RB = max(1, math.ceil(M / rows_per))
     prm = _params(M, L, D, K, o, rows_per, RB, o["bInProj"] if out16 else 0)
     KS = K + (2 if out16 else 1)                      # sums per channel: taps, bias, (dxc)

@@ -1,0 +1,127 @@
+"""The conv's backward (kernels/conv1d.wgsl, conv1d_backward) taken apart at block d (or SIZE), mixed
+precision: the dispatch alone (median GPU us of 7 passes of REPS copies) for the kernel as it
+is and for diagnostic variants, each with one part of its work removed (wrong results, timing
+only): which part its 300 us go to; and candidates (same results: their dx and gradients
+against the first variant's are printed). A variant is a text substitution of the current kernel,
+written into kernels/ on the device's copy of the tree and removed after.
+
+    MAMBA_EXT_GPU_BACKEND=dawn MAMBA_EXT_GPU_CHECKS=none python3 dev/gpu/conv_apart.py
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPS = 5
+# name -> [(text of conv1d.wgsl, its replacement)]; a binding whose use is cut keeps a use
+# that never runs (the pipeline's automatic layout would drop it)
+VARIANTS = {
+    "base": [],
+    # the weight-gradient sums (dwConv per tap) not accumulated
+    "nodw": [("if (k <= t) { acc[k] += dc[j] * xs_b[(q0 + j + K - 1u - k) * 32u + lx]; }", "")],
+    # du not read (dconv = SiLU'(conv))
+    "nodu": [("v.x = b_du[r * p.D + d] * dsilu(s.x);",
+              "v.x = dsilu(s.x); if (p.M == 0xffffffffu) { v.x += b_du[0]; }"),
+             ("if (two) { v.y = b_du[r * p.D + d + 1u] * dsilu(s.y); }",
+              "if (two) { v.y = dsilu(s.y); }")],
+    # no SiLU derivative (dconv = du * conv)
+    "nodsilu": [("v.x = b_du[r * p.D + d] * dsilu(s.x);", "v.x = b_du[r * p.D + d] * s.x;"),
+                ("if (two) { v.y = b_du[r * p.D + d + 1u] * dsilu(s.y); }",
+                 "if (two) { v.y = b_du[r * p.D + d + 1u] * s.y; }")],
+    # no integer modulo for the step within the sequence
+    "nomod": [("let t = r % p.L;", "let t = r;")],
+    # the tile's xc rows not loaded (staged as zeros)
+    "nostage": [("xs_b[i] = xc_pair(i32(r0 + i / 32u) - i32(K - 1u), pl.x * 64u + 2u * (i % 32u));",
+                 "xs_b[i] = vec2<f32>(f32(i)); if (p.M == 0xffffffffu) { xs_b[i] = xc_pair(0, 0u); }")],
+    # a candidate, same results bit for bit: the du of the tile's rows loaded into dc before
+    # the tile's xc rows are staged, so that both loads are in flight together
+    "duearly": [("""        for (var i = li; i < (T + 2u * K - 2u) * 32u; i += 256u) {""",
+                 """        if (on) {
+            for (var i = 0u; i < RPT + K - 1u; i++) {
+                let r = r0 + q0 + i;
+                var v = vec2<f32>(0.0);
+                if (r < p.M) {
+                    v.x = b_du[r * p.D + d];
+                    if (two) { v.y = b_du[r * p.D + d + 1u]; }
+                }
+                dc[i] = v;
+            }
+        }
+        for (var i = li; i < (T + 2u * K - 2u) * 32u; i += 256u) {"""),
+                ("v.x = b_du[r * p.D + d] * dsilu(s.x);", "v.x = dc[i].x * dsilu(s.x);"),
+                ("if (two) { v.y = b_du[r * p.D + d + 1u] * dsilu(s.y); }",
+                 "if (two) { v.y = dc[i].y * dsilu(s.y); }")],
+    # dxc not stored (its column sums still taken)
+    "nostore": [("b_dY[(r * p.y_rs + d) / 2u] = f16_pair(s.x, s.y);",
+                 "if (p.M == 0xffffffffu) { b_dY[0] = 0u; }")],
+}
+
+
+def main(names: list[str], size: str = "d", f16: bool = True) -> int:
+    kernels = Path(__file__).resolve().parents[2] / "kernels"
+    src = (kernels / "conv1d.wgsl").read_text()
+    written = []
+    for name in names:
+        text = src
+        for old, new in VARIANTS[name]:
+            if old not in text:
+                raise SystemExit(f"conv_apart: variant {name}: {old!r} is not in conv1d.wgsl")
+            text = text.replace(old, new)
+        written.append(kernels / f"conv1d_{name}.wgsl")
+        written[-1].write_text(text)
+    try:
+        return _run(names, size, f16)
+    finally:
+        for f in written:
+            f.unlink()
+
+
+def _run(names: list[str], size: str, f16: bool) -> int:
+    from mamba_ext._validate import BLOCK_PARAM_NAMES, BlockDims
+    from mamba_ext.bench.gpu import SIZES, _time_ops, init_params
+    from mamba_ext.constants import DEFAULT_EPS
+    from mamba_ext.gpu import scan
+    from mamba_ext.gpu.block import BlockPlan
+    from mamba_ext.gpu.device import gpu
+    g = gpu()
+    Dm, D, N, K, R, B, L = SIZES[size]
+    params = init_params(Dm, D, N, K, R)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((B, L, Dm)).astype(np.float32)
+    dout = rng.standard_normal((B, L, Dm)).astype(np.float32)
+    current = {"file": "conv1d"}
+    recorded = g.op
+
+    def op(file, entry, *args, **kw):     # conv1d_backward from the variant under test
+        use = current["file"] if (file, entry) == ("conv1d", "conv1d_backward") else file
+        return recorded(use, entry, *args, **kw)
+    g.op = op
+    first = None
+    for rnd in range(2):
+        for name in names:
+            current["file"] = f"conv1d_{name}"
+            plan = BlockPlan(BlockDims(Dm=Dm, D=D, N=N, K=K, R=R), B, L, DEFAULT_EPS, "zoh",
+                             scan.layout_key(), f16=f16)
+            plan.upload_params({k: params[k] for k in BLOCK_PARAM_NAMES})
+            g.write(plan.x, x)
+            g.write(plan.dout, dout)
+            ops = plan.fwd + plan.bwd
+            g.submit(ops, [plan.gr])
+            g.sync()
+            got = np.concatenate([g.read(plan.dx, x.size), g.read(plan.gr, plan.n)])
+            first = got if first is None else first
+            err = np.abs(got - first).max() / np.abs(first).max()
+            conv = [o for o in ops if o.name == "conv1d_backward"]
+            ms, _ = _time_ops(g, conv * REPS, [], 7, warmup_s=0.3)
+            print(f"round {rnd + 1} {name:8s} conv1d_backward {ms / REPS * 1e3:7.1f} us "
+                  f"(grid {conv[0].grid}); dx and gradients against {names[0]}'s: {err:.1e}",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    a = sys.argv[1:]
+    sys.exit(main(list(VARIANTS) if not a or a[0] == "all" else a[0].split(","), *a[1:2],
+                  f16="f32" not in a[2:]))
