@@ -363,7 +363,21 @@ fn scan_forward_carry(@builtin(local_invocation_index) li: u32,
     let b = i / DN;
     let dn = i % DN;
     var h = 0.0;
-    for (var c = 0u; c < p.C; c++) {
+    var c = 0u;
+    for (; c + 4u <= p.C; c += 4u) {          // four chunks' loads issued before their use
+        let k = (b * p.C + c) * DN + dn;
+        let a = vec4<f32>(achunk[k], achunk[k + DN], achunk[k + 2u * DN], achunk[k + 3u * DN]);
+        let x = vec4<f32>(hchunk[k], hchunk[k + DN], hchunk[k + 2u * DN], hchunk[k + 3u * DN]);
+        hstate[k] = h;
+        h = a.x * h + x.x;
+        hstate[k + DN] = h;
+        h = a.y * h + x.y;
+        hstate[k + 2u * DN] = h;
+        h = a.z * h + x.z;
+        hstate[k + 3u * DN] = h;
+        h = a.w * h + x.w;
+    }
+    for (; c < p.C; c++) {
         let k = (b * p.C + c) * DN + dn;
         hstate[k] = h;
         h = achunk[k] * h + hchunk[k];
@@ -462,7 +476,21 @@ fn scan_backward_carry(@builtin(local_invocation_index) li: u32,
     let b = i / DN;
     let dn = i % DN;
     var k = 0.0;
-    for (var c = p.C; c > 0u; c--) {
+    var c = p.C;
+    for (; c >= 4u; c -= 4u) {                // four chunks' loads issued before their use
+        let j = (b * p.C + c - 1u) * DN + dn;
+        let x = vec4<f32>(gchunk[j], gchunk[j - DN], gchunk[j - 2u * DN], gchunk[j - 3u * DN]);
+        let a = vec4<f32>(achunk[j], achunk[j - DN], achunk[j - 2u * DN], achunk[j - 3u * DN]);
+        gcarry[j] = k;
+        k = x.x + a.x * k;
+        gcarry[j - DN] = k;
+        k = x.y + a.y * k;
+        gcarry[j - 2u * DN] = k;
+        k = x.z + a.z * k;
+        gcarry[j - 3u * DN] = k;
+        k = x.w + a.w * k;
+    }
+    for (; c > 0u; c--) {
         let j = (b * p.C + c - 1u) * DN + dn;
         gcarry[j] = k;
         k = gchunk[j] + achunk[j] * k;
@@ -655,22 +683,55 @@ fn scan_backward_sum_bc(@builtin(local_invocation_index) li: u32,
     let r = i / W;
     let j = i % W;
     var s = 0.0;
-    for (var g = 0u; g < p.G; g++) { s += dbc_part[(g * M + r) * W + j]; }
+    var g = 0u;
+    let MW = M * W;
+    for (; g + 4u <= p.G; g += 4u) {          // four loads in flight, added in order
+        let v = vec4<f32>(dbc_part[g * MW + i], dbc_part[(g + 1u) * MW + i],
+                          dbc_part[(g + 2u) * MW + i], dbc_part[(g + 3u) * MW + i]);
+        s += v.x;
+        s += v.y;
+        s += v.z;
+        s += v.w;
+    }
+    for (; g < p.G; g++) { s += dbc_part[g * MW + i]; }
     dxproj[r * p.P + p.R + j] = s;
 }
 
-@compute @workgroup_size(WG)
-fn scan_backward_sum_a_log(@builtin(local_invocation_index) li: u32,
+// (8, 32) scan_backward_sum_a_log's lane sums, lane q of column j at q * 32 + j.
+var<workgroup> alog_sums: array<f32, 256>;
+
+// dA_log of 32 (d, n) columns of da_part (B C, D N) per (32, 8) workgroup: lane q sums the
+// rows q, q + 8, ..., then the 8 lane sums are added in the order q = 0..7 (a fixed order;
+// 8 lanes a column so that a few hundred columns still keep the GPU busy).
+@compute @workgroup_size(32, 8)
+fn scan_backward_sum_a_log(@builtin(local_invocation_id) lid: vec3<u32>,
                            @builtin(workgroup_id) wid: vec3<u32>,
                            @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = flat_index(wid, nwg, li, WG);
     let DN = p.D * p.N;
-    if (i >= DN) { return; }
+    let i = (wid.y * nwg.x + wid.x) * 32u + lid.x;
     var s = 0.0;
-    for (var bc_i = 0u; bc_i < p.B * p.C; bc_i++) { s += da_part[bc_i * DN + i]; }
-    let a_log = w[p.alog_off + i];
-    // Closed clamp: exactly zero gradient at and beyond the bounds.
-    if (a_log > a_log_min && a_log < a_log_max) {
-        grad[p.alog_off + i] = grad[p.alog_off + i] + a_of(a_log) * s;
+    if (i < DN) {
+        let n = p.B * p.C;
+        var q = lid.y;
+        for (; q + 24u < n; q += 32u) {       // four loads in flight, added in order
+            let v = vec4<f32>(da_part[q * DN + i], da_part[(q + 8u) * DN + i],
+                              da_part[(q + 16u) * DN + i], da_part[(q + 24u) * DN + i]);
+            s += v.x;
+            s += v.y;
+            s += v.z;
+            s += v.w;
+        }
+        for (; q < n; q += 8u) { s += da_part[q * DN + i]; }
+    }
+    alog_sums[lid.y * 32u + lid.x] = s;
+    workgroupBarrier();
+    if (lid.y == 0u && i < DN) {
+        var tot = 0.0;
+        for (var q = 0u; q < 8u; q++) { tot += alog_sums[q * 32u + lid.x]; }
+        let a_log = w[p.alog_off + i];
+        // Closed clamp: exactly zero gradient at and beyond the bounds.
+        if (a_log > a_log_min && a_log < a_log_max) {
+            grad[p.alog_off + i] = grad[p.alog_off + i] + a_of(a_log) * tot;
+        }
     }
 }

@@ -22,37 +22,14 @@ VARIANTS = {
     # the weight-gradient sums (dwConv per tap) not accumulated
     "nodw": [("if (k <= t) { acc[k] += dc[j] * xs_b[(q0 + j + K - 1u - k) * 32u + lx]; }", "")],
     # du not read (dconv = SiLU'(conv))
-    "nodu": [("v.x = b_du[r * p.D + d] * dsilu(s.x);",
-              "v.x = dsilu(s.x); if (p.M == 0xffffffffu) { v.x += b_du[0]; }"),
-             ("if (two) { v.y = b_du[r * p.D + d + 1u] * dsilu(s.y); }",
-              "if (two) { v.y = dsilu(s.y); }")],
+    "nodu": [("v.x = b_du[r * p.D + d];", "v.x = 1.0; if (p.M == 0xffffffffu) { v.x = b_du[0]; }"),
+             ("if (two) { v.y = b_du[r * p.D + d + 1u]; }", "if (two) { v.y = 1.0; }")],
     # no SiLU derivative (dconv = du * conv)
-    "nodsilu": [("v.x = b_du[r * p.D + d] * dsilu(s.x);", "v.x = b_du[r * p.D + d] * s.x;"),
-                ("if (two) { v.y = b_du[r * p.D + d + 1u] * dsilu(s.y); }",
-                 "if (two) { v.y = b_du[r * p.D + d + 1u] * s.y; }")],
-    # no integer modulo for the step within the sequence
-    "nomod": [("let t = r % p.L;", "let t = r;")],
+    "nodsilu": [("v.x = dc[i].x * dsilu(s.x);", "v.x = dc[i].x * s.x;"),
+                ("if (two) { v.y = dc[i].y * dsilu(s.y); }", "if (two) { v.y = dc[i].y * s.y; }")],
     # the tile's xc rows not loaded (staged as zeros)
     "nostage": [("xs_b[i] = xc_pair(i32(r0 + i / 32u) - i32(K - 1u), pl.x * 64u + 2u * (i % 32u));",
                  "xs_b[i] = vec2<f32>(f32(i)); if (p.M == 0xffffffffu) { xs_b[i] = xc_pair(0, 0u); }")],
-    # a candidate, same results bit for bit: the du of the tile's rows loaded into dc before
-    # the tile's xc rows are staged, so that both loads are in flight together
-    "duearly": [("""        for (var i = li; i < (T + 2u * K - 2u) * 32u; i += 256u) {""",
-                 """        if (on) {
-            for (var i = 0u; i < RPT + K - 1u; i++) {
-                let r = r0 + q0 + i;
-                var v = vec2<f32>(0.0);
-                if (r < p.M) {
-                    v.x = b_du[r * p.D + d];
-                    if (two) { v.y = b_du[r * p.D + d + 1u]; }
-                }
-                dc[i] = v;
-            }
-        }
-        for (var i = li; i < (T + 2u * K - 2u) * 32u; i += 256u) {"""),
-                ("v.x = b_du[r * p.D + d] * dsilu(s.x);", "v.x = dc[i].x * dsilu(s.x);"),
-                ("if (two) { v.y = b_du[r * p.D + d + 1u] * dsilu(s.y); }",
-                 "if (two) { v.y = dc[i].y * dsilu(s.y); }")],
     # dxc not stored (its column sums still taken)
     "nostore": [("b_dY[(r * p.y_rs + d) / 2u] = f16_pair(s.x, s.y);",
                  "if (p.M == 0xffffffffu) { b_dY[0] = 0u; }")],

@@ -172,6 +172,14 @@ def _flat_op(g, s, entry, n, params, **named):
                        prelude=prelude)
 
 
+def _columns_op(g, s, entry, n, params, **named):
+    """32 of ``n`` columns per (32, 8) workgroup (scan_backward_sum_a_log)."""
+    file, prelude = _module(g, s)
+    return g.op(file, entry, g.grid1d(math.ceil(n / 32), f"{file}.{entry}"), params,
+                _bind(**named), {"a_log_min": float(A_LOG_MIN), "a_log_max": float(A_LOG_MAX)},
+                prelude)
+
+
 def scan_forward(g, s, xproj, u, delta_pre, w, o, hchunk, achunk, hstate, y):
     """Ops: y (M, D) = scan of u with delta = softplus(delta_pre) (M, D), A (from A_log at
     ``o["A_log"]``), Bs, Cs (columns of xproj (M, P)) + D_vec u; hstate (B, C, D, N) = the state entering each
@@ -222,6 +230,6 @@ def scan_backward(g, s, sc: ScanScratch, xproj, u, delta_pre, w, o, dy, hstate, 
                   ddelta_pre=ddelta_pre, dbc_part=sc.dbc_part),
         _flat_op(g, s, "scan_backward_sum_bc", s.M * 2 * s.N, prm, dbc_part=sc.dbc_part,
                  dxproj=dxproj),
-        _flat_op(g, s, "scan_backward_sum_a_log", s.D * s.N, prm, da_part=sc.da_part, w=w,
-                 grad=gr),
+        _columns_op(g, s, "scan_backward_sum_a_log", s.D * s.N, prm, da_part=sc.da_part, w=w,
+                    grad=gr),
     ]

@@ -131,11 +131,14 @@ def forward_ref(c, B, L, D, N, R, disc):
 
 # (B, L, D, N, R, chunk, discretization): L not a multiple of the chunk; N not a
 # divisor of the workgroup; one chunk of 1 step; the default chunk.
-# dState above 16: two and three state groups per channel.
+# dState above 16: two and three state groups per channel. Chunks of 2 steps: 23 chunks (46
+# per batch of two), past the four chunks the carries take at once and the 32 rows the dA_log
+# sum's lanes take at once.
 SMALL = [(2, 7, 3, 4, 2, 3, "zoh"), (1, 5, 2, 3, 1, 1, "euler"), (3, 4, 5, 1, 1, 4, "zoh"),
          (1, 6, 3, 20, 2, 4, "zoh")]
 LARGE = [(2, 70, 40, 16, 3, S.SCAN_CHUNK, "zoh"), (1, 129, 33, 5, 2, 64, "euler"),
-         (3, 45, 130, 7, 4, 13, "zoh"), (2, 50, 9, 40, 3, 32, "zoh"), (1, 33, 5, 17, 2, 64, "euler")]
+         (3, 45, 130, 7, 4, 13, "zoh"), (2, 50, 9, 40, 3, 32, "zoh"), (1, 33, 5, 17, 2, 64, "euler"),
+         (2, 45, 9, 4, 2, 2, "zoh")]
 
 
 @pytest.mark.parametrize("cfg", SMALL + LARGE, ids=lambda c: "-".join(map(str, c)))
