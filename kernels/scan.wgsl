@@ -672,6 +672,10 @@ fn scan_backward_grads(@builtin(local_invocation_index) li: u32, @builtin(workgr
     }
 }
 
+// s + v.x + v.y + v.z + v.w added in that order, a plain loop's (the sums below load four
+// values before they add them: the same bits as adding each as it comes).
+fn add_in_order(s: f32, v: vec4<f32>) -> f32 { return (((s + v.x) + v.y) + v.z) + v.w; }
+
 @compute @workgroup_size(WG)
 fn scan_backward_sum_bc(@builtin(local_invocation_index) li: u32,
                         @builtin(workgroup_id) wid: vec3<u32>,
@@ -688,10 +692,7 @@ fn scan_backward_sum_bc(@builtin(local_invocation_index) li: u32,
     for (; g + 4u <= p.G; g += 4u) {          // four loads in flight, added in order
         let v = vec4<f32>(dbc_part[g * MW + i], dbc_part[(g + 1u) * MW + i],
                           dbc_part[(g + 2u) * MW + i], dbc_part[(g + 3u) * MW + i]);
-        s += v.x;
-        s += v.y;
-        s += v.z;
-        s += v.w;
+        s = add_in_order(s, v);
     }
     for (; g < p.G; g++) { s += dbc_part[g * MW + i]; }
     dxproj[r * p.P + p.R + j] = s;
@@ -716,10 +717,7 @@ fn scan_backward_sum_a_log(@builtin(local_invocation_id) lid: vec3<u32>,
         for (; q + 24u < n; q += 32u) {       // four loads in flight, added in order
             let v = vec4<f32>(da_part[q * DN + i], da_part[(q + 8u) * DN + i],
                               da_part[(q + 16u) * DN + i], da_part[(q + 24u) * DN + i]);
-            s += v.x;
-            s += v.y;
-            s += v.z;
-            s += v.w;
+            s = add_in_order(s, v);
         }
         for (; q < n; q += 8u) { s += da_part[q * DN + i]; }
     }
