@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 from .._validate import BLOCK_PARAM_NAMES
-from ..constants import A_LOG_MAX, A_LOG_MIN
 from .activations import gate_forward
 from .device import arena_layout, elementwise, gpu
 from .linear import linear_forward
 from .model import embedding_forward, head_forward
 from .rmsnorm import rmsnorm_forward
+from .scan import clamp_constants
 
 
 class GpuStepper:
@@ -45,7 +45,7 @@ class GpuStepper:
         self.h = [g.buffer(B * D * N, f"h{i}") for i in range(self.nl)]           # (B, D, N)
         self.tail = [g.buffer(B * D * (K - 1), f"tail{i}") for i in range(self.nl)]  # (B, D, K-1)
         self.logits = g.buffer(B * self.V, "logits")                     # (B, V)
-        consts = {"a_log_min": float(A_LOG_MIN), "a_log_max": float(A_LOG_MAX)}
+        consts = clamp_constants()
         ops = [embedding_forward(g, B, Dm, self.tok, self.w, o, self.x[0])]
         cur = 0
         for i in range(self.nl):

@@ -62,10 +62,16 @@ def subgroup_sums(g, N) -> int:
     return sub if ok else 0
 
 
+def clamp_constants():
+    """The override constants a_log_min, a_log_max of every kernel that computes A from
+    A_log (scan.wgsl, recurrent.wgsl), from mamba_ext.constants, the one source."""
+    return {"a_log_min": float(A_LOG_MIN), "a_log_max": float(A_LOG_MAX)}
+
+
 def scan_constants(wg):
-    """Override constants of kernels/scan.wgsl shared by every entry: workgroup size
-    and the A_log clamp bounds (from mamba_ext.constants, the one source)."""
-    return {"WG": wg, "a_log_min": float(A_LOG_MIN), "a_log_max": float(A_LOG_MAX)}
+    """Override constants of kernels/scan.wgsl shared by every chunk entry: workgroup size
+    and the A_log clamp bounds."""
+    return {"WG": wg, **clamp_constants()}
 
 
 class ScanShape:
@@ -168,7 +174,7 @@ def _chunk_op(g, s, entry, params, chunks=None, **named):
 def _flat_op(g, s, entry, n, params, **named):
     file, prelude = _module(g, s)
     return elementwise(g, file, entry, n, params, _bind(**named), wg=128,
-                       constants={"a_log_min": float(A_LOG_MIN), "a_log_max": float(A_LOG_MAX)},
+                       constants=clamp_constants(),
                        prelude=prelude)
 
 
@@ -176,8 +182,7 @@ def _columns_op(g, s, entry, n, params, **named):
     """32 of ``n`` columns per (32, 8) workgroup (scan_backward_sum_a_log)."""
     file, prelude = _module(g, s)
     return g.op(file, entry, g.grid1d(math.ceil(n / 32), f"{file}.{entry}"), params,
-                _bind(**named), {"a_log_min": float(A_LOG_MIN), "a_log_max": float(A_LOG_MAX)},
-                prelude)
+                _bind(**named), clamp_constants(), prelude)
 
 
 def scan_forward(g, s, xproj, u, delta_pre, w, o, hchunk, achunk, hstate, y):
