@@ -101,6 +101,8 @@ fn a_of(a_log: f32) -> f32 { return -exp(clamp(a_log, a_log_min, a_log_max)); }
 override WG: u32 = 32u;
 override SG: u32 = 1u;
 override NV: u32 = 4u;
+// GW: states per state group (16; scan_forward_walk's groups: 4, one vec4, NV = 1).
+override GW: u32 = 16u;
 override TS: u32 = 4u;
 override RB: u32 = 2u;
 // HS: partial sums of dBs/dCs per workgroup (scan_backward_grads): each sums WG / SG / HS
@@ -135,10 +137,10 @@ const RS: u32 = 35u;       // floats per (step, invocation) row of red: dBs 16 |
 @group(0) @binding(16) var<storage, read_write> dxproj: array<f32>;
 @group(0) @binding(17) var<storage, read_write> grad: array<f32>;
 
-// (2, TS, 2, SG, 4) vec4: two buffers (the block being run, the next one staged) of
-// Bs (0) | Cs (1) of a block of TS steps, 16 states per group (zero past N and past
+// (2, TS, 2, SG, GW / 4) vec4: two buffers (the block being run, the next one staged) of
+// Bs (0) | Cs (1) of a block of TS steps, GW states per group (zero past N and past
 // the block's last step).
-var<workgroup> bc: array<vec4<f32>, 2u * TS * 2u * SG * 4u>;
+var<workgroup> bc: array<vec4<f32>, 2u * TS * 2u * SG * (GW / 4u)>;
 // (TS, WG) partial y of each invocation (scan_forward_chunk / _correct, SG > 1).
 var<workgroup> ysum: array<f32, TS * WG>;
 // (RB, WG, RS) per-step contributions of scan_backward_grads' workgroup sums, see RS.
@@ -163,7 +165,7 @@ fn lane(li: u32, wid: vec3<u32>) -> Lane {
 }
 
 // State n of register q, component k.
-fn state_of(l: Lane, q: u32, k: u32) -> u32 { return l.s * 16u + 4u * q + k; }
+fn state_of(l: Lane, q: u32, k: u32) -> u32 { return l.s * GW + 4u * q + k; }
 
 // Index of (b, c, d, n) in a (B, C, D, N) chunk tensor.
 fn cidx(b: u32, c: u32, d: u32, n: u32) -> u32 {
@@ -184,19 +186,19 @@ fn load_a(l: Lane) {
 }
 
 // (BCMAX,) this invocation's share of the next block's Bs | Cs, element e = li + k WG of
-// the block's TS * 32 SG floats (the host keeps TS * 32 SG <= BCMAX * WG).
+// the block's TS * 2 GW SG floats (the host keeps TS * 2 GW SG <= BCMAX * WG).
 const BCMAX: u32 = 32u;
 var<private> nbc: array<f32, BCMAX>;
 
 // Load this invocation's share of Bs, Cs of steps [tb, te) of batch row b into nbc.
 fn fetch_bc(li: u32, b: u32, tb: u32, te: u32) {
-    let per = 32u * SG;                       // floats per step
+    let per = 2u * GW * SG;                   // floats per step
     for (var k = 0u; k < BCMAX; k++) {
         let e = li + k * WG;
         if (e < TS * per) {
             let ts = e / per;
-            let wsel = (e % per) / (16u * SG);    // 0 = Bs, 1 = Cs
-            let n = e % (16u * SG);
+            let wsel = (e % per) / (GW * SG);     // 0 = Bs, 1 = Cs
+            let n = e % (GW * SG);
             var v = 0.0;
             if (tb + ts < te && n < p.N) { v = xproj[(b * p.L + tb + ts) * p.P + p.R + wsel * p.N + n]; }
             nbc[k] = v;
@@ -206,20 +208,20 @@ fn fetch_bc(li: u32, b: u32, tb: u32, te: u32) {
 
 // Store nbc into buffer buf of bc (the other buffer is being read: a barrier after).
 fn store_bc(li: u32, buf: u32) {
-    let per = 32u * SG;
+    let per = 2u * GW * SG;
     for (var k = 0u; k < BCMAX; k++) {
         let e = li + k * WG;
         if (e < TS * per) {
             let ts = e / per;
-            let wsel = (e % per) / (16u * SG);
-            let n = e % (16u * SG);
-            bc[(((buf * TS + ts) * 2u + wsel) * SG + n / 16u) * 4u + (n % 16u) / 4u][n % 4u] = nbc[k];
+            let wsel = (e % per) / (GW * SG);
+            let n = e % (GW * SG);
+            bc[(((buf * TS + ts) * 2u + wsel) * SG + n / GW) * (GW / 4u) + (n % GW) / 4u][n % 4u] = nbc[k];
         }
     }
 }
 
 fn bc_at(buf: u32, ts: u32, wsel: u32, s: u32, q: u32) -> vec4<f32> {
-    return bc[(((buf * TS + ts) * 2u + wsel) * SG + s) * 4u + q];
+    return bc[(((buf * TS + ts) * 2u + wsel) * SG + s) * (GW / 4u) + q];
 }
 
 // (TSMAX,) each: delta_pre, u and dy of the next block's steps (n_) and of the block being
@@ -290,22 +292,26 @@ fn step_h(l: Lane, buf: u32, ts: u32, dl: f32, uu: f32, track: bool) {
 const NONE: u32 = 0xffffffffu;
 
 // Index of this lane's state (q, k) in a (B, C, D, N) chunk tensor, NONE when padded.
-fn ck_index(l: Lane, q: u32, k: u32) -> u32 {
+fn ck_index(l: Lane, q: u32, k: u32) -> u32 { return ck_at(l, l.c, q, k); }
+
+// The same in chunk c (scan_forward_walk runs every chunk of its row).
+fn ck_at(l: Lane, c: u32, q: u32, k: u32) -> u32 {
     let n = state_of(l, q, k);
     if (!l.on || q >= NV || n >= p.N) { return NONE; }
-    return cidx(l.b, l.c, l.d, n);
+    return cidx(l.b, c, l.d, n);
 }
 
 // ---------------------------------------------------------------- forward
 // y of the block's steps where SG > 1: the sums over each channel's state groups of ysum
-// (fixed order), written as y = sum + D_vec u (scan_forward_chunk) or added to y
-// (scan_forward_correct); a barrier before (ysum complete), none after.
+// (fixed order), written as y = sum + D_vec u (scan_forward_chunk, _walk) or added to y
+// (scan_forward_correct); group lane s sums the steps ts = s, s + SG, ...; a barrier
+// before (ysum complete), none after.
 fn y_group_sums(l: Lane, li: u32, tb: u32, t1: u32, dvec: f32, add: bool) {
     workgroupBarrier();
     for (var ts = 0u; ts < TS; ts++) {
-        if (l.on && l.s == 0u && tb + ts < t1) {
+        if (l.on && ts % SG == l.s && tb + ts < t1) {
             var ys = 0.0;
-            for (var j = 0u; j < SG; j++) { ys += ysum[ts * WG + li + j]; }
+            for (var j = 0u; j < SG; j++) { ys += ysum[ts * WG + li - l.s + j]; }
             let r = (l.b * p.L + tb + ts) * p.D + l.d;
             if (add) { y[r] += ys; } else { y[r] = ys + dvec * u[r]; }
         }
@@ -349,6 +355,64 @@ fn scan_forward_chunk(@builtin(local_invocation_index) li: u32, @builtin(workgro
                 let i = ck_index(l, q, k);
                 if (i != NONE) { hchunk[i] = hv[q][k]; achunk[i] = acp[q][k]; }
             }
+        }
+    }
+}
+
+// Grid (G, 1, B): all of a row's chunks in one walk, the state carried from step to step
+// (where B D SG invocations fill the GPU, with groups of GW = 4 states: no carry and no
+// correction pass, each 20-40% of a chunk pass). Writes y, hstate[c] (the state entering
+// chunk c >= 1) and achunk[c] (prod a_t over chunk c, as scan_forward_chunk's) for the
+// backward; delta_pre and u of the next block are loaded while the current one runs.
+@compute @workgroup_size(WG)
+fn scan_forward_walk(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let l = lane(li, wid);
+    load_a(l);
+    for (var q = 0u; q < 4u; q++) { hv[q] = vec4<f32>(0.0); acp[q] = vec4<f32>(1.0); }
+    let dvec = select(0.0, w[p.dvec_off + min(l.d, p.D - 1u)], l.on);
+    let nblk = (p.L + TS - 1u) / TS;
+    var c = 0u;                                // the chunk of the step being run
+    var cend = p.chunk;                        // its end (uniform: the branch below is too)
+    fetch_block(l, li, 0u, p.L); fetch_u(l, 0u, p.L);
+    store_bc(li, 0u);
+    workgroupBarrier();
+    for (var j = 0u; j < nblk; j++) {
+        let tb = j * TS;
+        let buf = j % 2u;
+        rotate();
+        if (j + 1u < nblk) { fetch_block(l, li, tb + TS, p.L); fetch_u(l, tb + TS, p.L); }
+        for (var ts = 0u; ts < TS; ts++) {
+            let t = tb + ts;
+            if (t == cend) {
+                for (var q = 0u; q < 4u; q++) {
+                    for (var k = 0u; k < 4u; k++) {
+                        let i = ck_at(l, c, q, k);
+                        if (i != NONE) { achunk[i] = acp[q][k]; hstate[i + p.D * p.N] = hv[q][k]; }
+                    }
+                    acp[q] = vec4<f32>(1.0);
+                }
+                c += 1u;
+                cend += p.chunk;
+            }
+            var yv = 0.0;
+            if (l.on && t < p.L) {
+                let uu = c_u[ts];
+                step_h(l, buf, ts, softplus(c_dp[ts]), uu, true);
+                for (var q = 0u; q < 4u; q++) {
+                    if (q < NV) { yv += dot(bc_at(buf, ts, 1u, l.s, q), hv[q]); }
+                }
+                if (SG == 1u) { y[(l.b * p.L + t) * p.D + l.d] = yv + dvec * uu; }
+            }
+            if (SG > 1u) { ysum[ts * WG + li] = yv; }
+        }
+        if (SG > 1u) { y_group_sums(l, li, tb, p.L, dvec, false); }
+        if (j + 1u < nblk) { store_bc(li, 1u - buf); }
+        workgroupBarrier();
+    }
+    for (var q = 0u; q < 4u; q++) {
+        for (var k = 0u; k < 4u; k++) {
+            let i = ck_at(l, c, q, k);
+            if (i != NONE) { achunk[i] = acp[q][k]; }
         }
     }
 }
