@@ -52,9 +52,10 @@
 // and a barrier exposed at every block): each chunk kernel loads the next block's Bs | Cs
 // (this invocation's share, into nbc) before it runs the current block's steps, and stores
 // it into the other half of bc after them: one barrier per block, the loads in flight
-// during the steps. The backward kernels load the next block's per-step inputs ahead too
-// (into n_dp, n_u, n_dy); the forward ones, with more work per step, read them where they
-// use them (ahead, they ran slower: docs/performance.md, GPU tuning).
+// during the steps. The backward kernels and scan_forward_correct load the next block's
+// per-step inputs ahead too (into n_dp, n_u, n_dy, n_y); scan_forward_chunk, with more
+// work per step, reads them where it uses them (ahead, they ran slower: docs/performance.md,
+// GPU tuning).
 //
 // Bindings (0 is the uniform Params in every entry point; one name per buffer, at one
 // binding number in every entry point that binds it). xproj (M, P) holds dt_low =
@@ -101,8 +102,6 @@ fn a_of(a_log: f32) -> f32 { return -exp(clamp(a_log, a_log_min, a_log_max)); }
 override WG: u32 = 32u;
 override SG: u32 = 1u;
 override NV: u32 = 4u;
-// GW: states per state group (16; scan_forward_walk's groups: 4, one vec4, NV = 1).
-override GW: u32 = 16u;
 override TS: u32 = 4u;
 override RB: u32 = 2u;
 // HS: partial sums of dBs/dCs per workgroup (scan_backward_grads): each sums WG / SG / HS
@@ -137,10 +136,10 @@ const RS: u32 = 35u;       // floats per (step, invocation) row of red: dBs 16 |
 @group(0) @binding(16) var<storage, read_write> dxproj: array<f32>;
 @group(0) @binding(17) var<storage, read_write> grad: array<f32>;
 
-// (2, TS, 2, SG, GW / 4) vec4: two buffers (the block being run, the next one staged) of
-// Bs (0) | Cs (1) of a block of TS steps, GW states per group (zero past N and past
+// (2, TS, 2, SG, 4) vec4: two buffers (the block being run, the next one staged) of
+// Bs (0) | Cs (1) of a block of TS steps, 16 states per group (zero past N and past
 // the block's last step).
-var<workgroup> bc: array<vec4<f32>, 2u * TS * 2u * SG * (GW / 4u)>;
+var<workgroup> bc: array<vec4<f32>, 2u * TS * 2u * SG * 4u>;
 // (TS, WG) partial y of each invocation (scan_forward_chunk / _correct, SG > 1).
 var<workgroup> ysum: array<f32, TS * WG>;
 // (RB, WG, RS) per-step contributions of scan_backward_grads' workgroup sums, see RS.
@@ -165,7 +164,7 @@ fn lane(li: u32, wid: vec3<u32>) -> Lane {
 }
 
 // State n of register q, component k.
-fn state_of(l: Lane, q: u32, k: u32) -> u32 { return l.s * GW + 4u * q + k; }
+fn state_of(l: Lane, q: u32, k: u32) -> u32 { return l.s * 16u + 4u * q + k; }
 
 // Index of (b, c, d, n) in a (B, C, D, N) chunk tensor.
 fn cidx(b: u32, c: u32, d: u32, n: u32) -> u32 {
@@ -186,19 +185,19 @@ fn load_a(l: Lane) {
 }
 
 // (BCMAX,) this invocation's share of the next block's Bs | Cs, element e = li + k WG of
-// the block's TS * 2 GW SG floats (the host keeps TS * 2 GW SG <= BCMAX * WG).
+// the block's TS * 32 SG floats (the host keeps TS * 32 SG <= BCMAX * WG).
 const BCMAX: u32 = 32u;
 var<private> nbc: array<f32, BCMAX>;
 
 // Load this invocation's share of Bs, Cs of steps [tb, te) of batch row b into nbc.
 fn fetch_bc(li: u32, b: u32, tb: u32, te: u32) {
-    let per = 2u * GW * SG;                   // floats per step
+    let per = 32u * SG;                       // floats per step
     for (var k = 0u; k < BCMAX; k++) {
         let e = li + k * WG;
         if (e < TS * per) {
             let ts = e / per;
-            let wsel = (e % per) / (GW * SG);     // 0 = Bs, 1 = Cs
-            let n = e % (GW * SG);
+            let wsel = (e % per) / (16u * SG);    // 0 = Bs, 1 = Cs
+            let n = e % (16u * SG);
             var v = 0.0;
             if (tb + ts < te && n < p.N) { v = xproj[(b * p.L + tb + ts) * p.P + p.R + wsel * p.N + n]; }
             nbc[k] = v;
@@ -208,33 +207,36 @@ fn fetch_bc(li: u32, b: u32, tb: u32, te: u32) {
 
 // Store nbc into buffer buf of bc (the other buffer is being read: a barrier after).
 fn store_bc(li: u32, buf: u32) {
-    let per = 2u * GW * SG;
+    let per = 32u * SG;
     for (var k = 0u; k < BCMAX; k++) {
         let e = li + k * WG;
         if (e < TS * per) {
             let ts = e / per;
-            let wsel = (e % per) / (GW * SG);
-            let n = e % (GW * SG);
-            bc[(((buf * TS + ts) * 2u + wsel) * SG + n / GW) * (GW / 4u) + (n % GW) / 4u][n % 4u] = nbc[k];
+            let wsel = (e % per) / (16u * SG);
+            let n = e % (16u * SG);
+            bc[(((buf * TS + ts) * 2u + wsel) * SG + n / 16u) * 4u + (n % 16u) / 4u][n % 4u] = nbc[k];
         }
     }
 }
 
 fn bc_at(buf: u32, ts: u32, wsel: u32, s: u32, q: u32) -> vec4<f32> {
-    return bc[(((buf * TS + ts) * 2u + wsel) * SG + s) * (GW / 4u) + q];
+    return bc[(((buf * TS + ts) * 2u + wsel) * SG + s) * 4u + q];
 }
 
-// (TSMAX,) each: delta_pre, u and dy of the next block's steps (n_) and of the block being
-// run (c_), rows of (M, D) (values past the chunk's end are not read).
+// (TSMAX,) each: delta_pre, u, dy and y (scan_forward_correct) of the next block's steps
+// (n_) and of the block being run (c_), rows of (M, D) (values past the chunk's end are not
+// read).
 var<private> n_dp: array<f32, TSMAX>;
 var<private> n_u: array<f32, TSMAX>;
 var<private> n_dy: array<f32, TSMAX>;
+var<private> n_y: array<f32, TSMAX>;
 var<private> c_dp: array<f32, TSMAX>;
 var<private> c_u: array<f32, TSMAX>;
 var<private> c_dy: array<f32, TSMAX>;
+var<private> c_y: array<f32, TSMAX>;
 
-// Load delta_pre (n_dp), u (n_u) or dy (n_dy) of steps [tb, min(tb + TS, te)) (three
-// functions: an entry point binds only the buffers it reads).
+// Load delta_pre (n_dp), u (n_u), dy (n_dy) or y (n_y) of steps [tb, min(tb + TS, te))
+// (four functions: an entry point binds only the buffers it reads).
 fn fetch_dp(l: Lane, tb: u32, te: u32) {
     for (var ts = 0u; ts < TSMAX; ts++) {
         if (ts < TS && l.on && tb + ts < te) { n_dp[ts] = delta_pre[(l.b * p.L + tb + ts) * p.D + l.d]; }
@@ -253,6 +255,12 @@ fn fetch_dy(l: Lane, tb: u32, te: u32) {
     }
 }
 
+fn fetch_y(l: Lane, tb: u32, te: u32) {
+    for (var ts = 0u; ts < TSMAX; ts++) {
+        if (ts < TS && l.on && tb + ts < te) { n_y[ts] = y[(l.b * p.L + tb + ts) * p.D + l.d]; }
+    }
+}
+
 // The loads every walk issues for a block: its Bs | Cs share and delta_pre.
 fn fetch_block(l: Lane, li: u32, tb: u32, te: u32) {
     fetch_bc(li, l.b, tb, te);
@@ -265,6 +273,7 @@ fn rotate() {
     c_dp = n_dp;
     c_u = n_u;
     c_dy = n_dy;
+    c_y = n_y;
 }
 
 // ZOH / Euler input factor coef = b_t / Bs_t of register q (ex = exp(x), x = delta A).
@@ -292,26 +301,22 @@ fn step_h(l: Lane, buf: u32, ts: u32, dl: f32, uu: f32, track: bool) {
 const NONE: u32 = 0xffffffffu;
 
 // Index of this lane's state (q, k) in a (B, C, D, N) chunk tensor, NONE when padded.
-fn ck_index(l: Lane, q: u32, k: u32) -> u32 { return ck_at(l, l.c, q, k); }
-
-// The same in chunk c (scan_forward_walk runs every chunk of its row).
-fn ck_at(l: Lane, c: u32, q: u32, k: u32) -> u32 {
+fn ck_index(l: Lane, q: u32, k: u32) -> u32 {
     let n = state_of(l, q, k);
     if (!l.on || q >= NV || n >= p.N) { return NONE; }
-    return cidx(l.b, c, l.d, n);
+    return cidx(l.b, l.c, l.d, n);
 }
 
 // ---------------------------------------------------------------- forward
 // y of the block's steps where SG > 1: the sums over each channel's state groups of ysum
-// (fixed order), written as y = sum + D_vec u (scan_forward_chunk, _walk) or added to y
-// (scan_forward_correct); group lane s sums the steps ts = s, s + SG, ...; a barrier
-// before (ysum complete), none after.
+// (fixed order), written as y = sum + D_vec u (scan_forward_chunk) or added to y
+// (scan_forward_correct); a barrier before (ysum complete), none after.
 fn y_group_sums(l: Lane, li: u32, tb: u32, t1: u32, dvec: f32, add: bool) {
     workgroupBarrier();
     for (var ts = 0u; ts < TS; ts++) {
-        if (l.on && ts % SG == l.s && tb + ts < t1) {
+        if (l.on && l.s == 0u && tb + ts < t1) {
             var ys = 0.0;
-            for (var j = 0u; j < SG; j++) { ys += ysum[ts * WG + li - l.s + j]; }
+            for (var j = 0u; j < SG; j++) { ys += ysum[ts * WG + li + j]; }
             let r = (l.b * p.L + tb + ts) * p.D + l.d;
             if (add) { y[r] += ys; } else { y[r] = ys + dvec * u[r]; }
         }
@@ -355,64 +360,6 @@ fn scan_forward_chunk(@builtin(local_invocation_index) li: u32, @builtin(workgro
                 let i = ck_index(l, q, k);
                 if (i != NONE) { hchunk[i] = hv[q][k]; achunk[i] = acp[q][k]; }
             }
-        }
-    }
-}
-
-// Grid (G, 1, B): all of a row's chunks in one walk, the state carried from step to step
-// (where B D SG invocations fill the GPU, with groups of GW = 4 states: no carry and no
-// correction pass, each 20-40% of a chunk pass). Writes y, hstate[c] (the state entering
-// chunk c >= 1) and achunk[c] (prod a_t over chunk c, as scan_forward_chunk's) for the
-// backward; delta_pre and u of the next block are loaded while the current one runs.
-@compute @workgroup_size(WG)
-fn scan_forward_walk(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let l = lane(li, wid);
-    load_a(l);
-    for (var q = 0u; q < 4u; q++) { hv[q] = vec4<f32>(0.0); acp[q] = vec4<f32>(1.0); }
-    let dvec = select(0.0, w[p.dvec_off + min(l.d, p.D - 1u)], l.on);
-    let nblk = (p.L + TS - 1u) / TS;
-    var c = 0u;                                // the chunk of the step being run
-    var cend = p.chunk;                        // its end (uniform: the branch below is too)
-    fetch_block(l, li, 0u, p.L); fetch_u(l, 0u, p.L);
-    store_bc(li, 0u);
-    workgroupBarrier();
-    for (var j = 0u; j < nblk; j++) {
-        let tb = j * TS;
-        let buf = j % 2u;
-        rotate();
-        if (j + 1u < nblk) { fetch_block(l, li, tb + TS, p.L); fetch_u(l, tb + TS, p.L); }
-        for (var ts = 0u; ts < TS; ts++) {
-            let t = tb + ts;
-            if (t == cend) {
-                for (var q = 0u; q < 4u; q++) {
-                    for (var k = 0u; k < 4u; k++) {
-                        let i = ck_at(l, c, q, k);
-                        if (i != NONE) { achunk[i] = acp[q][k]; hstate[i + p.D * p.N] = hv[q][k]; }
-                    }
-                    acp[q] = vec4<f32>(1.0);
-                }
-                c += 1u;
-                cend += p.chunk;
-            }
-            var yv = 0.0;
-            if (l.on && t < p.L) {
-                let uu = c_u[ts];
-                step_h(l, buf, ts, softplus(c_dp[ts]), uu, true);
-                for (var q = 0u; q < 4u; q++) {
-                    if (q < NV) { yv += dot(bc_at(buf, ts, 1u, l.s, q), hv[q]); }
-                }
-                if (SG == 1u) { y[(l.b * p.L + t) * p.D + l.d] = yv + dvec * uu; }
-            }
-            if (SG > 1u) { ysum[ts * WG + li] = yv; }
-        }
-        if (SG > 1u) { y_group_sums(l, li, tb, p.L, dvec, false); }
-        if (j + 1u < nblk) { store_bc(li, 1u - buf); }
-        workgroupBarrier();
-    }
-    for (var q = 0u; q < 4u; q++) {
-        for (var k = 0u; k < 4u; k++) {
-            let i = ck_at(l, c, q, k);
-            if (i != NONE) { achunk[i] = acp[q][k]; }
         }
     }
 }
@@ -463,21 +410,27 @@ fn scan_forward_correct(@builtin(local_invocation_index) li: u32, @builtin(workg
         }
     }
     var S = 0.0;                               // sum of delta over the chunk's steps so far
-    fetch_bc(li, l.b, t0, t1);
+    // (delta_pre and, with one state group, y of the next block loaded while this one runs)
+    fetch_block(l, li, t0, t1);
+    if (SG == 1u) { fetch_y(l, t0, t1); }
     store_bc(li, 0u);
     workgroupBarrier();
     for (var tb = t0; tb < t1; tb += TS) {
         let buf = ((tb - t0) / TS) % 2u;
-        if (tb + TS < t1) { fetch_bc(li, l.b, tb + TS, t1); }
+        rotate();
+        if (tb + TS < t1) {
+            fetch_block(l, li, tb + TS, t1);
+            if (SG == 1u) { fetch_y(l, tb + TS, t1); }
+        }
         for (var ts = 0u; ts < TS; ts++) {
             var yv = 0.0;
             let r = (l.b * p.L + tb + ts) * p.D + l.d;
             if (l.on && tb + ts < t1) {
-                S += softplus(delta_pre[r]);
+                S += softplus(c_dp[ts]);
                 for (var q = 0u; q < 4u; q++) {
                     if (q < NV) { yv += dot(bc_at(buf, ts, 1u, l.s, q), exp(Av[q] * S) * hv[q]); }
                 }
-                if (SG == 1u) { y[r] += yv; }
+                if (SG == 1u) { y[r] = c_y[ts] + yv; }
             }
             if (SG > 1u) { ysum[ts * WG + li] = yv; }
         }

@@ -36,11 +36,6 @@ SCAN_SUM_PARTS = 2
 # by default: no faster on NVIDIA hardware, whose backward walk is bound by its arithmetic,
 # not its barriers (docs/gpu.md, Kernels).
 SCAN_SUBGROUP_SUMS = False
-# The forward as one walk of each row's chunks (scan_forward_walk: states in groups of 4, so
-# B x D x ceil(N / 4) invocations) where that many invocations reach SCAN_WALK_MIN and there
-# is more than one chunk; else the chunk pass, the carries and the correction (which keep
-# B x C x D invocations busy where the rows and channels alone are too few).
-SCAN_WALK_MIN = 32768
 SUBGROUP_SIZES = (8, 16, 32)     # the subgroup sizes scan_sums_subgroup.wgsl is written for
 _TSMAX, _CKMAX, _RS, _BCMAX = 8, 16, 35, 32   # consts of kernels/scan.wgsl (RS: its sums')
 # Workgroup memory the chunk kernels may use when the caller does not pass the
@@ -51,7 +46,7 @@ WG_MEMORY_MIN = 16384
 def layout_key():
     """The module settings a recorded plan depends on (part of the plan caches' keys)."""
     return (SCAN_CHUNK, SCAN_WG, SCAN_TS_FORWARD, SCAN_TS_BACKWARD, SCAN_RB, SCAN_SUM_PARTS,
-            SCAN_SUBGROUP_SUMS, SCAN_WALK_MIN)
+            SCAN_SUBGROUP_SUMS)
 
 
 def subgroup_sums(g, N) -> int:
@@ -135,20 +130,6 @@ class ScanShape:
         else:
             self.hs = SCAN_SUM_PARTS if self.cpw % SCAN_SUM_PARTS == 0 else 1
         self.chunk_elems = B * self.C * D * N          # size of a (B, C, D, N) chunk tensor
-        # scan_forward_walk's layout: groups of 4 states (NV 1), wg_w invocations of cpw_w
-        # channels, G_w workgroups along D, ts_w steps per staged block
-        self.SG_w = math.ceil(N / 4)
-        self.cpw_w = max(1, SCAN_WG // self.SG_w)
-        self.wg_w = self.cpw_w * self.SG_w
-        self.G_w = math.ceil(D / self.cpw_w)
-        self.ts_w = max(1, min(SCAN_TS_FORWARD, _TSMAX))
-        per_w = 8 * self.SG_w                           # floats of Bs | Cs staged per step
-        fits_w = lambda ts: (4 * (2 * ts * per_w + ts * self.wg_w) <= wg_memory    # noqa: E731
-                             and ts * per_w <= _BCMAX * self.wg_w)
-        while self.ts_w > 1 and not fits_w(self.ts_w):
-            self.ts_w //= 2
-        self.walk = (self.C > 1 and B * D * self.SG_w >= SCAN_WALK_MIN and self.wg_w <= 256
-                     and fits_w(self.ts_w))
 
     def params(self, alog_off, dvec_off):
         return [self.B, self.L, self.D, self.N, self.R, self.P, self.chunk, self.C, self.G * self.hs,
@@ -179,10 +160,6 @@ def _module(g, s):
 def _chunk_op(g, s, entry, params, chunks=None, **named):
     """One workgroup per (channel group, chunk, batch row); ``chunks``: of the first
     ``chunks`` workgroups along y only (default all C)."""
-    if entry == "scan_forward_walk":
-        consts = {**scan_constants(s.wg_w), "SG": s.SG_w, "NV": 1, "GW": 4, "TS": s.ts_w}
-        file, prelude = _module(g, s)
-        return g.op(file, entry, (s.G_w, 1, s.B), params, _bind(**named), consts, prelude)
     ts = s.ts_b if entry == "scan_backward_grads" else s.ts_f
     consts = {**scan_constants(s.wg), "SG": s.SG, "NV": s.NV, "TS": ts, "RB": s.rb}
     if entry == "scan_backward_grads":
@@ -214,13 +191,9 @@ def scan_forward(g, s, xproj, u, delta_pre, w, o, hchunk, achunk, hstate, y):
     chunk (kept for the backward); hchunk, achunk (B, C, D, N) are scratch (achunk is
     read by the backward). Every chunk from a zero state (its y, end state and decay
     product), the states entering the chunks, then y of chunks 1.. corrected by them
-    (kernels/scan.wgsl). One chunk: the first pass alone. Where ``s.walk``: one walk of each
-    row's chunks (scan_forward_walk), which writes hstate and achunk itself."""
+    (kernels/scan.wgsl). One chunk: the first pass alone."""
     prm = s.params(o["A_log"], o["D_vec"])
     ins = dict(xproj=xproj, u=u, delta_pre=delta_pre, w=w)
-    if s.walk:
-        return [_chunk_op(g, s, "scan_forward_walk", prm, **ins, achunk=achunk, hstate=hstate,
-                          y=y)]
     first = _chunk_op(g, s, "scan_forward_chunk", prm, **ins, hchunk=hchunk, achunk=achunk, y=y)
     if s.C == 1:
         return [first]

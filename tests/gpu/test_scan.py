@@ -21,22 +21,16 @@ g = require_gpu()
 from mamba_ext.gpu import scan as S  # noqa: E402
 
 
-@pytest.fixture(autouse=True, params=["default", "wg32-small-blocks", "subgroup-sums", "walk"])
+@pytest.fixture(autouse=True, params=["default", "wg32-small-blocks", "subgroup-sums"])
 def scan_mode(request, monkeypatch):
-    """Every test in four layouts: the default one (the module's: subgroup sums where
-    scan.SCAN_SUBGROUP_SUMS and scan.subgroup_sums allow; at these sizes the forward's chunk
-    passes); 32 invocations with staged
+    """Every test in three layouts: the default one (the module's: subgroup sums where
+    scan.SCAN_SUBGROUP_SUMS and scan.subgroup_sums allow); 32 invocations with staged
     blocks of 4 (forward) and 2 (backward) steps, two steps per reduction round (more
     blocks, rounds and partial blocks per chunk), one partial of the dBs/dCs sums per
-    workgroup (the default has two), the sums through workgroup memory; the subgroup
+    workgroup (the default has two), the sums through workgroup memory; and the subgroup
     sums at the subgroup size this device's subgroups have (gpu_support.subgroup_layout:
-    lavapipe's 8, NVIDIA's 32), also where the adapter does not state it; and the forward
-    as one walk of each row's chunks wherever there is more than one (scan_forward_walk),
-    in blocks of 4 steps (chunk ends inside blocks where the chunk is not a multiple)."""
-    if request.param == "walk":
-        monkeypatch.setattr(S, "SCAN_WALK_MIN", 0)
-        monkeypatch.setattr(S, "SCAN_TS_FORWARD", 4)
-    elif request.param == "wg32-small-blocks":
+    lavapipe's 8, NVIDIA's 32), also where the adapter does not state it."""
+    if request.param == "wg32-small-blocks":
         monkeypatch.setattr(S, "SCAN_SUM_PARTS", 1)
         monkeypatch.setattr(S, "SCAN_WG", 32)
         monkeypatch.setattr(S, "SCAN_TS_FORWARD", 4)
@@ -236,30 +230,14 @@ def test_scan_deterministic():
 
 
 @pytest.mark.parametrize("L", [8, 40])
-def test_scan_passes(L, scan_mode):
-    """One chunk: the chunk pass alone (its y is all of y); more: three, or the walk where
-    B D ceil(N / 4) invocations reach SCAN_WALK_MIN."""
+def test_scan_passes(L):
+    """One chunk: the chunk pass alone (its y is all of y); more: three."""
     s = S.ScanShape(2, L, 8, 4, 1, 8, True)
     bufs = [g.buffer(4, "b") for _ in range(7)]
     ops = S.scan_forward(g, s, *bufs[:4], {"A_log": 0, "D_vec": 0}, *bufs[4:7], g.buffer(4, "y"))
-    want = (["scan_forward_chunk"] if L <= 8 else ["scan_forward_walk"] if scan_mode == "walk"
-            else ["scan_forward_chunk", "scan_forward_carry", "scan_forward_correct"])
-    assert [op.name for op in ops] == want
-    assert S.ScanShape(8, 2048, 1536, 16, 48, 64, True).walk == (S.SCAN_WALK_MIN <= 8 * 1536 * 4)
-    assert not S.ScanShape(1, 64, 1536, 16, 48, 64, True).walk      # one chunk
-
-
-def test_scan_walk_matches_chunks(monkeypatch):
-    """The walk and the chunk passes: the same y and gradients to float32 rounding (the
-    states entering the chunks are summed in another order), achunk the same bits."""
-    cfg = (2, 70, 40, 16, 3, 8, "zoh")
-    c = make_case(*cfg[:5], seed=2)
-    monkeypatch.setattr(S, "SCAN_WALK_MIN", 1 << 40)
-    want = gpu_scan(c, *cfg)
-    monkeypatch.setattr(S, "SCAN_WALK_MIN", 0)
-    got = gpu_scan(c, *cfg)
-    for k in ("y", "du", "ddelta_pre", "dxproj", "A_log", "D_vec"):
-        assert nerr(got[k], want[k]) <= 2e-6, k
+    assert [op.name for op in ops] == (["scan_forward_chunk"] if L <= 8 else
+                                       ["scan_forward_chunk", "scan_forward_carry",
+                                        "scan_forward_correct"])
 
 
 @pytest.mark.parametrize("N, SG, NV", [(1, 1, 1), (5, 1, 2), (16, 1, 4), (17, 2, 4), (40, 3, 4),
@@ -276,10 +254,6 @@ def test_scan_layout(N, SG, NV):
     assert s.ts_b % s.rb == 0 and s.chunk <= 16 * s.ts_b
     big = S.ScanShape(1, 100, 64, N, 2, 64, True, wg_memory=49152)    # a larger device limit
     assert big.ts_b >= s.ts_b and big.rb >= s.rb and big.chunk >= s.chunk
-    # the walk's groups of 4 states (one vec4 an invocation)
-    assert s.SG_w == -(-N // 4) and s.cpw_w * s.SG_w == s.wg_w
-    assert 4 * (2 * s.ts_w * 8 * s.SG_w + s.ts_w * s.wg_w) <= 16384
-    assert s.ts_w * 8 * s.SG_w <= 32 * s.wg_w and s.G_w * s.cpw_w >= 64
 
 
 def test_staged_blocks_held_to_the_kernels_arrays(monkeypatch):
