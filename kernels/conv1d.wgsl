@@ -25,8 +25,11 @@
 //   K - 1 before and after it, are staged once in workgroup memory (coalesced loads, each
 //   word read once) and every tap reads them from there. dconv is never stored: an
 //   invocation computes it for its RPT rows and the K - 1 after them (recomputed by the next
-//   lane). T (a multiple of 8, RPT <= RPTMAX) is chosen by the host to fit the device's
-//   workgroup memory ((T + 2 (K - 1)) x 256 bytes + 2 KB).
+//   lane). A tile's loads (its du rows, its words of the staged rows) are issued while the
+//   tile before it runs, into registers, and staged in the other of two buffers (one
+//   barrier a tile: the kernel is bound by its loads' latency, not their bytes). T (a
+//   multiple of 8, RPT <= RPTMAX) is chosen by the host to fit the device's workgroup
+//   memory (2 (T + 2 (K - 1)) x 256 bytes + 2 KB).
 //
 // Y holds f32 values or, with HALF, f16 pairs (two per word, element e in half e % 2: the
 // f16 mode's cache, read where it is used instead of unpacked into an f32 copy). With
@@ -91,17 +94,26 @@ fn load_taps(d: u32) {
 }
 
 // xc of row r (0 outside [0, M)) at channels d, d + 1 (0 past D).
-fn xc_pair(r: i32, d: u32) -> vec2<f32> {
-    if (r < 0 || u32(r) >= p.M || d >= p.D) { return vec2<f32>(0.0); }
+fn xc_pair(r: i32, d: u32) -> vec2<f32> { return xc_value(xc_words(r, d), d); }
+
+// The words xc_pair reads (one f16 pair with HALF, else two f32; 0 outside), and their
+// values: apart, so that conv1d_backward issues a tile's loads a tile before it uses them.
+fn xc_words(r: i32, d: u32) -> vec2<u32> {
+    if (r < 0 || u32(r) >= p.M || d >= p.D) { return vec2<u32>(0u); }
     let e = u32(r) * p.y_rs + d;          // even: y_rs and d are
+    if (HALF) { return vec2<u32>(Y[e / 2u], 0u); }
+    var v = vec2<u32>(Y[e], 0u);
+    if (d + 1u < p.D) { v.y = Y[e + 1u]; }
+    return v;
+}
+
+fn xc_value(h: vec2<u32>, d: u32) -> vec2<f32> {
     var v = vec2<f32>(0.0);
     if (HALF) {
-        let h = Y[e / 2u];
-        v.x = f16_value(h & 0xffffu);
-        if (d + 1u < p.D) { v.y = f16_value(h >> 16u); }
+        v.x = f16_value(h.x & 0xffffu);
+        if (d + 1u < p.D) { v.y = f16_value(h.x >> 16u); }
     } else {
-        v.x = bitcast<f32>(Y[e]);
-        if (d + 1u < p.D) { v.y = bitcast<f32>(Y[e + 1u]); }
+        v = bitcast<vec2<f32>>(h);
     }
     return v;
 }
@@ -172,14 +184,21 @@ fn conv1d_forward(@builtin(local_invocation_index) li: u32,
 @group(0) @binding(5) var<storage, read_write> b_part: array<f32>;
 @group(0) @binding(6) var<storage, read_write> b_g: array<f32>;
 
-// (T + 2 (K - 1), 32) xc pairs of rows r0 - (K - 1) .. r0 + T + K - 2
-var<workgroup> xs_b: array<vec2<f32>, (T + 2u * K - 2u) * 32u>;
+// (2, T + 2 (K - 1), 32) xc pairs of rows r0 - (K - 1) .. r0 + T + K - 2, two tiles' (the
+// one being run, the next one staged)
+var<workgroup> xs_b: array<vec2<f32>, 2u * (T + 2u * K - 2u) * 32u>;
+fn xs_len() -> u32 { return (T + 2u * K - 2u) * 32u; }        // one tile's
 // (8, 32) one tap's sums (channel pairs) of the workgroup's eight lanes, summed in the
 // order ly = 0..7
 var<workgroup> red: array<vec2<f32>, 256>;
 // (RPTMAX + KMAX - 1,) du, then dconv, of this invocation's rows and the K - 1 after them
 // (0 past M)
 var<private> dc: array<vec2<f32>, RPTMAX + KMAX - 1u>;
+// the next tile's du rows (as dc) and this invocation's words of its staged xc rows (element
+// li + 256 j of xs_b's tile), loaded while the current tile runs
+var<private> ndu: array<vec2<f32>, RPTMAX + KMAX - 1u>;
+const XW: u32 = ((8u * RPTMAX + 2u * KMAX - 2u) * 32u + 255u) / 256u;
+var<private> nxs: array<vec2<u32>, XW>;
 // (KMAX + 2,) this invocation's sums of dwConv (k < K), dbConv (k = K) and, with OUT16,
 // of dxc (k = K + 1: in_proj's bias gradient)
 var<private> acc: array<vec2<f32>, KMAX + 2u>;
@@ -192,6 +211,26 @@ fn step_at(tq: u32, i: u32) -> u32 {
     var t = tq + i;
     if (t >= p.L) { t = t % p.L; }
     return t;
+}
+
+// Load the tile of rows r0..: du of this invocation's rows (and the K - 1 after them) into
+// ndu, its words of the tile's xc rows into nxs.
+fn load_tile(on: bool, two: bool, li: u32, q0: u32, d: u32, c0: u32, r0: u32) {
+    if (on) {
+        for (var i = 0u; i < T / 8u + K - 1u; i++) {
+            let r = r0 + q0 + i;
+            var v = vec2<f32>(0.0);
+            if (r < p.M) {
+                v.x = b_du[r * p.D + d];
+                if (two) { v.y = b_du[r * p.D + d + 1u]; }
+            }
+            ndu[i] = v;
+        }
+    }
+    for (var j = 0u; j < XW; j++) {
+        let i = li + 256u * j;
+        if (i < xs_len()) { nxs[j] = xc_words(i32(r0 + i / 32u) - i32(K - 1u), c0 + 2u * (i % 32u)); }
+    }
 }
 
 @compute @workgroup_size(256)
@@ -210,24 +249,18 @@ fn conv1d_backward(@builtin(local_invocation_index) li: u32,
     let KS = n_sums();
     for (var k = 0u; k < KS; k++) { acc[k] = vec2<f32>(0.0); }
     if (on) { load_taps(d); }
+    // each tile's loads are issued a tile ahead (ndu, nxs), its xc rows staged into the
+    // buffer of xs_b the tile before last read: one barrier a tile
+    if (rb * p.rows_per < r1) { load_tile(on, two, li, q0, d, pl.x * 64u, rb * p.rows_per); }
     for (var r0 = rb * p.rows_per; r0 < r1; r0 += T) {
-        // du of this invocation's rows into dc first, so that its loads and the staging
-        // loads below are in flight together (298 -> 280 us at block d AMP, H100)
-        if (on) {
-            for (var i = 0u; i < RPT + K - 1u; i++) {
-                let r = r0 + q0 + i;
-                var v = vec2<f32>(0.0);
-                if (r < p.M) {
-                    v.x = b_du[r * p.D + d];
-                    if (two) { v.y = b_du[r * p.D + d + 1u]; }
-                }
-                dc[i] = v;
-            }
-        }
-        for (var i = li; i < (T + 2u * K - 2u) * 32u; i += 256u) {
-            xs_b[i] = xc_pair(i32(r0 + i / 32u) - i32(K - 1u), pl.x * 64u + 2u * (i % 32u));
+        let xb = ((r0 - rb * p.rows_per) / T) % 2u * xs_len();
+        for (var i = 0u; i < RPT + K - 1u; i++) { dc[i] = ndu[i]; }
+        for (var j = 0u; j < XW; j++) {
+            let i = li + 256u * j;
+            if (i < xs_len()) { xs_b[xb + i] = xc_value(nxs[j], pl.x * 64u + 2u * (i % 32u)); }
         }
         workgroupBarrier();
+        if (r0 + T < r1) { load_tile(on, two, li, q0, d, pl.x * 64u, r0 + T); }
         if (on) {
             let tq = (r0 + q0) % p.L;                       // step of row r0 + q0 in its sequence
             for (var i = 0u; i < RPT + K - 1u; i++) {      // dconv of rows r0 + q0 + i
@@ -237,7 +270,7 @@ fn conv1d_backward(@builtin(local_invocation_index) li: u32,
                     let t = step_at(tq, i);
                     var s = bk;
                     for (var k = 0u; k < K; k++) {
-                        if (k <= t) { s += wk[k] * xs_b[(q0 + i + K - 1u - k) * 32u + lx]; }
+                        if (k <= t) { s += wk[k] * xs_b[xb + (q0 + i + K - 1u - k) * 32u + lx]; }
                     }
                     v.x = dc[i].x * dsilu(s.x);
                     if (two) { v.y = dc[i].y * dsilu(s.y); }
@@ -251,7 +284,7 @@ fn conv1d_backward(@builtin(local_invocation_index) li: u32,
                 var s = vec2<f32>(0.0);
                 for (var k = 0u; k < K; k++) {
                     if (t + k < p.L) { s += wk[k] * dc[j + k]; }
-                    if (k <= t) { acc[k] += dc[j] * xs_b[(q0 + j + K - 1u - k) * 32u + lx]; }
+                    if (k <= t) { acc[k] += dc[j] * xs_b[xb + (q0 + j + K - 1u - k) * 32u + lx]; }
                 }
                 acc[K] += dc[j];
                 if (OUT16) {                        // f16 pairs (D even); their f32 sums
@@ -263,7 +296,6 @@ fn conv1d_backward(@builtin(local_invocation_index) li: u32,
                 }
             }
         }
-        workgroupBarrier();
     }
     for (var k = 0u; k < KS; k++) {
         red[li] = acc[k];

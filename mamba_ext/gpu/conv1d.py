@@ -25,11 +25,11 @@ def _check_dconv(K):
 
 def _tile(g, K):
     """The backward's rows per tile (override T) for dConv ``K``: the largest of
-    :data:`CONV_TILES` whose staged rows (T + 2 (K - 1), 256 bytes each) and 2 KB of lane sums
-    fit the device's workgroup memory."""
+    :data:`CONV_TILES` whose staged rows (two tiles' T + 2 (K - 1), 256 bytes each) and 2 KB
+    of lane sums fit the device's workgroup memory."""
     _check_dconv(K)
     for T in CONV_TILES:
-        if (T + 2 * (K - 1)) * 256 + 2048 <= g.wg_memory:
+        if 2 * (T + 2 * (K - 1)) * 256 + 2048 <= g.wg_memory:
             return T
     raise ValueError(f"mamba_ext.gpu: dConv {K} needs more workgroup memory than this "
                      f"device's {g.wg_memory} bytes")
