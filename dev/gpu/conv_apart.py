@@ -20,16 +20,18 @@ REPS = 5
 VARIANTS = {
     "base": [],
     # the weight-gradient sums (dwConv per tap) not accumulated
-    "nodw": [("if (k <= t) { acc[k] += dc[j] * xs_b[(q0 + j + K - 1u - k) * 32u + lx]; }", "")],
+    "nodw": [("if (k <= t) { acc[k] += dc[j] * xs_b[xb + (q0 + j + K - 1u - k) * 32u + lx]; }",
+              "")],
     # du not read (dconv = SiLU'(conv))
     "nodu": [("v.x = b_du[r * p.D + d];", "v.x = 1.0; if (p.M == 0xffffffffu) { v.x = b_du[0]; }"),
              ("if (two) { v.y = b_du[r * p.D + d + 1u]; }", "if (two) { v.y = 1.0; }")],
     # no SiLU derivative (dconv = du * conv)
     "nodsilu": [("v.x = dc[i].x * dsilu(s.x);", "v.x = dc[i].x * s.x;"),
                 ("if (two) { v.y = dc[i].y * dsilu(s.y); }", "if (two) { v.y = dc[i].y * s.y; }")],
-    # the tile's xc rows not loaded (staged as zeros)
-    "nostage": [("xs_b[i] = xc_pair(i32(r0 + i / 32u) - i32(K - 1u), pl.x * 64u + 2u * (i % 32u));",
-                 "xs_b[i] = vec2<f32>(f32(i)); if (p.M == 0xffffffffu) { xs_b[i] = xc_pair(0, 0u); }")],
+    # the tile's xc rows not loaded (their index staged instead)
+    "nostage": [("nxs[j] = xc_words(i32(r0 + i / 32u) - i32(K - 1u), c0 + 2u * (i % 32u));",
+                 "nxs[j] = bitcast<vec2<u32>>(vec2<f32>(f32(i))); "
+                 "if (p.M == 0xffffffffu) { nxs[j] = xc_words(0, 0u); }")],
     # dxc not stored (its column sums still taken)
     "nostore": [("b_dY[(r * p.y_rs + d) / 2u] = f16_pair(s.x, s.y);",
                  "if (p.M == 0xffffffffu) { b_dY[0] = 0u; }")],
