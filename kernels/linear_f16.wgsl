@@ -8,6 +8,14 @@
 //   C[i, j] = C0[i, j] + sum_k A(i, k) * B(k, j),  C0 = C (ACCUMULATE), else
 //             bias[j] (INIT_BIAS), else 0
 //
+// SCALED (the fp32 products of linear_split.wgsl: operands scaled by powers of two sA, sB
+// and split into f16 planes hi and lo): the contraction is 3 KSEG long, its segments
+// reading A's planes hi, hi, lo and B's hi, lo, hi (each plane a KSEG-long operand, lo
+// PLANE_A / PLANE_B words after hi; A k-major, B not), and C[i, j] = (C0[i, j] sA sB +
+// sum_k ...) / sA / sB: the start value scaled and the result unscaled in the result
+// matrices, one factor at a time (exact, unless C0 is ~2^80 times the product's terms:
+// then C0 sA sB may overflow). sA, 1/sA at sc[SA], sc[SA + 1]; sB, 1/sB at sc[SB], sc[SB + 1].
+//
 // The bias is linear.wgsl's epilogue moved before the products: subgroup matrices are
 // opaque (no element of a result matrix is addressable), so the workgroup writes the
 // bias of its BN columns into TM rows of workgroup memory (sbias) and every result
@@ -36,7 +44,7 @@
 // and its invocations WGS (linear_f16.TILES), TM, TN, TK (the subgroup-matrix shape of the
 // adapter's configuration), SG (the subgroup size), WM x WN = WGS / SG subgroups per
 // workgroup (their grid over the tile), A_KMAJOR, B_KMAJOR, ACCUMULATE, INIT_BIAS,
-// C_COLMAJOR, NVALID, CSLICE, and the product's contraction length KLEN and strides LDA, LDB, LDC: with the
+// C_COLMAJOR, SCALED (with KSEG, PLANE_A, PLANE_B, SA, SB), NVALID, CSLICE, and the product's contraction length KLEN and strides LDA, LDB, LDC: with the
 // contraction and the strides as uniforms instead,
 // the same kernel ran 4x slower on an H200 (38 against 148 TFLOP/s, docs/gpu_h200.txt),
 // so a pipeline is built per product shape. A dispatch whose subgroups are not SG wide
@@ -50,6 +58,7 @@
 // | 2       | b    | B operand, f16 packed 8 per vec4<u32>       | read       |
 // | 3       | c    | C (M, N) f32                                | read_write |
 // | 4       | bias | bias (N,) f32 (e.g. in the parameter arena) | read       |
+// | 5       | sc   | f32 scales: sA, 1/sA at SA; sB, 1/sB at SB  | read       |
 //
 // Tile: BM x BN outputs per workgroup of WGS invocations (e.g. 128 x 128 of 256); subgroup
 // s owns the (BM/WM) x (BN/WN) block at (s / WN, s % WN) as FM x FN result matrices. k
@@ -70,6 +79,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read> b : array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> c : array<f32>;
 @group(0) @binding(4) var<storage, read> bias : array<f32>;
+@group(0) @binding(5) var<storage, read> sc : array<f32>;
 
 const PA : u32 = select(BM, BK, A_KMAJOR) + 8u;   // row of A's staged tile (f16)
 const PB : u32 = select(BN, BK, B_KMAJOR) + 8u;   // and of B's
@@ -112,6 +122,26 @@ fn c_at(c_off : u32, i : u32, j : u32) -> u32 {
 fn has_a(t : u32, i : u32) -> bool { return WORDS_A % WGS == 0u || t + i * WGS < WORDS_A; }
 fn has_b(t : u32, i : u32) -> bool { return WORDS_B % WGS == 0u || t + i * WGS < WORDS_B; }
 
+// global words advance by a fixed step per k step: BK columns, or BK rows
+const DA : u32 = select(BK * LDA, BK, A_KMAJOR) / 8u;
+const DB : u32 = select(BK * LDB, BK, B_KMAJOR) / 8u;
+const NKQ : u32 = select(1u, KSEG / BK, SCALED);     // k steps per segment (SCALED)
+
+// the words from an operand's tile word to those of k step s of slice z: s steps on, or
+// (SCALED) the step's place in its segment, in the segment's plane (A: hi, hi, lo; B: hi,
+// lo, hi)
+fn a_step(z : u32, s : u32) -> u32 {
+    if (!SCALED) { return s * DA; }
+    let kg = z * (KLEN / BK) + s;
+    return (kg % NKQ) * DA + select(0u, PLANE_A, kg / NKQ == 2u);
+}
+
+fn b_step(z : u32, s : u32) -> u32 {
+    if (!SCALED) { return s * DB; }
+    let kg = z * (KLEN / BK) + s;
+    return (kg % NKQ) * DB + select(0u, PLANE_B, kg / NKQ == 1u);
+}
+
 fn put_a(at : u32, w : vec4<u32>) {
     for (var q = 0u; q < 4u; q++) {
         let h = bitcast<vec2<f16>>(w[q]);
@@ -133,12 +163,13 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
                       @builtin(local_invocation_index) t : u32,
                       @builtin(subgroup_id) sid : u32,
                       @builtin(subgroup_size) sg_size : u32) {
-    if (p.bias_off == 0xffffffffu) { c[0] = bias[0]; }   // never: keeps binding 4 in the layout
+    if (p.bias_off == 0xffffffffu) { c[0] = bias[0] + sc[SA]; }   // never: keeps bindings 4, 5
     let bm = wg.y * BM;
     let bn = wg.x * BN;
     // this workgroup's K slice (split-K; z = 0 otherwise)
-    let a_off = p.a_off + wg.z * select(KLEN * LDA, KLEN, A_KMAJOR);
-    let b_off = p.b_off + wg.z * select(KLEN * LDB, KLEN, B_KMAJOR);
+    // (SCALED: the slice's segments are found per k step, a_step / b_step)
+    let a_off = p.a_off + select(wg.z * select(KLEN * LDA, KLEN, A_KMAJOR), 0u, SCALED);
+    let b_off = p.b_off + select(wg.z * select(KLEN * LDB, KLEN, B_KMAJOR), 0u, SCALED);
     let c_off = p.c_off + wg.z * CSLICE;
     if (sg_size != SG) {             // the host's subgroup layout does not hold: NaN, loudly
         let nan = bitcast<f32>(0x7fc00000u | (p.c_off & 0u));   // (a constant NaN is not WGSL)
@@ -158,6 +189,10 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
                 if (bn + sn + j * TN < NVALID) {
                     acc[i][j] = subgroupMatrixLoad<subgroup_matrix_result<f32, TN, TM>>(
                         &c, c_at(c_off, bm + sm + i * TM, bn + sn + j * TN), C_COLMAJOR, LDC);
+                    if (SCALED) {
+                        acc[i][j] = subgroupMatrixScalarMultiply(
+                            subgroupMatrixScalarMultiply(acc[i][j], sc[SA]), sc[SB]);
+                    }
                 }
             }
         }
@@ -165,6 +200,7 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
         for (var e = t; e < TM * BN; e += WGS) {
             var v = 0.0;
             if (bn + e % BN < NVALID) { v = bias[p.bias_off + bn + e % BN]; }
+            if (SCALED) { v = v * sc[SA] * sc[SB]; }
             sbias[e] = v;
         }
         workgroupBarrier();
@@ -182,11 +218,10 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
     var wb : array<vec2<u32>, NWB>;
     for (var i = 0u; i < NWA; i++) { wa[i] = tile_word(A_KMAJOR, BM, t + i * WGS, bm, LDA, a_off); }
     for (var i = 0u; i < NWB; i++) { wb[i] = tile_word(B_KMAJOR, BN, t + i * WGS, bn, LDB, b_off); }
-    // global words advance by a fixed step per k step: BK columns, or BK rows
-    let da = select(BK * LDA, BK, A_KMAJOR) / 8u;
-    let db = select(BK * LDB, BK, B_KMAJOR) / 8u;
-    for (var i = 0u; i < NWA; i++) { if (has_a(t, i)) { put_a(wa[i].x, a[wa[i].y]); } }
-    for (var i = 0u; i < NWB; i++) { if (has_b(t, i)) { put_b(wb[i].x, b[wb[i].y]); } }
+    let a0 = a_step(wg.z, 0u);
+    let b0 = b_step(wg.z, 0u);
+    for (var i = 0u; i < NWA; i++) { if (has_a(t, i)) { put_a(wa[i].x, a[wa[i].y + a0]); } }
+    for (var i = 0u; i < NWB; i++) { if (has_b(t, i)) { put_b(wb[i].x, b[wb[i].y + b0]); } }
     // step 1's words in registers (step 0 is staged); each step then loads the words of
     // the step after next, so a load has two steps of multiplies to arrive in
     let s1 = min(1u, nk - 1u);
@@ -194,8 +229,8 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
     var rb : array<vec4<u32>, NWB>;
     var qa : array<vec4<u32>, NWA>;
     var qb : array<vec4<u32>, NWB>;
-    for (var i = 0u; i < NWA; i++) { if (has_a(t, i)) { ra[i] = a[wa[i].y + s1 * da]; } }
-    for (var i = 0u; i < NWB; i++) { if (has_b(t, i)) { rb[i] = b[wb[i].y + s1 * db]; } }
+    for (var i = 0u; i < NWA; i++) { if (has_a(t, i)) { ra[i] = a[wa[i].y + a_step(wg.z, s1)]; } }
+    for (var i = 0u; i < NWB; i++) { if (has_b(t, i)) { rb[i] = b[wb[i].y + b_step(wg.z, s1)]; } }
     workgroupBarrier();
 
     for (var kt = 0u; kt < nk; kt++) {
@@ -203,8 +238,8 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
         let cb = (kt & 1u) * STAGE_B;
         let more = kt + 1u < nk;
         let s2 = min(kt + 2u, nk - 1u);      // (past the last step: its words again, unused)
-        for (var i = 0u; i < NWA; i++) { if (has_a(t, i)) { qa[i] = a[wa[i].y + s2 * da]; } }
-        for (var i = 0u; i < NWB; i++) { if (has_b(t, i)) { qb[i] = b[wb[i].y + s2 * db]; } }
+        for (var i = 0u; i < NWA; i++) { if (has_a(t, i)) { qa[i] = a[wa[i].y + a_step(wg.z, s2)]; } }
+        for (var i = 0u; i < NWB; i++) { if (has_b(t, i)) { qb[i] = b[wb[i].y + b_step(wg.z, s2)]; } }
         for (var kk = 0u; kk < BK; kk += TK) {
             var l : array<subgroup_matrix_left<f16, TK, TM>, FM>;
             var r : array<subgroup_matrix_right<f16, TN, TK>, FN>;
@@ -235,6 +270,14 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
         workgroupBarrier();
     }
 
+    if (SCALED) {                    // (two factors: their product may leave f32's range)
+        for (var i = 0u; i < FM; i++) {
+            for (var j = 0u; j < FN; j++) {
+                acc[i][j] = subgroupMatrixScalarMultiply(
+                    subgroupMatrixScalarMultiply(acc[i][j], sc[SA + 1u]), sc[SB + 1u]);
+            }
+        }
+    }
     for (var i = 0u; i < FM; i++) {
         for (var j = 0u; j < FN; j++) {
             if (bn + sn + j * TN < NVALID) {

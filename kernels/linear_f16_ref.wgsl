@@ -7,7 +7,9 @@
 // matrices.
 //
 //   C[i, j] = C0[i, j] + sum_k A(i, k) * B(k, j), k = 0 .. KLEN-1 in order, C0 as in
-//   linear_f16.wgsl: C (ACCUMULATE), else bias[j] (INIT_BIAS), else 0
+//   linear_f16.wgsl: C (ACCUMULATE), else bias[j] (INIT_BIAS), else 0; SCALED as there:
+//   k in segments of KSEG over A's planes hi, hi, lo and B's hi, lo, hi, and
+//   C[i, j] = (C0[i, j] sA sB + sum_k ...) / sA / sB (sA, 1/sA at sc[SA]; sB, 1/sB at sc[SB])
 //
 // Split-K as in linear_f16.wgsl: grid layer z takes k = z*KLEN .. (z+1)*KLEN - 1 and
 // writes its C at c_off + z*CSLICE.
@@ -26,6 +28,7 @@
 // | 2       | b    | B operand, f16 packed 2 per u32      | read       |
 // | 3       | c    | C (M, N) f32                         | read_write |
 // | 4       | bias | bias (N,) f32                        | read       |
+// | 5       | sc   | f32 scales (SCALED)                  | read       |
 
 struct Params {
     a_off : u32, b_off : u32, c_off : u32, bias_off : u32,
@@ -36,26 +39,38 @@ struct Params {
 @group(0) @binding(2) var<storage, read> b : array<u32>;
 @group(0) @binding(3) var<storage, read_write> c : array<f32>;
 @group(0) @binding(4) var<storage, read> bias : array<f32>;
+@group(0) @binding(5) var<storage, read> sc : array<f32>;
 
 fn a_at(e : u32) -> f32 { return f16_value((a[e / 2u] >> (16u * (e % 2u))) & 0xffffu); }
 fn b_at(e : u32) -> f32 { return f16_value((b[e / 2u] >> (16u * (e % 2u))) & 0xffffu); }
 
 @compute @workgroup_size(16, 16)
 fn linear_f16_product(@builtin(global_invocation_id) gid : vec3<u32>) {
-    if (p.bias_off == 0xffffffffu) { c[0] = bias[0]; }   // never: keeps binding 4 in the layout
+    if (p.bias_off == 0xffffffffu) { c[0] = bias[0] + sc[SA]; }   // never: keeps bindings 4, 5
     let i = gid.y;
     let j = gid.x;
     if (j >= NVALID) { return; }
-    let a_off = p.a_off + gid.z * select(KLEN * LDA, KLEN, A_KMAJOR);
-    let b_off = p.b_off + gid.z * select(KLEN * LDB, KLEN, B_KMAJOR);
     var s = 0.0;
-    for (var k = 0u; k < KLEN; k++) {
+    for (var kk = 0u; kk < KLEN; kk++) {
+        // k of the whole product, and (SCALED) its place in its segment's planes
+        var k = gid.z * KLEN + kk;
+        var a_off = p.a_off;
+        var b_off = p.b_off;
+        if (SCALED) {
+            a_off += select(0u, 8u * PLANE_A, k / KSEG == 2u);
+            b_off += select(0u, 8u * PLANE_B, k / KSEG == 1u);
+            k = k % KSEG;
+        }
         let ea = select(a_off + k * LDA + i, a_off + i * LDA + k, A_KMAJOR);
         let eb = select(b_off + k * LDB + j, b_off + j * LDB + k, B_KMAJOR);
         s += a_at(ea) * b_at(eb);
     }
     let at = p.c_off + gid.z * CSLICE + select(i * LDC + j, j * LDC + i, C_COLMAJOR);
-    if (ACCUMULATE) { s += c[at]; }
-    if (INIT_BIAS) { s += bias[p.bias_off + j]; }
+    var s0 = 0.0;
+    if (ACCUMULATE) { s0 = c[at]; }
+    if (INIT_BIAS) { s0 = bias[p.bias_off + j]; }
+    if (SCALED) { s0 = s0 * sc[SA] * sc[SB]; }
+    s = s0 + s;                      // (the start value added last, as before SCALED)
+    if (SCALED) { s = s * sc[SA + 1u] * sc[SB + 1u]; }
     c[at] = s;
 }

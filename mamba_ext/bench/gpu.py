@@ -275,14 +275,17 @@ def train_step(name, steps=5, warmup=2, checkpointing=False, discretization="zoh
 
 def run_train_steps(names, steps=5, checkpointing=False, discretization="zoh", amp=False) -> int:
     """Print one line per model of ``names`` (keys of TRAIN_STEPS); returns 0."""
+    from ..gpu import linear_split
     g = gpu()
     print(f"adapter: {g.info.get('device')} ({g.info.get('backend_type')})")
+    fp32 = ("fp32 WGSL (products that fit as three f16 products of split operands)"
+            if linear_split.active(g) else "fp32 WGSL")
     for n in names:
         r = train_step(n, steps, checkpointing=checkpointing, discretization=discretization,
                        amp=amp)
         V, Dm, nl, B, L = r["cfg"]
         what = (f"AMP ({r['products']}; {r['skipped']} steps skipped by the loss scaler)"
-                if amp else "fp32 WGSL")
+                if amp else fp32)
         print(f"model V {V}, {nl} layers x d_model {Dm}, B {B} x L {L}, {what}"
               f"{', checkpointing' if checkpointing else ''}"
               f"{', Euler' if discretization == 'euler' else ''}: step "
@@ -320,8 +323,11 @@ def run(size: str = "all", *, repeat: int = 10, use_torch: bool = True, loops: b
     bw = copy_bandwidth(g)
     print(f"copy kernel bandwidth (read+write): {bw / 1e12:.2f} TB/s")
     sizes = ["a", "b", "c"] if size == "all" else [size]
+    from ..gpu import linear_split
+    fp32 = ("fp32, where they fit as three f16 products of split operands on tensor cores "
+            "(mamba_ext.gpu.linear_split)" if linear_split.active(g) else "fp32")
     print(f"discretization: {discretization}; products: "
-          f"{'linear layers f16 on tensor cores (AMP)' if amp else 'fp32'}")
+          f"{'linear layers f16 on tensor cores (AMP)' if amp else fp32}")
     print("\n| size | Dm,D,N,K,R,B,L | WGSL fwd+bwd GPU ms | wall ms | wall ms back to back | "
           "GPU mem MiB | scan ms | scan GB/s | scan / copy bw | scan / 4 TB/s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -407,6 +413,44 @@ def check_f16_products(g, lf, rng):
     errs[f"dweight+= in {lf.dweight_splits(Ms, I, O)} K slices"] = float(
         np.abs(got - ref).max() / np.abs(ref).max())
     errs.update(check_narrow_f16_products(g, lf, rng))
+    return errs
+
+
+def check_split_products(g, rng, M=256, I=384, O=128):
+    """Max |got - float64| / max |float64| of the fp32 products run split on the tensor
+    cores (mamba_ext.gpu.linear_split, through linear.gemm, linear_forward and
+    linear_backward): a forward, one from the bias with a residual, dX added to and dW with
+    db added to, on f32 inputs of mixed magnitudes (each product's ops checked to be the
+    split ones)."""
+    from ..gpu import linear as lin
+    f = lambda *s, sd=1.0: (rng.standard_normal(s) * sd).astype(np.float32)    # noqa: E731
+    x, w, b, res = f(M, I, sd=3.0), f(O, I, sd=0.02), f(O), f(M, O)
+    dy, dx0 = f(M, O, sd=1e-6), f(M, I, sd=1e-8)
+    arena = np.concatenate([w.ravel(), b])
+    gr0 = f(arena.size, sd=1e-5)
+    bx, bw, bres, bdy = (g.buffer(a.size, n, a) for a, n in
+                         ((x, "sp_x"), (arena, "sp_w"), (res, "sp_res"), (dy, "sp_dy")))
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+    y, dx, gr = g.buffer(M * O, "sp_y"), g.buffer(dx0.size, "sp_dx", dx0), g.buffer(gr0.size, "sp_gr", gr0)
+    runs = (("forward", lin.gemm(g, "linear_forward", M, O, I, lin.Mat(bx, 0, I),
+                                 lin.Mat(bw, 0, 1, I), lin.Mat(y, 0, O)), y, (M, O), x64 @ w64.T),
+            ("forward+bias+res", lin.linear_forward(g, M, I, O, bx, 0, I, bw, 0, w.size, y, 0, O,
+                                                    res=bres), y, (M, O), x64 @ w64.T + b + res),
+            ("dinput+=", lin.gemm(g, "linear_backward", M, I, O, lin.Mat(bdy, 0, O),
+                                  lin.Mat(bw, 0, I), lin.Mat(dx, 0, I), beta=1), dx, (M, I),
+             dy64 @ w64 + dx0),
+            ("dweight+= db", lin.linear_backward(g, M, I, O, bdy, 0, O, bx, 0, I, bw, 0, w.size,
+                                                 gr), gr, (arena.size,),
+             gr0 + np.concatenate([(dy64.T @ x64).ravel(), dy64.sum(0)])))
+    errs = {}
+    for name, ops, buf, shape, want in runs:
+        if not any(op.name == "linear_split_pack" for op in ops):
+            raise RuntimeError(f"check_split_products: {name} did not run split")
+        g.submit(ops)
+        got = g.read(buf, int(np.prod(shape))).reshape(shape).astype(np.float64)
+        errs[name] = float(np.abs(got - want).max() / np.abs(want).max())
+    for bf in (bx, bw, bres, bdy, y, dx, gr):
+        bf.destroy()
     return errs
 
 
@@ -503,6 +547,7 @@ def run_f16_gemm(repeat: int = 10) -> int:
     subgroup matrices (MAMBA_EXT_GPU_BACKEND=dawn); returns 1 without one."""
     from ..gpu import linear as lin
     from ..gpu import linear_f16 as lf
+    from ..gpu import linear_split as ls
     g = gpu()
     print(f"adapter: {g.info.get('device')} ({g.backend.NAME}, checks {g.checks}); subgroup size "
           f"{g.subgroup_size}; f16 subgroup matrices {g.f16_matrices}", flush=True)
@@ -520,6 +565,10 @@ def run_f16_gemm(repeat: int = 10) -> int:
     errs = check_f16_products(g, lf, rng)
     print("check, max |got - float64| / max |float64|: "
           + ", ".join(f"{k} {v:.1e}" for k, v in errs.items()), flush=True)
+    if ls.active(g):
+        errs = check_split_products(g, rng)
+        print("check of the split fp32 products, max |got - float64| / max |float64|: "
+              + ", ".join(f"{k} {v:.1e}" for k, v in errs.items()), flush=True)
     reps = 5
     for name, M, I, O in F16_GEMM_SHAPES:
         x, w, dy, xt, wt = (lf.f16_buffer(g, rng.standard_normal(s).astype(np.float16), n)
@@ -537,15 +586,28 @@ def run_f16_gemm(repeat: int = 10) -> int:
         print(f"f16 {name} (M {M}, I {I}, O {O}): " + "; ".join(line), flush=True)
         for b in (x, w, dy, xt, wt, y, dx, dw):
             b.destroy()
-        # the fp32 kernel of linear.wgsl, same forward product
-        x32, w32 = g.buffer(M * I, "x32"), g.buffer(O * I, "w32")
-        y32 = g.buffer(M * O, "y32")
-        ops = lin.gemm(g, "linear_forward", M, O, I, lin.Mat(x32, 0, I), lin.Mat(w32, 0, 1, I),
-                       lin.Mat(y32, 0, O))
-        gpu_ms, wall_ms = _time_ops(g, ops * reps, (), repeat, warmup_s=WARMUP_S)
-        ms = (gpu_ms if gpu_ms is not None else wall_ms) / reps
-        print(f"fp32 {name} forward (linear.wgsl, same device): {ms:.3f} ms = "
-              f"{flop / ms / 1e9:.1f} TFLOP/s", flush=True)
-        for b in (x32, w32, y32):
+        # fp32 products, same shapes: linear.wgsl's kernel, then split into three f16
+        # products (linear_split; their TFLOP/s count the fp32 product's 2 M I O)
+        x32, w32, dy32 = (g.buffer(n, nm, rng.standard_normal(n).astype(np.float32))
+                          for n, nm in ((M * I, "x32"), (O * I, "w32"), (M * O, "dy32")))
+        y32, dx32, dw32 = g.buffer(M * O, "y32"), g.buffer(M * I, "dx32"), g.buffer(O * I, "dw32")
+        for label, enabled in (("fp32 linear.wgsl", False), ("fp32 split, 3 x f16", None)):
+            ls.ENABLED = enabled
+            if not ls.active(g) and enabled is None:
+                continue
+            line = []
+            for kind, ops in (
+                    ("forward", lin.gemm(g, "linear_forward", M, O, I, lin.Mat(x32, 0, I),
+                                         lin.Mat(w32, 0, 1, I), lin.Mat(y32, 0, O))),
+                    ("dX", lin.gemm(g, "linear_backward", M, I, O, lin.Mat(dy32, 0, O),
+                                    lin.Mat(w32, 0, I), lin.Mat(dx32, 0, I))),
+                    ("dW", lin.gemm(g, "linear_backward", O, I, M, lin.Mat(dy32, 0, 1, O),
+                                    lin.Mat(x32, 0, I), lin.Mat(dw32, 0, I), beta=1))):
+                gpu_ms, wall_ms = _time_ops(g, ops * reps, (), repeat, warmup_s=WARMUP_S)
+                ms = (gpu_ms if gpu_ms is not None else wall_ms) / reps
+                line.append(f"{kind} {ms:.3f} ms = {flop / ms / 1e9:.1f} TFLOP/s")
+            print(f"{label} {name}: " + "; ".join(line), flush=True)
+        ls.ENABLED = None
+        for b in (x32, w32, dy32, y32, dx32, dw32):
             b.destroy()
     return 0

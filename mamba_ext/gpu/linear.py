@@ -90,7 +90,14 @@ def gemm(g, entry, M, N, K, A: Mat, B: Mat, C: Mat, *, bias=None, bias_off=0, be
     that applies the same epilogue. The scratch is ``part`` when given and large
     enough for all S slices (a buffer that is free while these ops run, e.g. a dead
     backward temporary, so the partials cost no memory of their own), else the
-    device's scratch buffer."""
+    device's scratch buffer. Where the device has f16 subgroup matrices, a product that
+    fits them runs as three f16 products of split operands instead
+    (:mod:`mamba_ext.gpu.linear_split`)."""
+    from . import linear_split
+    if linear_split.active(g) and linear_split.unsupported(
+            g, M, N, K, A, B, C, bias=bias, beta=beta, res=res, dbias=dbias) is None:
+        return linear_split.gemm(g, M, N, K, A, B, C, bias=bias, bias_off=bias_off, beta=beta,
+                                 res=res, dbias=dbias, db_off=db_off)
     a, a_off, a_rs, a_cs = A
     b, b_off, b_rs, b_cs = B
     c, c_off, c_rs, c_cs = C
@@ -188,7 +195,16 @@ def linear_backward(g, M, I, O, dy, dy_off, dy_rs, x, x_off, x_rs, w, w_off, b_o
     ``dx_beta``; skipped when ``dx`` is None); dW (at ``w_off`` of the gradient arena
     ``gr``) += dy^T @ x and db (at ``b_off``) += column sums of dy, in one product
     (split-K partials of both products in ``part`` when given: a buffer none of these ops
-    touches)."""
+    touches). Where the device has f16 subgroup matrices and the layer's sizes fit them,
+    both products run as split f16 products from one split of dy
+    (:func:`mamba_ext.gpu.linear_split.backward`)."""
+    from . import linear_split
+    if linear_split.active(g):
+        mats = (Mat(dy, dy_off, dy_rs), Mat(x, x_off, x_rs), Mat(w, w_off, I))
+        if linear_split.backward_unsupported(g, M, I, O, *mats, w_off, dx_off,
+                                             dx_rs or I) is None:
+            return linear_split.backward(g, M, I, O, *mats, gr, w_off, b_off, dx=dx,
+                                         dx_off=dx_off, dx_rs=dx_rs or I, dx_beta=dx_beta)
     ops = []
     if dx is not None:
         # dx (M, I) = dy (M, O) @ W (O, I)

@@ -97,12 +97,13 @@ def tile_for(g, M: int, N: int, K: int):
 
 def prelude(g, a_kmajor: bool, b_kmajor: bool, accumulate: bool, K: int, lda: int, ldb: int,
             ldc: int, cslice: int = 0, init_bias: bool = False, n_valid: int = 0,
-            c_colmajor: bool = False, tile=UNIT_TILE) -> str:
+            c_colmajor: bool = False, tile=UNIT_TILE, split=None) -> str:
     """The WGSL put before kernels/linear_f16.wgsl: its ``enable`` directives and its
     constants (the subgroup layout, the operand layouts, and the product's contraction
     length and strides, which as uniforms made the kernel 4x slower; ``K`` and ``cslice``
     per K slice of a split product; ``n_valid`` the columns of C stored; ``tile`` the
-    workgroup tile, :data:`TILES`). The stores of a
+    workgroup tile, :data:`TILES`; ``split``: the segments and scales of a product of
+    split operands, :class:`mamba_ext.gpu.linear_split.Segments`). The stores of a
     narrow product's last tile depend on the subgroup (its columns), which WGSL's
     uniformity analysis, at workgroup scope, cannot prove subgroup-uniform: the directive
     turns that diagnostic off (every subgroup matrix call stays subgroup-uniform). With
@@ -124,6 +125,12 @@ def prelude(g, a_kmajor: bool, b_kmajor: bool, accumulate: bool, K: int, lda: in
             f"const ACCUMULATE : bool = {b(accumulate)};\n"
             f"const INIT_BIAS : bool = {b(init_bias)};\n"
             f"const C_COLMAJOR : bool = {b(c_colmajor)};\n"
+            f"const SCALED : bool = {b(split is not None)};\n"
+            f"const KSEG : u32 = {split.kseg if split else BK}u;\n"
+            f"const PLANE_A : u32 = {split.plane_a // 8 if split else 0}u;\n"
+            f"const PLANE_B : u32 = {split.plane_b // 8 if split else 0}u;\n"
+            f"const SA : u32 = {split.sa if split else 0}u;\n"
+            f"const SB : u32 = {split.sb if split else 0}u;\n"
             f"const NVALID : u32 = {int(n_valid)}u;\n"
             f"const CSLICE : u32 = {int(cslice)}u;\n"
             f"const KLEN : u32 = {int(K)}u;\nconst LDA : u32 = {int(lda)}u;\n"
@@ -158,7 +165,7 @@ def f16_buffer(g, data, name: str):
 def product(g, c, a, b, M: int, N: int, K: int, *, a_kmajor: bool, b_kmajor: bool,
             lda: int, ldb: int, ldc: int, a_off: int = 0, b_off: int = 0, c_off: int = 0,
             accumulate: bool = False, splits: int = 1, bias=None, n_valid: int | None = None,
-            c_colmajor: bool = False):
+            c_colmajor: bool = False, split=None):
     """The op C (M, N) [+]= A (M, K) B (K, N) (layouts in kernels/linear_f16.wgsl's
     legend; offsets and strides in elements: f16 for a and b, f32 for c). ``splits`` S > 1:
     S partial products over K slices instead, slice z's (M, N) at c_off + z*M*ldc (sum
@@ -166,7 +173,10 @@ def product(g, c, a, b, M: int, N: int, K: int, *, a_kmajor: bool, b_kmajor: boo
     of 0 (not with ``accumulate`` or ``splits``). ``n_valid``: only C's first n_valid
     columns exist (a narrow product on operands zero-padded to N; default N).
     ``c_colmajor``: C[i, j] at c[c_off + j*ldc + i] (a transposed result; a split slice is
-    then N*ldc long)."""
+    then N*ldc long). ``split``: the operands are the f16 planes of scaled f32 operands
+    (:class:`mamba_ext.gpu.linear_split.Segments`: K = 3 segments of kseg, each reading a
+    plane; the scales in its buffer), and C (M, N) [+]= (A B) / (sA sB), the start value
+    (C or the bias) scaled by sA sB before the products."""
     if not available(g):
         raise RuntimeError("mamba_ext.gpu.linear_f16: this device offers no f16 subgroup "
                            "matrices (they need MAMBA_EXT_GPU_BACKEND=dawn on a GPU that has "
@@ -180,6 +190,10 @@ def product(g, c, a, b, M: int, N: int, K: int, *, a_kmajor: bool, b_kmajor: boo
     if bias is not None and (accumulate or splits > 1):
         raise ValueError("mamba_ext.gpu.linear_f16: a bias start value goes with neither "
                          "accumulate nor splits")
+    if split is not None and (K != 3 * split.kseg or split.kseg % BK
+                              or split.plane_a % 8 or split.plane_b % 8):
+        raise ValueError(f"mamba_ext.gpu.linear_f16: K {K} must be 3 segments of a multiple of "
+                         f"{BK} (got {split.kseg}), the planes 8 f16 apart")
     nv = N if n_valid is None else n_valid
     if REFERENCE:     # (its prelude takes no tile)
         tile, file, grid = UNIT_TILE, "linear_f16_ref", (N // 16, M // 16, splits)
@@ -189,9 +203,10 @@ def product(g, c, a, b, M: int, N: int, K: int, *, a_kmajor: bool, b_kmajor: boo
     bias_buf, bias_off = bias if bias is not None else (g.dummy(0), 0)
     cslice = (nv * ldc if c_colmajor else M * ldc) if splits > 1 else 0
     return g.op(file, "linear_f16_product", g.check_grid(grid, "linear_f16_product"),
-                [a_off, b_off, c_off, bias_off], [a, b, c, bias_buf],
+                [a_off, b_off, c_off, bias_off],
+                [a, b, c, bias_buf, g.dummy(0) if split is None else split.scales],
                 prelude=prelude(g, a_kmajor, b_kmajor, accumulate, K // splits, lda, ldb, ldc,
-                                cslice, bias is not None, nv, c_colmajor, tile))
+                                cslice, bias is not None, nv, c_colmajor, tile, split))
 
 
 def forward(g, y, x, wt, M: int, I: int, O: int, accumulate: bool = False, wt_off: int = 0,
