@@ -12,9 +12,11 @@
 // and split into f16 planes hi and lo): the contraction is 3 KSEG long, its segments
 // reading A's planes hi, hi, lo and B's hi, lo, hi (each plane a KSEG-long operand, lo
 // PLANE_A / PLANE_B words after hi; A k-major, B not), and C[i, j] = (C0[i, j] sA sB +
-// sum_k ...) / sA / sB: the start value scaled and the result unscaled in the result
-// matrices, one factor at a time (exact, unless C0 is ~2^80 times the product's terms:
-// then C0 sA sB may overflow). sA, 1/sA at sc[SA], sc[SA + 1]; sB, 1/sB at sc[SB], sc[SB + 1].
+// sum_k ...) / sA / sB, C0 the bias or 0 (not ACCUMULATE: a result matrix loaded from C
+// and scaled ran the product 7x slower on an H100, docs/gpu_h200.txt session 35): the bias
+// scaled where it is staged, the result unscaled in the result matrices, one factor at a
+// time (exact, unless the bias is ~2^80 times the product's terms: then b sA sB may
+// overflow). sA, 1/sA at sc[SA], sc[SA + 1]; sB, 1/sB at sc[SB], sc[SB + 1].
 //
 // The bias is linear.wgsl's epilogue moved before the products: subgroup matrices are
 // opaque (no element of a result matrix is addressable), so the workgroup writes the
@@ -189,10 +191,6 @@ fn linear_f16_product(@builtin(workgroup_id) wg : vec3<u32>,
                 if (bn + sn + j * TN < NVALID) {
                     acc[i][j] = subgroupMatrixLoad<subgroup_matrix_result<f32, TN, TM>>(
                         &c, c_at(c_off, bm + sm + i * TM, bn + sn + j * TN), C_COLMAJOR, LDC);
-                    if (SCALED) {
-                        acc[i][j] = subgroupMatrixScalarMultiply(
-                            subgroupMatrixScalarMultiply(acc[i][j], sc[SA]), sc[SB]);
-                    }
                 }
             }
         }

@@ -69,7 +69,7 @@ fn linear_f16_product(@builtin(global_invocation_id) gid : vec3<u32>) {
     var s0 = 0.0;
     if (ACCUMULATE) { s0 = c[at]; }
     if (INIT_BIAS) { s0 = bias[p.bias_off + j]; }
-    if (SCALED) { s0 = s0 * sc[SA] * sc[SB]; }
+    if (SCALED) { s0 = s0 * sc[SA] * sc[SB]; }      // (the host never accumulates SCALED)
     s = s0 + s;                      // (the start value added last, as before SCALED)
     if (SCALED) { s = s * sc[SA + 1u] * sc[SB + 1u]; }
     c[at] = s;

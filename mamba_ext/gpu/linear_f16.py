@@ -175,8 +175,8 @@ def product(g, c, a, b, M: int, N: int, K: int, *, a_kmajor: bool, b_kmajor: boo
     ``c_colmajor``: C[i, j] at c[c_off + j*ldc + i] (a transposed result; a split slice is
     then N*ldc long). ``split``: the operands are the f16 planes of scaled f32 operands
     (:class:`mamba_ext.gpu.linear_split.Segments`: K = 3 segments of kseg, each reading a
-    plane; the scales in its buffer), and C (M, N) [+]= (A B) / (sA sB), the start value
-    (C or the bias) scaled by sA sB before the products."""
+    plane; the scales in its buffer), and C (M, N) = (A B) / (sA sB), the bias start value
+    scaled by sA sB before the products (not with ``accumulate``)."""
     if not available(g):
         raise RuntimeError("mamba_ext.gpu.linear_f16: this device offers no f16 subgroup "
                            "matrices (they need MAMBA_EXT_GPU_BACKEND=dawn on a GPU that has "
@@ -190,10 +190,11 @@ def product(g, c, a, b, M: int, N: int, K: int, *, a_kmajor: bool, b_kmajor: boo
     if bias is not None and (accumulate or splits > 1):
         raise ValueError("mamba_ext.gpu.linear_f16: a bias start value goes with neither "
                          "accumulate nor splits")
-    if split is not None and (K != 3 * split.kseg or split.kseg % BK
+    if split is not None and (K != 3 * split.kseg or split.kseg % BK or accumulate
                               or split.plane_a % 8 or split.plane_b % 8):
         raise ValueError(f"mamba_ext.gpu.linear_f16: K {K} must be 3 segments of a multiple of "
-                         f"{BK} (got {split.kseg}), the planes 8 f16 apart")
+                         f"{BK} (got {split.kseg}), the planes 8 f16 apart, and a split "
+                         f"product not accumulate")
     nv = N if n_valid is None else n_valid
     if REFERENCE:     # (its prelude takes no tile)
         tile, file, grid = UNIT_TILE, "linear_f16_ref", (N // 16, M // 16, splits)

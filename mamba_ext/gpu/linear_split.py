@@ -110,29 +110,30 @@ def pack(g, src, R: int, C: int, slot: int):
 
 
 def product(g, c, M, N, K, a, sa, b, sb, sc, *, ldc, c_off=0, accumulate=False, bias=None,
-            c_colmajor=False):
-    """Ops: C (M, N) [+]= A B (+ the bias start value) from A's planes (M, K) in ``a`` and
-    B's (K, N) in ``b`` (:func:`pack`, scale slots ``sa``, ``sb``), split over K into
-    partial products where few tiles would leave the GPU idle (linear_f16.dweight_splits;
-    summed in slice order into C, linear.split_sum). ``c_colmajor``: C stored transposed,
-    C[i, j] at c[c_off + j*ldc + i]. ``bias`` (buffer, offset) not with ``accumulate``."""
+            res=None, c_colmajor=False):
+    """Ops: C (M, N) [+]= A B (+ bias) (+ res) from A's planes (M, K) in ``a`` and B's (K, N)
+    in ``b`` (:func:`pack`, scale slots ``sa``, ``sb``); ``bias`` (buffer, offset), ``res``
+    (a buffer at C's place, with a bias) not with ``accumulate``. A product that adds to C
+    or a residual, or whose few tiles would leave the GPU idle, is made as S >= 1 partial
+    products over K slices in a scratch buffer (linear_f16.dweight_splits), summed in slice
+    order into C with the bias, residual or C (linear.split_sum, linear._sum_op): the kernel
+    never starts from C (see kernels/linear_f16.wgsl, SCALED). ``c_colmajor``: C stored
+    transposed, C[i, j] at c[c_off + j*ldc + i] (no bias or residual)."""
     from . import linear_f16
-    from .linear import bias_fill, split_sum
+    from .linear import _sum_op
     seg = Segments(sc, K, M * K, K * N, 2 * sa, 2 * sb)
     kw = dict(a_kmajor=True, b_kmajor=False, lda=K, ldb=N, split=seg)
     S = linear_f16.dweight_splits(3 * K, N, M)
-    if S == 1:
-        return [linear_f16.product(g, c, a, b, M, N, 3 * K, ldc=ldc, c_off=c_off,
-                                   accumulate=accumulate, bias=bias, c_colmajor=c_colmajor, **kw)]
-    ops = []
-    if bias is not None:            # the bias first, the slices' sum added to it
-        ops += bias_fill(g, M, N, bias[0], bias[1], c, c_off, ldc)
-        accumulate = True
+    if S == 1 and not accumulate and res is None:
+        return [linear_f16.product(g, c, a, b, M, N, 3 * K, ldc=ldc, c_off=c_off, bias=bias,
+                                   c_colmajor=c_colmajor, **kw)]
     part = g.scratch("linear_f16_split", S * M * N)
     rows, cols = (N, M) if c_colmajor else (M, N)
-    return [*ops, linear_f16.product(g, part, a, b, M, N, 3 * K, ldc=M if c_colmajor else N,
-                                     splits=S, c_colmajor=c_colmajor, **kw),
-            *split_sum(g, rows, cols, part, S, c, c_off, ldc, accumulate=accumulate)]
+    b_buf, b_off = bias if bias is not None else (None, 0)
+    return [linear_f16.product(g, part, a, b, M, N, 3 * K, ldc=M if c_colmajor else N,
+                               splits=S, c_colmajor=c_colmajor, **kw),
+            _sum_op(g, rows, cols, c, c_off, ldc, part, S, bias=b_buf, bias_off=b_off,
+                    beta=1 if accumulate else 0, res=res, label="split_sum")]
 
 
 def gemm(g, M, N, K, A, B, C, *, bias=None, bias_off=0, beta=0, res=None, dbias=None,
@@ -142,7 +143,6 @@ def gemm(g, M, N, K, A, B, C, *, bias=None, bias_off=0, beta=0, res=None, dbias=
     (its arguments' meanings), here as three f16 products (where :func:`unsupported` says
     None)."""
     from .device import column_sum
-    from .linear import bias_fill
     why = unsupported(g, M, N, K, A, B, C, bias=bias, beta=beta, res=res, dbias=dbias)
     if why:
         raise ValueError(f"mamba_ext.gpu.linear_split: {why}")
@@ -151,12 +151,9 @@ def gemm(g, M, N, K, A, B, C, *, bias=None, bias_off=0, beta=0, res=None, dbias=
     ops = ops_a + ops_b
     if dbias is not None:           # the row sums of A: the column sums of its buffer
         ops += column_sum(g, K, M, A.buf, A.off, A.cs, dbias, db_off)
-    start = None if bias is None else (bias, bias_off)
-    if res is not None:             # C = b + res first, the product added to it
-        ops += bias_fill(g, M, N, bias, bias_off, C.buf, C.off, C.rs, res)
-        start = None
     return ops + product(g, C.buf, M, N, K, a, 0, b, 1, sc, ldc=C.rs, c_off=C.off,
-                         accumulate=bool(beta) or res is not None, bias=start)
+                         accumulate=bool(beta), bias=None if bias is None else (bias, bias_off),
+                         res=res)
 
 
 def backward_unsupported(g, M, I, O, dy, x, w, w_off, dx_off, dx_rs) -> str | None:

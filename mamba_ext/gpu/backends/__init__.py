@@ -8,7 +8,9 @@
   matrices (tensor cores from WGSL, which mixed precision uses); but the backend is chosen
   when the device is made, before a run says whether it multiplies in f16, and the fp32
   kernels run faster on wgpu-native (H200: block d 16.6 ms against 20.8 on Dawn,
-  docs/gpu.md), so auto does not pick Dawn: ask for it.
+  docs/gpu.md), so auto does not pick Dawn: ask for it. (Since mamba_ext.gpu.linear_split
+  the fp32 products run split on Dawn's tensor cores: the 24 x 768 fp32 step is then faster
+  there, block d about as fast; docs/gpu.md.)
 
 Each backend module gives the same small interface: ``NAME``; ``THREAD_SAFE`` (whether
 two threads may call its device at once); ``POLLED_MAPS`` (whether a map's promise is
