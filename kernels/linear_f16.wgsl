@@ -46,11 +46,11 @@
 // and its invocations WGS (linear_f16.TILES), TM, TN, TK (the subgroup-matrix shape of the
 // adapter's configuration), SG (the subgroup size), WM x WN = WGS / SG subgroups per
 // workgroup (their grid over the tile), A_KMAJOR, B_KMAJOR, ACCUMULATE, INIT_BIAS,
-// C_COLMAJOR, SCALED (with KSEG, PLANE_A, PLANE_B, SA, SB), NVALID, CSLICE, and the product's contraction length KLEN and strides LDA, LDB, LDC: with the
-// contraction and the strides as uniforms instead,
-// the same kernel ran 4x slower on an H200 (38 against 148 TFLOP/s, docs/gpu_h200.txt),
-// so a pipeline is built per product shape. A dispatch whose subgroups are not SG wide
-// writes NaN over its tile instead of a wrong product.
+// C_COLMAJOR, SCALED (with KSEG, PLANE_A, PLANE_B, SA, SB), NVALID, CSLICE, and the
+// product's contraction length KLEN and strides LDA, LDB, LDC: with the contraction and
+// the strides as uniforms instead, the same kernel ran 4x slower on an H200 (38 against
+// 148 TFLOP/s, docs/gpu_h200.txt), so a pipeline is built per product shape. A dispatch
+// whose subgroups are not SG wide writes NaN over its tile instead of a wrong product.
 //
 // Bindings:
 // | binding | name | shape                                       | access     |
