@@ -201,3 +201,42 @@ def test_gemm_weight_gradient_with_bias_gradient(split):
     bound = 2e-6 * (np.abs(dy64).T @ np.abs(x)) + 1e-6 * np.abs(want)
     assert np.all(np.abs(got[:O * I].reshape(O, I) - want) <= bound)
     assert nerr(got[O * I:], gr0[O * I:] + dy64.sum(0)) <= 1e-5
+
+
+@pytest.mark.parametrize("pad", [4, 3])
+def test_strided_operands(pad, split):
+    """Operands that are column slices of wider buffers (a row stride past the width, an
+    offset): with strides and offsets multiples of 4 the splits load 4 floats at a time, with
+    odd ones one; the forward's output and the backward's dX land in their slices only."""
+    M, I, O = 256, 128, 128
+    rng = np.random.default_rng(11 + pad)
+    xs = f32(rng, M, I + pad)
+    W = f32(rng, O, I, sd=0.05)
+    dys = (f32(rng, M, O + pad) * np.float32(1e-3)).astype(np.float32)
+    arena = np.concatenate([np.zeros(4, np.float32), W.ravel(), f32(rng, O)])
+    w_off, b_off = 4, 4 + W.size      # (dW's place: a multiple of 4, as the kernel stores)
+    x, dy = xs[:, pad:], dys[:, pad:]
+    y0 = f32(rng, M, O + 4)
+    y = upload(g, "y", y0)
+    bx, bw, bdy = upload(g, "x", xs), upload(g, "w", arena), upload(g, "dy", dys)
+    ops = linear_forward(g, M, I, O, bx, pad, I + pad, bw, w_off, b_off, y, 4, O + 4)
+    assert "linear_split_pack" in _entries(ops)
+    run(g, ops)
+    x64, W64, dy64 = (a.astype(np.float64) for a in (x, W, dy))
+    got = read(g, y, (M, O + 4))
+    assert np.array_equal(got[:, :4], y0[:, :4])
+    want = x64 @ W64.T + arena[b_off:]
+    assert np.all(np.abs(got[:, 4:] - want) <= 2e-6 * (np.abs(x64) @ np.abs(W64).T) + 1e-6)
+    dx0 = f32(rng, M, I + 4)
+    dx, gr = upload(g, "dx", dx0), upload(g, "gr", np.zeros(arena.size, np.float32))
+    ops = linear_backward(g, M, I, O, bdy, pad, O + pad, bx, pad, I + pad, bw, w_off, b_off, gr,
+                          dx=dx, dx_off=4, dx_rs=I + 4)
+    assert _entries(ops).count("linear_split_pack") == 3
+    run(g, ops)
+    got = read(g, dx, (M, I + 4))
+    assert np.array_equal(got[:, :4], dx0[:, :4])
+    assert np.all(np.abs(got[:, 4:] - dy64 @ W64) <= 2e-6 * (np.abs(dy64) @ np.abs(W64)) + 1e-12)
+    grs = read(g, gr, (arena.size,))
+    assert np.all(np.abs(grs[w_off:b_off].reshape(O, I) - dy64.T @ x64)
+                  <= 2e-6 * (np.abs(dy64).T @ np.abs(x64)) + 1e-12)
+    assert nerr(grs[b_off:], dy64.sum(0)) <= 1e-5
