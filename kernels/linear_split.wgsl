@@ -8,8 +8,8 @@
 // so that s x = hi + lo to ~22 bits, and the product A B becomes
 // (A_hi B_hi + A_hi B_lo + A_lo B_hi) / (sA sB) (the dropped A_lo B_lo is 2^-22 of it):
 // kernels/linear_f16.wgsl with SCALED runs it as one product of contraction 3K whose k
-// steps read the segments (hi, hi, lo) of A and (hi, lo, hi) of B, from zero or from C or
-// the bias times sA sB, its result times 1/sA 1/sB (all exact powers of two).
+// steps read the segments (hi, hi, lo) of A and (hi, lo, hi) of B, from zero or from the
+// bias times sA sB, its result times 1/sA 1/sB (all exact powers of two).
 //
 //   linear_split_absmax: the largest |x| bits of each workgroup's share of the source
 //       into its part, sc[2 SLOTS + slot NP_MAX + workgroup] (u32 bits of |x|: NaN above
@@ -72,7 +72,7 @@ fn x(at: u32) -> f32 { return x4[at / 4u][at % 4u]; }
 
 @compute @workgroup_size(256)
 fn linear_split_absmax(@builtin(local_invocation_index) t: u32,
-                @builtin(workgroup_id) wid: vec3<u32>) {
+                       @builtin(workgroup_id) wid: vec3<u32>) {
     // the source as runs along its contiguous dimension, `stride` apart
     let len = select(p.rows, p.cols, CS1);
     let stride = select(p.cs, p.rs, CS1);
@@ -95,7 +95,7 @@ fn linear_split_absmax(@builtin(local_invocation_index) t: u32,
 
 @compute @workgroup_size(256)
 fn linear_split_pack(@builtin(local_invocation_index) t: u32,
-              @builtin(workgroup_id) wid: vec3<u32>) {
+                     @builtin(workgroup_id) wid: vec3<u32>) {
     // s from the NP parts of linear_split_absmax
     var m = 0u;
     for (var i = t; i < p.np; i += 256u) { m = max(m, sc[2u * SLOTS + p.slot * NP_MAX + i]); }

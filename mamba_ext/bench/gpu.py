@@ -273,13 +273,19 @@ def train_step(name, steps=5, warmup=2, checkpointing=False, discretization="zoh
                 loss=loss, ms_pipelined=ms_pipe, tokens_s_pipelined=B * L / ms_pipe * 1e3)
 
 
+def fp32_products(g, name: str) -> str:
+    """``name`` of the fp32 path, and what it multiplies with on ``g`` where that is the
+    split f16 products (mamba_ext.gpu.linear_split), for the benches' lines."""
+    from ..gpu import linear_split
+    return (f"{name} (products that fit as three f16 products of split operands)"
+            if linear_split.active(g) else name)
+
+
 def run_train_steps(names, steps=5, checkpointing=False, discretization="zoh", amp=False) -> int:
     """Print one line per model of ``names`` (keys of TRAIN_STEPS); returns 0."""
-    from ..gpu import linear_split
     g = gpu()
     print(f"adapter: {g.info.get('device')} ({g.info.get('backend_type')})")
-    fp32 = ("fp32 WGSL (products that fit as three f16 products of split operands)"
-            if linear_split.active(g) else "fp32 WGSL")
+    fp32 = fp32_products(g, "fp32 WGSL")
     for n in names:
         r = train_step(n, steps, checkpointing=checkpointing, discretization=discretization,
                        amp=amp)
@@ -323,11 +329,8 @@ def run(size: str = "all", *, repeat: int = 10, use_torch: bool = True, loops: b
     bw = copy_bandwidth(g)
     print(f"copy kernel bandwidth (read+write): {bw / 1e12:.2f} TB/s")
     sizes = ["a", "b", "c"] if size == "all" else [size]
-    from ..gpu import linear_split
-    fp32 = ("fp32, where they fit as three f16 products of split operands on tensor cores "
-            "(mamba_ext.gpu.linear_split)" if linear_split.active(g) else "fp32")
     print(f"discretization: {discretization}; products: "
-          f"{'linear layers f16 on tensor cores (AMP)' if amp else fp32}")
+          f"{'linear layers f16 on tensor cores (AMP)' if amp else fp32_products(g, 'fp32')}")
     print("\n| size | Dm,D,N,K,R,B,L | WGSL fwd+bwd GPU ms | wall ms | wall ms back to back | "
           "GPU mem MiB | scan ms | scan GB/s | scan / copy bw | scan / 4 TB/s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -591,6 +594,7 @@ def run_f16_gemm(repeat: int = 10) -> int:
         x32, w32, dy32 = (g.buffer(n, nm, rng.standard_normal(n).astype(np.float32))
                           for n, nm in ((M * I, "x32"), (O * I, "w32"), (M * O, "dy32")))
         y32, dx32, dw32 = g.buffer(M * O, "y32"), g.buffer(M * I, "dx32"), g.buffer(O * I, "dw32")
+        saved = ls.ENABLED
         for label, enabled in (("fp32 linear.wgsl", False), ("fp32 split, 3 x f16", None)):
             ls.ENABLED = enabled
             if not ls.active(g) and enabled is None:
@@ -607,7 +611,7 @@ def run_f16_gemm(repeat: int = 10) -> int:
                 ms = (gpu_ms if gpu_ms is not None else wall_ms) / reps
                 line.append(f"{kind} {ms:.3f} ms = {flop / ms / 1e9:.1f} TFLOP/s")
             print(f"{label} {name}: " + "; ".join(line), flush=True)
-        ls.ENABLED = None
+        ls.ENABLED = saved
         for b in (x32, w32, dy32, y32, dx32, dw32):
             b.destroy()
     return 0

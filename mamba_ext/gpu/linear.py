@@ -181,12 +181,14 @@ def bias_fill(g, M, O, w, b_off, y, y_off, y_rs, res=None):
                  [None, None, None, None, w, g.dummy(2) if res is None else res, y, None, None])]
 
 
-def split_sum(g, M, N, part, S, c, c_off, c_rs, accumulate=False):
+def split_sum(g, M, N, part, S, c, c_off, c_rs, accumulate=False, bias=None, bias_off=0,
+              res=None):
     """Ops: c[:, c_off:c_off+N] (M rows c_rs apart) (+)= the sum of S partial products
-    (M, N), dense one after the other in ``part``, in slice order (linear_split_sum; e.g.
-    linear_f16.dweight's split-K slices)."""
-    return [_sum_op(g, M, N, c, c_off, c_rs, part, S, beta=1 if accumulate else 0,
-                    label="split_sum")]
+    (M, N), dense one after the other in ``part``, in slice order (+ bias[bias_off + j])
+    (+ res at c's place) (linear_split_sum; e.g. linear_f16.dweight's split-K slices,
+    linear_split's products)."""
+    return [_sum_op(g, M, N, c, c_off, c_rs, part, S, bias=bias, bias_off=bias_off,
+                    beta=1 if accumulate else 0, res=res, label="split_sum")]
 
 
 def linear_backward(g, M, I, O, dy, dy_off, dy_rs, x, x_off, x_rs, w, w_off, b_off, gr,

@@ -13,9 +13,9 @@ kernel reads fastest (A k-major, B n-major, transposed through workgroup memory 
 f32 operand is not), and the kernel runs one product of contraction 3K whose k steps walk
 A's planes hi, hi, lo and B's hi, lo, hi (:class:`Segments`). The scales are found on the
 device (each operand's largest |x|: linear_split_absmax, reduced in linear_split_pack),
-so nothing is read back. The backward of a linear layer packs its output gradient dY once for both of
-its products (dX = dY W reads it as A, dW^T = X^T dY as B: the same row-major planes) and
-stores dW transposed (:func:`backward`).
+so nothing is read back. The backward of a linear layer packs its output gradient dY once
+for both of its products (dX = dY W reads it as A, dW^T = X^T dY as B: the same row-major
+planes) and stores dW transposed (:func:`backward`).
 
 :func:`mamba_ext.gpu.linear.gemm` and :func:`mamba_ext.gpu.linear.linear_backward` run
 their products here where :func:`active` and the sizes fit (:func:`unsupported`), else on
@@ -116,11 +116,11 @@ def product(g, c, M, N, K, a, sa, b, sb, sc, *, ldc, c_off=0, accumulate=False, 
     (a buffer at C's place, with a bias) not with ``accumulate``. A product that adds to C
     or a residual, or whose few tiles would leave the GPU idle, is made as S >= 1 partial
     products over K slices in a scratch buffer (linear_f16.dweight_splits), summed in slice
-    order into C with the bias, residual or C (linear.split_sum, linear._sum_op): the kernel
+    order into C with the bias, residual or C (linear.split_sum): the kernel
     never starts from C (see kernels/linear_f16.wgsl, SCALED). ``c_colmajor``: C stored
     transposed, C[i, j] at c[c_off + j*ldc + i] (no bias or residual)."""
     from . import linear_f16
-    from .linear import _sum_op
+    from .linear import split_sum
     seg = Segments(sc, K, M * K, K * N, 2 * sa, 2 * sb)
     kw = dict(a_kmajor=True, b_kmajor=False, lda=K, ldb=N, split=seg)
     S = linear_f16.dweight_splits(3 * K, N, M)
@@ -132,8 +132,8 @@ def product(g, c, M, N, K, a, sa, b, sb, sc, *, ldc, c_off=0, accumulate=False, 
     b_buf, b_off = bias if bias is not None else (None, 0)
     return [linear_f16.product(g, part, a, b, M, N, 3 * K, ldc=M if c_colmajor else N,
                                splits=S, c_colmajor=c_colmajor, **kw),
-            _sum_op(g, rows, cols, c, c_off, ldc, part, S, bias=b_buf, bias_off=b_off,
-                    beta=1 if accumulate else 0, res=res, label="split_sum")]
+            *split_sum(g, rows, cols, part, S, c, c_off, ldc, accumulate=accumulate,
+                       bias=b_buf, bias_off=b_off, res=res)]
 
 
 def gemm(g, M, N, K, A, B, C, *, bias=None, bias_off=0, beta=0, res=None, dbias=None,
