@@ -213,13 +213,9 @@ class Gpu:
         self.backend.prepare(self.checks)
         # one adapter per process, e.g. per MPI rank: use_adapter() (the training
         # command's --gpu-index and its ranks), else the user's MAMBA_EXT_GPU_INDEX
-        index = (str(_ADAPTER_INDEX) if _ADAPTER_INDEX is not None
-                 else os.environ.get("MAMBA_EXT_GPU_INDEX", "").strip())
+        index = _adapter_choice()
         self.adapter_index = int(index) if index.isdigit() else None
-        if index:
-            adapter = _adapter_by_index(wgpu, index)
-        else:
-            adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        adapter = open_adapter(wgpu)
         if adapter is None:
             if self.backend.NAME == "dawn":
                 raise RuntimeError("mamba_ext.gpu: Dawn (MAMBA_EXT_GPU_BACKEND=dawn) found no "
@@ -658,6 +654,21 @@ def adapter_count() -> int:
         return 0
     be.prepare(_shader_checks())
     return len(_adapters(wgpu))
+
+
+def _adapter_choice() -> str:
+    """use_adapter()'s index, else MAMBA_EXT_GPU_INDEX ("" when neither is set)."""
+    return (str(_ADAPTER_INDEX) if _ADAPTER_INDEX is not None
+            else os.environ.get("MAMBA_EXT_GPU_INDEX", "").strip())
+
+
+def open_adapter(wgpu):
+    """The adapter of the wgpu-py API module ``wgpu`` that the device opens: the one
+    :func:`_adapter_choice` names, else the high-performance one (None: none found)."""
+    index = _adapter_choice()
+    if index:
+        return _adapter_by_index(wgpu, index)
+    return wgpu.gpu.request_adapter_sync(power_preference="high-performance")
 
 
 def _adapter_by_index(wgpu, index: str):

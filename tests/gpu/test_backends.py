@@ -13,12 +13,14 @@ if str(Path(__file__).resolve().parent) not in sys.path:
 
 import pytest
 
-from gpu_support import run_on_dawn
+from conftest import optional
+from gpu_support import WGPU_WHY, run_on_dawn
 from mamba_ext.gpu import backends
 
 
 def test_selection_and_refusal(monkeypatch):
     monkeypatch.delenv("MAMBA_EXT_GPU_BACKEND", raising=False)
+    monkeypatch.delenv("MAMBA_EXT_GPU_CHECKS", raising=False)    # auto: wgpu-native with checks on
     assert backends.selected() == "auto" and backends.load().NAME == "wgpu"
     for name, want in (("wgpu", "wgpu"), ("DAWN", "dawn"), ("auto", "wgpu")):
         monkeypatch.setenv("MAMBA_EXT_GPU_BACKEND", name)
@@ -120,3 +122,129 @@ def test_dawn_runs_the_block_as_the_cpu():
     res = run_on_dawn(_DAWN_BLOCK)
     assert res["backend"] == "dawn"
     assert res["err"] < 1e-4, res
+
+
+def test_auto_keeps_wgpu_native_while_the_checks_are_on(monkeypatch):
+    """With Tint's checks on (the default "bounds", or "full") Dawn's tensor-core products run
+    4.5x slower, so auto is wgpu-native, without a probe of Dawn."""
+    def probe():
+        raise AssertionError("auto probed Dawn with the checks on")
+    monkeypatch.setattr(backends, "_probed", [])
+    monkeypatch.setattr(backends, "_dawn_has_f16_matrices", probe)
+    monkeypatch.setenv("MAMBA_EXT_GPU_BACKEND", "auto")
+    for checks in (None, "bounds", "full"):
+        if checks is None:
+            monkeypatch.delenv("MAMBA_EXT_GPU_CHECKS", raising=False)
+        else:
+            monkeypatch.setenv("MAMBA_EXT_GPU_CHECKS", checks)
+        assert backends.auto_choice() == "wgpu" and backends.load().NAME == "wgpu"
+    monkeypatch.setenv("MAMBA_EXT_GPU_CHECKS", "off")
+    with pytest.raises(ValueError, match="MAMBA_EXT_GPU_CHECKS must be one of"):
+        backends.auto_choice()
+
+
+def test_auto_with_the_checks_off_follows_one_probe_of_dawn(monkeypatch):
+    monkeypatch.setenv("MAMBA_EXT_GPU_CHECKS", "none")
+    monkeypatch.delenv("MAMBA_EXT_GPU_BACKEND", raising=False)
+    for found, want in ((True, "dawn"), (False, "wgpu")):
+        probes = []
+        monkeypatch.setattr(backends, "_probed", [])
+        monkeypatch.setattr(backends, "_dawn_has_f16_matrices", lambda f=found, n=probes: n.append(1) or f)
+        assert backends.load().NAME == want and backends.load("auto").NAME == want
+        assert backends.load("wgpu").NAME == "wgpu" and backends.load("dawn").NAME == "dawn"
+        assert probes == [1]                        # once per process
+
+
+class _FakeAdapter:
+    def __init__(self, features, name="gpu"):
+        self.features = set(features)
+        self.info = {"device": name, "backend_type": "Vulkan", "adapter_type": "DiscreteGPU"}
+
+
+_TENSOR_CORES = ("shader-f16", "chromium-experimental-subgroup-matrix", "subgroups")
+
+
+@pytest.mark.parametrize("features, configs, want", [
+    (_TENSOR_CORES, [{"m": 16, "n": 16, "k": 16, "subgroup": 32}], True),
+    (_TENSOR_CORES, [], False),                                  # no f16 -> f32 shape
+    (("shader-f16", "subgroups"), [{"m": 16, "n": 16, "k": 16, "subgroup": 32}], False),
+    (("chromium-experimental-subgroup-matrix",), [{"m": 8, "n": 8, "k": 8, "subgroup": 32}], False),
+    (None, [], False),                                           # Dawn found no adapter
+    ("raise", [], False),                                        # Dawn failed to start
+])
+def test_dawn_probe_reads_the_adapter_the_device_would_open(monkeypatch, features, configs, want):
+    from types import SimpleNamespace
+    from mamba_ext.gpu import device as dev
+    dawn = backends.load("dawn")
+    asked = []
+
+    def request(**kw):
+        asked.append(kw)
+        if features == "raise":
+            raise RuntimeError("vkCreateInstance failed")
+        return None if features is None else _FakeAdapter(features)
+    fake = SimpleNamespace(gpu=SimpleNamespace(request_adapter_sync=request))
+    monkeypatch.setattr(dawn, "module", lambda: fake)
+    monkeypatch.setattr(dawn, "prepare", lambda checks: asked.append(checks))
+    monkeypatch.setattr(dawn, "subgroup_matrix_configs", lambda a: configs)
+    monkeypatch.setattr(dev, "_ADAPTER_INDEX", None)
+    monkeypatch.delenv("MAMBA_EXT_GPU_INDEX", raising=False)
+    assert backends._dawn_has_f16_matrices() is want
+    assert asked[0] == "none" and asked[1] == {"power_preference": "high-performance"}
+
+
+def test_dawn_probe_opens_the_indexed_adapter_and_needs_wgpudawn(monkeypatch):
+    from types import SimpleNamespace
+    from mamba_ext.gpu import device as dev
+    dawn = backends.load("dawn")
+    adapters = [_FakeAdapter(_TENSOR_CORES, "a"), _FakeAdapter(("shader-f16",), "b")]
+    fake = SimpleNamespace(gpu=SimpleNamespace(enumerate_adapters_sync=lambda: adapters))
+    monkeypatch.setattr(dawn, "module", lambda: fake)
+    monkeypatch.setattr(dawn, "prepare", lambda checks: None)
+    monkeypatch.setattr(dawn, "subgroup_matrix_configs",
+                        lambda a: [{"m": 16, "n": 16, "k": 16, "subgroup": 32}])
+    monkeypatch.setattr(dev, "_ADAPTER_INDEX", None)
+    for index, want in (("0", True), ("1", False), ("7", False)):   # 7: no such adapter
+        monkeypatch.setenv("MAMBA_EXT_GPU_INDEX", index)
+        assert backends._dawn_has_f16_matrices() is want, index
+    monkeypatch.setattr(dev, "_ADAPTER_INDEX", 0)                 # use_adapter() first
+    assert backends._dawn_has_f16_matrices() is True
+
+    def missing():
+        raise RuntimeError("MAMBA_EXT_GPU_BACKEND=dawn needs the wgpudawn package")
+    monkeypatch.setattr(dawn, "module", missing)
+    assert backends._dawn_has_f16_matrices() is False
+
+
+_AUTO_DEVICE = """
+import json
+from mamba_ext.gpu import device
+try:
+    g = device.gpu()
+except RuntimeError as e:
+    print(json.dumps({"backend": None, "why": str(e)})); raise SystemExit(0)
+print(json.dumps({"backend": g.backend.NAME, "f16_matrices": bool(g.f16_matrices)}))
+"""
+
+
+def test_auto_opens_dawn_exactly_where_its_tensor_cores_run():
+    """End to end, each in a fresh process with the checks off: auto opens Dawn where a Dawn
+    device has f16 subgroup matrices, else wgpu-native (lavapipe, CI: Dawn does not start)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    optional("wgpu", WGPU_WHY)
+
+    def device_in(backend):
+        env = dict(os.environ, MAMBA_EXT_GPU_BACKEND=backend, MAMBA_EXT_GPU_CHECKS="none")
+        r = subprocess.run([sys.executable, "-c", _AUTO_DEVICE], capture_output=True, text=True,
+                           timeout=300, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    optional("wgpudawn", 'pip install "mamba_ext[dawn]"')
+    dawn_cores = bool(device_in("dawn").get("f16_matrices"))
+    auto = device_in("auto")
+    if auto["backend"] is None:
+        pytest.skip(f"no adapter: {auto['why']}")
+    assert auto["backend"] == ("dawn" if dawn_cores else "wgpu"), auto

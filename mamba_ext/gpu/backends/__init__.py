@@ -4,13 +4,14 @@
 - ``wgpu``: wgpu-native through wgpu-py (``pip install "mamba_ext[gpu]"``), the default
   install and the CI path (lavapipe);
 - ``dawn``: Dawn through wgpudawn (``pip install "mamba_ext[dawn]"``);
-- ``auto`` (the default): wgpu-native. Dawn's reason to be chosen is its subgroup
-  matrices (tensor cores from WGSL, which mixed precision uses); but the backend is chosen
-  when the device is made, before a run says whether it multiplies in f16, and the fp32
-  kernels run faster on wgpu-native (H200: block d 16.6 ms against 20.8 on Dawn,
-  docs/gpu.md), so auto does not pick Dawn: ask for it. (Since mamba_ext.gpu.linear_split
-  the fp32 products run split on Dawn's tensor cores: the 24 x 768 fp32 step is then faster
-  there, block d about as fast; docs/gpu.md.)
+- ``auto`` (the default): Dawn where wgpudawn is installed, ``MAMBA_EXT_GPU_CHECKS=none``
+  and Dawn's adapter offers f16 x f16 -> f32 subgroup matrices; else wgpu-native. Dawn's
+  reason to be chosen is its tensor cores from WGSL: mixed precision multiplies there, and
+  the fp32 products run split into three f16 products (mamba_ext.gpu.linear_split), which
+  made the fp32 training step faster on Dawn than on wgpu-native (docs/gpu.md). With the
+  checks on, Dawn's robust access makes those products 4.5x slower, so auto keeps
+  wgpu-native there. The probe (Dawn's adapter, once per process) never raises: any failure
+  of it means wgpu-native.
 
 Each backend module gives the same small interface: ``NAME``; ``THREAD_SAFE`` (whether
 two threads may call its device at once); ``POLLED_MAPS`` (whether a map's promise is
@@ -47,9 +48,47 @@ def selected() -> str:
 
 
 def load(name: str | None = None):
-    """The backend module for ``name`` (None: :func:`selected`)."""
+    """The backend module for ``name`` (None: :func:`selected`; "auto": :func:`auto_choice`)."""
     name = selected() if name is None else name
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {name!r}")
+    if name == "auto":
+        name = auto_choice()
     return importlib.import_module(
         f"mamba_ext.gpu.backends.{'dawn' if name == 'dawn' else 'wgpu_native'}")
+
+
+# what the probe of auto_choice found: [] until it ran, then ["dawn"] or ["wgpu"]
+_probed: list = []
+
+
+def auto_choice() -> str:
+    """The backend "auto" stands for: "dawn" where MAMBA_EXT_GPU_CHECKS is "none" and Dawn's
+    adapter (the one the device would open) offers f16 subgroup matrices, else "wgpu"
+    (module docstring). The adapter is probed once per process, only with the checks off."""
+    from ..device import SHADER_CHECKS
+    if env_choice("MAMBA_EXT_GPU_CHECKS", SHADER_CHECKS, "bounds") != "none":
+        return "wgpu"
+    if not _probed:
+        _probed.append("dawn" if _dawn_has_f16_matrices() else "wgpu")
+    return _probed[0]
+
+
+def _dawn_has_f16_matrices() -> bool:
+    """Whether Dawn opens the adapter the device would use (MAMBA_EXT_GPU_INDEX or
+    use_adapter(), else the high-performance one) with shader-f16 and f16 subgroup
+    matrices. False where wgpudawn is missing or Dawn does not start (lavapipe)."""
+    from . import dawn
+    try:
+        wgpu = dawn.module()
+    except RuntimeError:                       # wgpudawn not installed
+        return False
+    from ..device import open_adapter
+    try:
+        dawn.prepare("none")
+        adapter = open_adapter(wgpu)
+        return (adapter is not None
+                and {"shader-f16", "chromium-experimental-subgroup-matrix"} <= set(adapter.features)
+                and bool(dawn.subgroup_matrix_configs(adapter)))
+    except Exception:                          # a probe: any failure of Dawn means wgpu-native
+        return False
