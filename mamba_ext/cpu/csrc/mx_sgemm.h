@@ -115,7 +115,10 @@ MX_AVX512 static inline __attribute__((always_inline)) void mx_sgemm_pack(
             for (s0 = 0; s0 < rows; s0 += w) {
                 float* d = dst + s0 * kc + p * w;
                 ptrdiff_t n = rows - s0 < w ? rows - s0 : w;
-                if (n == w)            /* a constant count: one unrolled copy, not a loop */
+                if (n == w && w == MX_SGEMM_NR)   /* 12 values: one masked vector */
+                    _mm512_mask_storeu_ps(d, (__mmask16)0x0FFF,
+                                          _mm512_maskz_loadu_ps((__mmask16)0x0FFF, s + s0));
+                else if (n == w)       /* a constant count: one unrolled copy, not a loop */
                     for (r = 0; r < w; r++) d[r] = s[s0 + r];
                 else
                     for (r = 0; r < n; r++) d[r] = s[s0 + r];
