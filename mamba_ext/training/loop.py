@@ -694,9 +694,9 @@ def prepare(cfg: TrainConfig, out_dir, *, resume=None, log=None, stop_after=None
         if scaler is not None:
             log(f"amp on the GPU: {trainer.products(cfg.batch, cfg.seq_len)}")
         if dist is not None and dist.size > 1 and _gpu_backend() == "dawn":
-            log("warning: GPU ranks on the Dawn backend have not been seen to work: two of them "
-                "on one H200 hung in their first step (docs/distributed.md); the tested "
-                "backend for GPU ranks is wgpu-native (MAMBA_EXT_GPU_BACKEND=wgpu)")
+            log("warning: GPU ranks on the Dawn backend ran on one GPU but are untested on "
+                "several (docs/distributed.md); the backend CI tests GPU ranks on is "
+                "wgpu-native (MAMBA_EXT_GPU_BACKEND=wgpu)")
         if state is not None and state["optimizer_state"]:
             _restore(resume, "optimizer state", trainer.load_state_dict, state["optimizer_state"])
     else:
