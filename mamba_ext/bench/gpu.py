@@ -595,23 +595,25 @@ def run_f16_gemm(repeat: int = 10) -> int:
                           for n, nm in ((M * I, "x32"), (O * I, "w32"), (M * O, "dy32")))
         y32, dx32, dw32 = g.buffer(M * O, "y32"), g.buffer(M * I, "dx32"), g.buffer(O * I, "dw32")
         saved = ls.ENABLED
-        for label, enabled in (("fp32 linear.wgsl", False), ("fp32 split, 3 x f16", None)):
-            ls.ENABLED = enabled
-            if not ls.active(g) and enabled is None:
-                continue
-            line = []
-            for kind, ops in (
-                    ("forward", lin.gemm(g, "linear_forward", M, O, I, lin.Mat(x32, 0, I),
-                                         lin.Mat(w32, 0, 1, I), lin.Mat(y32, 0, O))),
-                    ("dX", lin.gemm(g, "linear_backward", M, I, O, lin.Mat(dy32, 0, O),
-                                    lin.Mat(w32, 0, I), lin.Mat(dx32, 0, I))),
-                    ("dW", lin.gemm(g, "linear_backward", O, I, M, lin.Mat(dy32, 0, 1, O),
-                                    lin.Mat(x32, 0, I), lin.Mat(dw32, 0, I), beta=1))):
-                gpu_ms, wall_ms = _time_ops(g, ops * reps, (), repeat, warmup_s=WARMUP_S)
-                ms = (gpu_ms if gpu_ms is not None else wall_ms) / reps
-                line.append(f"{kind} {ms:.3f} ms = {flop / ms / 1e9:.1f} TFLOP/s")
-            print(f"{label} {name}: " + "; ".join(line), flush=True)
-        ls.ENABLED = saved
+        try:
+            for label, enabled in (("fp32 linear.wgsl", False), ("fp32 split, 3 x f16", None)):
+                ls.ENABLED = enabled
+                if not ls.active(g) and enabled is None:
+                    continue
+                line = []
+                for kind, ops in (
+                        ("forward", lin.gemm(g, "linear_forward", M, O, I, lin.Mat(x32, 0, I),
+                                             lin.Mat(w32, 0, 1, I), lin.Mat(y32, 0, O))),
+                        ("dX", lin.gemm(g, "linear_backward", M, I, O, lin.Mat(dy32, 0, O),
+                                        lin.Mat(w32, 0, I), lin.Mat(dx32, 0, I))),
+                        ("dW", lin.gemm(g, "linear_backward", O, I, M, lin.Mat(dy32, 0, 1, O),
+                                        lin.Mat(x32, 0, I), lin.Mat(dw32, 0, I), beta=1))):
+                    gpu_ms, wall_ms = _time_ops(g, ops * reps, (), repeat, warmup_s=WARMUP_S)
+                    ms = (gpu_ms if gpu_ms is not None else wall_ms) / reps
+                    line.append(f"{kind} {ms:.3f} ms = {flop / ms / 1e9:.1f} TFLOP/s")
+                print(f"{label} {name}: " + "; ".join(line), flush=True)
+        finally:
+            ls.ENABLED = saved      # as it was, whatever happened while timing
         for b in (x32, w32, dy32, y32, dx32, dw32):
             b.destroy()
     return 0

@@ -157,6 +157,15 @@ def _subgroup_size(info) -> int:
     return 0
 
 
+def f16_matrix_configs(backend, adapter, features) -> list:
+    """The f16 x f16 -> f32 subgroup-matrix shapes {"m", "n", "k", "subgroup"} that
+    ``backend``'s ``adapter`` runs where ``features`` (the device's, or the adapter's)
+    hold shader-f16 and subgroup matrices; else []."""
+    if {"shader-f16", "chromium-experimental-subgroup-matrix"} <= set(features):
+        return backend.subgroup_matrix_configs(adapter)
+    return []
+
+
 def _shader_checks() -> str:
     from .backends import env_choice
     return env_choice("MAMBA_EXT_GPU_CHECKS", SHADER_CHECKS, "bounds")
@@ -253,9 +262,7 @@ class Gpu:
                                    if self.backend.SUBGROUP_FEATURE in features else None)
         # f16 x f16 -> f32 subgroup-matrix shapes {"m", "n", "k", "subgroup"} this device
         # runs (kernels/linear_f16.wgsl; empty where the backend or the adapter has none)
-        self.f16_matrices = (self.backend.subgroup_matrix_configs(adapter)
-                             if {"shader-f16", "chromium-experimental-subgroup-matrix"}
-                             <= set(features) else [])
+        self.f16_matrices = f16_matrix_configs(self.backend, adapter, features)
         # the subgroup size compute pipelines run with, where it is known (else 0):
         # kernels/linear_f16.wgsl lays its subgroups out by it (and checks it); the one
         # the subgroup-matrix shapes state, else what the adapter info allows

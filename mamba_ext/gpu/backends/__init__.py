@@ -66,8 +66,8 @@ def auto_choice() -> str:
     """The backend "auto" stands for: "dawn" where MAMBA_EXT_GPU_CHECKS is "none" and Dawn's
     adapter (the one the device would open) offers f16 subgroup matrices, else "wgpu"
     (module docstring). The adapter is probed once per process, only with the checks off."""
-    from ..device import SHADER_CHECKS
-    if env_choice("MAMBA_EXT_GPU_CHECKS", SHADER_CHECKS, "bounds") != "none":
+    from ..device import _shader_checks
+    if _shader_checks() != "none":
         return "wgpu"
     if not _probed:
         _probed.append("dawn" if _dawn_has_f16_matrices() else "wgpu")
@@ -83,12 +83,10 @@ def _dawn_has_f16_matrices() -> bool:
         wgpu = dawn.module()
     except RuntimeError:                       # wgpudawn not installed
         return False
-    from ..device import open_adapter
+    from ..device import f16_matrix_configs, open_adapter
     try:
         dawn.prepare("none")
         adapter = open_adapter(wgpu)
-        return (adapter is not None
-                and {"shader-f16", "chromium-experimental-subgroup-matrix"} <= set(adapter.features)
-                and bool(dawn.subgroup_matrix_configs(adapter)))
+        return adapter is not None and bool(f16_matrix_configs(dawn, adapter, adapter.features))
     except Exception:                          # a probe: any failure of Dawn means wgpu-native
         return False
