@@ -3,7 +3,7 @@
 //
 // Size letters: B batch, L seqLen, D dInner, N dState, R dtRank, P = R + 2N,
 // M = B*L rows, SCAN_CHUNK steps per chunk (Params.chunk), C = ceil(L / SCAN_CHUNK)
-// chunks, G channel groups (workgroups along D), SG = ceil(N / GW) state groups of GW.
+// chunks, G channel groups (workgroups along D), SG = ceil(N / 16) state groups.
 //
 // Per (b, d, n), with A = -exp(clamp(A_log, a_log_min, a_log_max)) and x_t = delta_t * A:
 //   a_t = exp(x_t),  b_t = coef_t * Bs_t,  coef_t = expm1(x_t)/A (ZOH) | delta_t (Euler)
@@ -38,8 +38,7 @@
 // Workgroup layout of the chunk kernels (why: the sums over n of y, du and ddelta
 // stay in one invocation's registers, with no barrier per step): invocation li =
 // channel dl = li / SG, state group s = li % SG; it holds the states
-// n = GW s + 4 q + k (q < NV vec4 registers, k < 4; GW = 16 but in scan_backward_grads:
-// mamba_ext/gpu/scan.py, SCAN_GRADS_GROUP) of channel d = G_index * CPW + dl,
+// n = 16 s + 4 q + k (q < NV vec4 registers, k < 4) of channel d = G_index * CPW + dl,
 // CPW = WG / SG channels per workgroup; grid (G, C, B), G = ceil(D / CPW). Lanes
 // past D or past N take part in barriers and contribute zero. The Bs | Cs columns
 // of a block of TS steps are staged in workgroup memory (one coalesced load, read
@@ -54,8 +53,9 @@
 // (this invocation's share, into nbc) before it runs the current block's steps, and stores
 // it into the other half of bc after them: one barrier per block, the loads in flight
 // during the steps. The backward kernels and scan_forward_correct load the next block's
-// per-step inputs ahead too (into n_dp, n_u, n_dy, n_y); scan_forward_chunk, with more work
-// per step, reads them where it uses them (ahead, slower: docs/performance.md, GPU tuning).
+// per-step inputs ahead too (into n_dp, n_u, n_dy, n_y); scan_forward_chunk, with more
+// work per step, reads them where it uses them (ahead, they ran slower: docs/performance.md,
+// GPU tuning).
 //
 // Bindings (0 is the uniform Params in every entry point; one name per buffer, at one
 // binding number in every entry point that binds it). xproj (M, P) holds dt_low =
@@ -96,14 +96,12 @@ override a_log_max: f32;
 fn a_of(a_log: f32) -> f32 { return -exp(clamp(a_log, a_log_min, a_log_max)); }
 
 // Layout (set by mamba_ext/gpu/scan.py, ScanShape): WG = CPW * SG invocations;
-// GW states per state group (16, 8 or 4), NV vec4 of states per invocation (ceil(N / 4)
-// when SG = 1, else GW / 4); TS steps
+// NV vec4 of states per invocation (ceil(N / 4) when SG = 1, else 4); TS steps
 // per staged block (scan_backward_grads: also per recomputed block, TS <= TSMAX);
 // RB steps per dBs/dCs reduction round (TS % RB == 0).
 override WG: u32 = 32u;
 override SG: u32 = 1u;
 override NV: u32 = 4u;
-override GW: u32 = 16u;
 override TS: u32 = 4u;
 override RB: u32 = 2u;
 // HS: partial sums of dBs/dCs per workgroup (scan_backward_grads): each sums WG / SG / HS
@@ -116,9 +114,8 @@ override HS: u32 = 1u;
 override SUB: u32 = 0u;
 const TSMAX: u32 = 8u;     // recomputed steps held in registers (hist)
 const CKMAX: u32 = 16u;    // checkpoints per chunk (the host keeps chunk <= CKMAX * TS)
-const RS: u32 = 35u;       // floats per (step, invocation) row of red: dBs GW | dCs GW at
-                           // 0 | GW, du at 32, ddelta at 33, pad (35 is odd: the rows'
-                           // stores hit distinct banks)
+const RS: u32 = 35u;       // floats per (step, invocation) row of red: dBs 16 | dCs 16 |
+                           // du | ddelta | pad (35 is odd: the rows' stores hit distinct banks)
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> xproj: array<f32>;
@@ -140,15 +137,15 @@ const RS: u32 = 35u;       // floats per (step, invocation) row of red: dBs GW |
 @group(0) @binding(17) var<storage, read_write> grad: array<f32>;
 
 // (2, TS, 2, SG, 4) vec4: two buffers (the block being run, the next one staged) of
-// Bs (0) | Cs (1) of a block of TS steps, GW states per group (zero past N and past
+// Bs (0) | Cs (1) of a block of TS steps, 16 states per group (zero past N and past
 // the block's last step).
-var<workgroup> bc: array<vec4<f32>, 2u * TS * 2u * SG * (GW / 4u)>;
+var<workgroup> bc: array<vec4<f32>, 2u * TS * 2u * SG * 4u>;
 // (TS, WG) partial y of each invocation (scan_forward_chunk / _correct, SG > 1).
 var<workgroup> ysum: array<f32, TS * WG>;
 // (RB, WG, RS) per-step contributions of scan_backward_grads' workgroup sums, see RS.
 var<workgroup> red: array<f32, RB * WG * RS>;
 
-// This invocation's A, 1/A and running state, (4,) vec4 each (states n = GW s + 4 q + k).
+// This invocation's A, 1/A and running state, (4,) vec4 each (states n = 16 s + 4 q + k).
 var<private> Av: array<vec4<f32>, 4>;
 var<private> rA: array<vec4<f32>, 4>;
 var<private> hv: array<vec4<f32>, 4>;
@@ -167,7 +164,7 @@ fn lane(li: u32, wid: vec3<u32>) -> Lane {
 }
 
 // State n of register q, component k.
-fn state_of(l: Lane, q: u32, k: u32) -> u32 { return l.s * GW + 4u * q + k; }
+fn state_of(l: Lane, q: u32, k: u32) -> u32 { return l.s * 16u + 4u * q + k; }
 
 // Index of (b, c, d, n) in a (B, C, D, N) chunk tensor.
 fn cidx(b: u32, c: u32, d: u32, n: u32) -> u32 {
@@ -188,19 +185,19 @@ fn load_a(l: Lane) {
 }
 
 // (BCMAX,) this invocation's share of the next block's Bs | Cs, element e = li + k WG of
-// the block's TS * 2 GW SG floats (the host keeps TS * 2 GW SG <= BCMAX * WG).
+// the block's TS * 32 SG floats (the host keeps TS * 32 SG <= BCMAX * WG).
 const BCMAX: u32 = 32u;
 var<private> nbc: array<f32, BCMAX>;
 
 // Load this invocation's share of Bs, Cs of steps [tb, te) of batch row b into nbc.
 fn fetch_bc(li: u32, b: u32, tb: u32, te: u32) {
-    let per = 2u * GW * SG;                   // floats per step
+    let per = 32u * SG;                       // floats per step
     for (var k = 0u; k < BCMAX; k++) {
         let e = li + k * WG;
         if (e < TS * per) {
             let ts = e / per;
-            let wsel = (e % per) / (GW * SG);     // 0 = Bs, 1 = Cs
-            let n = e % (GW * SG);
+            let wsel = (e % per) / (16u * SG);    // 0 = Bs, 1 = Cs
+            let n = e % (16u * SG);
             var v = 0.0;
             if (tb + ts < te && n < p.N) { v = xproj[(b * p.L + tb + ts) * p.P + p.R + wsel * p.N + n]; }
             nbc[k] = v;
@@ -210,20 +207,20 @@ fn fetch_bc(li: u32, b: u32, tb: u32, te: u32) {
 
 // Store nbc into buffer buf of bc (the other buffer is being read: a barrier after).
 fn store_bc(li: u32, buf: u32) {
-    let per = 2u * GW * SG;
+    let per = 32u * SG;
     for (var k = 0u; k < BCMAX; k++) {
         let e = li + k * WG;
         if (e < TS * per) {
             let ts = e / per;
-            let wsel = (e % per) / (GW * SG);
-            let n = e % (GW * SG);
-            bc[(((buf * TS + ts) * 2u + wsel) * SG + n / GW) * (GW / 4u) + (n % GW) / 4u][n % 4u] = nbc[k];
+            let wsel = (e % per) / (16u * SG);
+            let n = e % (16u * SG);
+            bc[(((buf * TS + ts) * 2u + wsel) * SG + n / 16u) * 4u + (n % 16u) / 4u][n % 4u] = nbc[k];
         }
     }
 }
 
 fn bc_at(buf: u32, ts: u32, wsel: u32, s: u32, q: u32) -> vec4<f32> {
-    return bc[(((buf * TS + ts) * 2u + wsel) * SG + s) * (GW / 4u) + q];
+    return bc[(((buf * TS + ts) * 2u + wsel) * SG + s) * 4u + q];
 }
 
 // (TSMAX,) each: delta_pre, u, dy and y (scan_forward_correct) of the next block's steps

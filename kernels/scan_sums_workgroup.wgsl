@@ -3,7 +3,7 @@
 // (mamba_ext/gpu/scan.py compiles it where the subgroup form, scan_sums_subgroup.wgsl,
 // does not apply; each file is scan.wgsl and one sum_step).
 //
-// Each invocation stores its step's dBs | dCs (2 GW floats of its channel and state group),
+// Each invocation stores its step's dBs | dCs (32 floats of its channel and state group),
 // du and ddelta into its row of red (declared in scan.wgsl); every RB steps a barrier, then
 // the dBs/dCs partials of the round (sums over HS groups of the workgroup's channels, fixed
 // order) and, with SG > 1, du and ddelta (sums over the channel's state groups); a barrier
@@ -23,10 +23,10 @@ fn sum_step(l: Lane, li: u32, bk: Blk, ts: u32, db: array<vec4<f32>, 4>,
     let rr = kk / RB;                          // its round
     let k = kk % RB;                           // its row in the round
     let row = (k * WG + li) * RS;
-    for (var q = 0u; q < GW / 4u; q++) {
+    for (var q = 0u; q < 4u; q++) {
         for (var e = 0u; e < 4u; e++) {
             red[row + 4u * q + e] = db[q][e];
-            red[row + GW + 4u * q + e] = dc[q][e];
+            red[row + 16u + 4u * q + e] = dc[q][e];
         }
     }
     red[row + 32u] = sdu;
@@ -35,14 +35,13 @@ fn sum_step(l: Lane, li: u32, bk: Blk, ts: u32, db: array<vec4<f32>, 4>,
     workgroupBarrier();
     // dBs, dCs partials of the round: sums over this group's CPW channels
     let cpw = WG / SG / HS;                 // channels per partial
-    let cw = 2u * GW;                       // columns of a state group: dBs GW | dCs GW
-    for (var o2 = li; o2 < HS * RB * SG * cw; o2 += WG) {
-        let hh = o2 / (RB * SG * cw);      // which partial: channels hh*cpw..
-        let o = o2 % (RB * SG * cw);
-        let k = o / (SG * cw);
-        let s = (o / cw) % SG;
-        let jcol = o % cw;
-        let n = s * GW + jcol % GW;
+    for (var o2 = li; o2 < HS * RB * SG * 32u; o2 += WG) {
+        let hh = o2 / (RB * SG * 32u);     // which partial: channels hh*cpw..
+        let o = o2 % (RB * SG * 32u);
+        let k = o / (SG * 32u);
+        let s = (o / 32u) % SG;
+        let jcol = o % 32u;
+        let n = s * 16u + jcol % 16u;
         let t = tb + TS - 1u - (rr * RB + k);
         if (t < t1 && n < p.N) {
             // four independent partial sums (a short dependency chain), fixed order
@@ -56,7 +55,7 @@ fn sum_step(l: Lane, li: u32, bk: Blk, ts: u32, db: array<vec4<f32>, 4>,
             }
             for (; c < cpw; c++) { s0 += red[i0 + c * st]; }
             let acc = (s0 + s1) + (s2 + s3);
-            dbc_part[((bk.gx * HS + hh) * M + l.b * p.L + t) * 2u * p.N + (jcol / GW) * p.N + n] = acc;
+            dbc_part[((bk.gx * HS + hh) * M + l.b * p.L + t) * 2u * p.N + (jcol / 16u) * p.N + n] = acc;
         }
     }
     if (SG > 1u && l.on && l.s == 0u) {

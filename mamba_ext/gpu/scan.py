@@ -37,14 +37,6 @@ SCAN_SUM_PARTS = 2
 # not its barriers (docs/gpu.md, Kernels).
 SCAN_SUBGROUP_SUMS = False
 SUBGROUP_SIZES = (8, 16, 32)     # the subgroup sizes scan_sums_subgroup.wgsl is written for
-# scan_backward_grads' layout: states per invocation (a state group of GW = 16, 8 or 4; the
-# other kernels hold 16), and invocations per workgroup. Fewer states per invocation hold
-# fewer registers (the block's recomputed states, the carries, dA, the step's dBs | dCs), so
-# more invocations are resident to hide the walk's latencies; each channel's du and ddelta
-# are then sums over its state groups through workgroup memory.
-SCAN_GRADS_GROUP = 16
-SCAN_GRADS_WG = 64
-GROUP_WIDTHS = (4, 8, 16)
 _TSMAX, _CKMAX, _RS, _BCMAX = 8, 16, 35, 32   # consts of kernels/scan.wgsl (RS: its sums')
 # Workgroup memory the chunk kernels may use when the caller does not pass the
 # device's limit: WebGPU's guaranteed minimum of max_compute_workgroup_storage_size.
@@ -54,7 +46,7 @@ WG_MEMORY_MIN = 16384
 def layout_key():
     """The module settings a recorded plan depends on (part of the plan caches' keys)."""
     return (SCAN_CHUNK, SCAN_WG, SCAN_TS_FORWARD, SCAN_TS_BACKWARD, SCAN_RB, SCAN_SUM_PARTS,
-            SCAN_SUBGROUP_SUMS, SCAN_GRADS_GROUP, SCAN_GRADS_WG)
+            SCAN_SUBGROUP_SUMS)
 
 
 def subgroup_sums(g, N) -> int:
@@ -62,12 +54,11 @@ def subgroup_sums(g, N) -> int:
     (kernels/scan_sums_subgroup.wgsl), or 0 for the sums through workgroup memory: where
     :data:`SCAN_SUBGROUP_SUMS`, the device has subgroups (``g.subgroup_directive``) of one
     size the adapter states (``g.subgroup_size``: NVIDIA's and Apple's 32; 0 where it may vary
-    by kernel, as on AMD and Intel) in :data:`SUBGROUP_SIZES` that divides SCAN_GRADS_WG, and
-    N <= 16 with state groups of 16 (one state group per channel)."""
+    by kernel, as on AMD and Intel) in :data:`SUBGROUP_SIZES` that divides SCAN_WG, and
+    N <= 16 (one state group per channel)."""
     sub = int(getattr(g, "subgroup_size", 0) or 0)
     ok = (SCAN_SUBGROUP_SUMS and getattr(g, "subgroup_directive", None) is not None
-          and sub in SUBGROUP_SIZES and SCAN_GRADS_WG % sub == 0 and N <= 16
-          and SCAN_GRADS_GROUP == 16)
+          and sub in SUBGROUP_SIZES and SCAN_WG % sub == 0 and N <= 16)
     return sub if ok else 0
 
 
@@ -93,52 +84,30 @@ class ScanShape:
         workgroup sums (:func:`subgroup_sums`)."""
         if not 1 <= chunk <= SCAN_CHUNK_MAX:
             raise ValueError(f"scan chunk length must be in [1, {SCAN_CHUNK_MAX}], got {chunk}")
-        if SCAN_GRADS_GROUP not in GROUP_WIDTHS:
-            raise ValueError(f"scan: SCAN_GRADS_GROUP must be one of {GROUP_WIDTHS}, "
-                             f"got {SCAN_GRADS_GROUP}")
-        if sub and (sub not in SUBGROUP_SIZES or N > 16 or SCAN_GRADS_WG % sub
-                    or SCAN_GRADS_GROUP != 16):
+        if sub and (sub not in SUBGROUP_SIZES or N > 16 or SCAN_WG % sub):
             raise ValueError(f"scan subgroup sums: subgroup size {sub} must be one of "
-                             f"{SUBGROUP_SIZES} dividing SCAN_GRADS_WG {SCAN_GRADS_WG}, with "
-                             f"dState {N} <= 16 in one state group of 16")
+                             f"{SUBGROUP_SIZES} dividing SCAN_WG {SCAN_WG}, with dState {N} <= 16")
         self.sub = sub
         red = 0 if sub else _RS      # floats per invocation and step of the workgroup sums
-
-        def fits(ts, extra, gw, SG, wg):
-            # two staged blocks of Bs | Cs (2 gw SG floats a step, + extra floats) in the
-            # device's workgroup memory, and a block within the BCMAX floats each invocation
-            # stages in registers
-            per_step = 2 * gw * SG
-            return (4 * (2 * ts * per_step + extra) <= wg_memory
-                    and ts * per_step <= _BCMAX * wg)
-
-        def groups(gw, wg_max):
-            # (SG, NV, cpw, wg) of state groups of gw: channels per workgroup fewer where one
-            # step's sums would not fit
-            SG = math.ceil(N / gw)
-            NV = gw // 4 if SG > 1 else math.ceil(N / 4)
-            cpw = max(1, wg_max // SG)
-            while cpw > 1 and not fits(1, cpw * SG * red, gw, SG, cpw * SG):
-                cpw //= 2
-            return SG, NV, cpw, cpw * SG
-
-        # every kernel but scan_backward_grads: state groups of 16
-        self.SG, self.NV, self.cpw, self.wg = groups(16, SCAN_WG)
-        # scan_backward_grads' (the _b layout): wider state groups where one step's sums of
-        # SCAN_GRADS_GROUP-wide ones would not fit (many states)
-        self.gw_b = SCAN_GRADS_GROUP
-        while True:
-            self.SG_b, self.NV_b, self.cpw_b, self.wg_b = groups(self.gw_b, SCAN_GRADS_WG)
-            if self.gw_b == 16 or fits(1, self.wg_b * red, self.gw_b, self.SG_b, self.wg_b):
-                break
-            self.gw_b *= 2
+        self.SG = math.ceil(N / 16)                     # state groups of 16 per channel
+        self.NV = 4 if self.SG > 1 else math.ceil(N / 4)
+        per_step = 32 * self.SG                         # floats of Bs | Cs staged per step
+        # two staged blocks of Bs | Cs (+ extra floats) in the device's workgroup memory,
+        # and a block within the BCMAX floats each invocation stages in registers
+        fits = lambda ts, extra: (4 * (2 * ts * per_step + extra) <= wg_memory
+                                  and ts * per_step <= _BCMAX * self.wg)
+        self.cpw = max(1, SCAN_WG // self.SG)           # channels per workgroup: fewer where
+        self.wg = self.cpw * self.SG                    # one step's sums would not fit
+        while self.cpw > 1 and not fits(1, self.wg * red):
+            self.cpw //= 2
+            self.wg = self.cpw * self.SG
         # (at most TSMAX: scan_backward_chunk stages as many steps' inputs in private arrays)
         self.ts_f = max(1, min(SCAN_TS_FORWARD, _TSMAX))
-        while self.ts_f > 1 and not fits(self.ts_f, self.ts_f * self.wg, 16, self.SG, self.wg):
+        while self.ts_f > 1 and not fits(self.ts_f, self.ts_f * self.wg):
             self.ts_f //= 2
         self.ts_b = max(1, min(SCAN_TS_BACKWARD, _TSMAX))
         self.rb = max(1, min(SCAN_RB, self.ts_b))
-        while not fits(self.ts_b, self.rb * self.wg_b * red, self.gw_b, self.SG_b, self.wg_b):
+        while not fits(self.ts_b, self.rb * self.wg * red):
             if self.rb > 1:
                 self.rb //= 2
             elif self.ts_b > 1:
@@ -154,18 +123,16 @@ class ScanShape:
         self.C = max(math.ceil(L / self.chunk), 1)
         self.zoh = 1 if zoh else 0
         self.G = math.ceil(D / self.cpw)
-        self.G_b = math.ceil(D / self.cpw_b)
-        # partials of dBs/dCs per workgroup of scan_backward_grads: each sums cpw_b / hs
-        # channels (whole ones); one per subgroup with the subgroup sums
+        # partials of dBs/dCs per workgroup: each sums cpw / hs channels (whole ones); one
+        # per subgroup with the subgroup sums
         if sub:
-            self.hs = self.wg_b // sub
+            self.hs = self.wg // sub
         else:
-            self.hs = SCAN_SUM_PARTS if self.cpw_b % SCAN_SUM_PARTS == 0 else 1
-        self.parts = self.G_b * self.hs                 # dBs/dCs partials in dbc_part
+            self.hs = SCAN_SUM_PARTS if self.cpw % SCAN_SUM_PARTS == 0 else 1
         self.chunk_elems = B * self.C * D * N          # size of a (B, C, D, N) chunk tensor
 
     def params(self, alog_off, dvec_off):
-        return [self.B, self.L, self.D, self.N, self.R, self.P, self.chunk, self.C, self.parts,
+        return [self.B, self.L, self.D, self.N, self.R, self.P, self.chunk, self.C, self.G * self.hs,
                 self.zoh, alog_off, dvec_off]
 
 
@@ -193,17 +160,14 @@ def _module(g, s):
 def _chunk_op(g, s, entry, params, chunks=None, **named):
     """One workgroup per (channel group, chunk, batch row); ``chunks``: of the first
     ``chunks`` workgroups along y only (default all C)."""
+    ts = s.ts_b if entry == "scan_backward_grads" else s.ts_f
+    consts = {**scan_constants(s.wg), "SG": s.SG, "NV": s.NV, "TS": ts, "RB": s.rb}
     if entry == "scan_backward_grads":
-        consts = {**scan_constants(s.wg_b), "SG": s.SG_b, "NV": s.NV_b, "GW": s.gw_b,
-                  "TS": s.ts_b, "RB": s.rb, "HS": s.hs}
+        consts["HS"] = s.hs
         if s.sub:
             consts["SUB"] = s.sub
-        G = s.G_b
-    else:
-        consts = {**scan_constants(s.wg), "SG": s.SG, "NV": s.NV, "TS": s.ts_f, "RB": s.rb}
-        G = s.G
     file, prelude = _module(g, s)
-    grid = (G, s.C if chunks is None else chunks, s.B)
+    grid = (s.G, s.C if chunks is None else chunks, s.B)
     return g.op(file, entry, grid, params, _bind(**named), consts, prelude)
 
 
@@ -248,7 +212,7 @@ class ScanScratch:
         self.gchunk = g.scratch("scan_chunk", n)     # (B, C, D, N), the forward's hchunk too
         self.gcarry = g.buffer(n, "scan_gcarry")      # (B, C, D, N)
         self.da_part = g.buffer(s.chunk_elems, "scan_da_part")    # (B, C, D, N)
-        self.dbc_part = g.buffer(s.parts * s.M * 2 * s.N, "scan_dbc_part")   # (G_b hs, M, 2N)
+        self.dbc_part = g.buffer(s.G * s.hs * s.M * 2 * s.N, "scan_dbc_part")   # (G hs, M, 2N)
 
 
 def scan_backward(g, s, sc: ScanScratch, xproj, u, delta_pre, w, o, dy, hstate, achunk,

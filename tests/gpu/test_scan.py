@@ -21,25 +21,16 @@ g = require_gpu()
 from mamba_ext.gpu import scan as S  # noqa: E402
 
 
-@pytest.fixture(autouse=True, params=["default", "wg32-small-blocks", "subgroup-sums",
-                                      "grads-group-8", "grads-group-4"])
+@pytest.fixture(autouse=True, params=["default", "wg32-small-blocks", "subgroup-sums"])
 def scan_mode(request, monkeypatch):
-    """Every test in five layouts: the default one (the module's: subgroup sums where
+    """Every test in three layouts: the default one (the module's: subgroup sums where
     scan.SCAN_SUBGROUP_SUMS and scan.subgroup_sums allow); 32 invocations with staged
     blocks of 4 (forward) and 2 (backward) steps, two steps per reduction round (more
     blocks, rounds and partial blocks per chunk), one partial of the dBs/dCs sums per
-    workgroup (the default has two), the sums through workgroup memory; the subgroup
+    workgroup (the default has two), the sums through workgroup memory; and the subgroup
     sums at the subgroup size this device's subgroups have (gpu_support.subgroup_layout:
-    lavapipe's 8, NVIDIA's 32), also where the adapter does not state it; and
-    scan_backward_grads with state groups of 8 states (64 invocations) and of 4 (128
-    invocations, four partials of the dBs/dCs sums), whichever the default is."""
-    if request.param in ("grads-group-8", "grads-group-4"):
-        gw = int(request.param[-1])
-        monkeypatch.setattr(S, "SCAN_GRADS_GROUP", gw)
-        monkeypatch.setattr(S, "SCAN_GRADS_WG", 64 if gw == 8 else 128)
-        monkeypatch.setattr(S, "SCAN_SUM_PARTS", 2 if gw == 8 else 4)
-        monkeypatch.setattr(S, "SCAN_SUBGROUP_SUMS", False)
-    elif request.param == "wg32-small-blocks":
+    lavapipe's 8, NVIDIA's 32), also where the adapter does not state it."""
+    if request.param == "wg32-small-blocks":
         monkeypatch.setattr(S, "SCAN_SUM_PARTS", 1)
         monkeypatch.setattr(S, "SCAN_WG", 32)
         monkeypatch.setattr(S, "SCAN_TS_FORWARD", 4)
@@ -257,32 +248,12 @@ def test_scan_layout(N, SG, NV):
     s = S.ScanShape(1, 100, 64, N, 2, 64, True)
     assert (s.SG, s.NV) == (SG, NV)
     assert s.wg % s.SG == 0 and s.cpw * s.SG == s.wg
-    assert s.cpw_b * s.SG_b == s.wg_b and s.SG_b == -(-N // s.gw_b)    # scan_backward_grads'
-    assert s.NV_b == (s.gw_b // 4 if s.SG_b > 1 else -(-N // 4))
-    assert 4 * (2 * s.ts_b * 2 * s.gw_b * s.SG_b + s.rb * s.wg_b * 35) <= 16384  # two blocks
+    assert 4 * (2 * s.ts_b * 32 * s.SG + s.rb * s.wg * 35) <= 16384    # two staged blocks
     assert 4 * (2 * s.ts_f * 32 * s.SG + s.ts_f * s.wg) <= 16384
-    assert s.ts_f * 32 * s.SG <= 32 * s.wg                      # BCMAX floats per invocation
-    assert s.ts_b * 2 * s.gw_b * s.SG_b <= 32 * s.wg_b
+    assert max(s.ts_b, s.ts_f) * 32 * s.SG <= 32 * s.wg        # BCMAX floats per invocation
     assert s.ts_b % s.rb == 0 and s.chunk <= 16 * s.ts_b
     big = S.ScanShape(1, 100, 64, N, 2, 64, True, wg_memory=49152)    # a larger device limit
     assert big.ts_b >= s.ts_b and big.rb >= s.rb and big.chunk >= s.chunk
-
-
-@pytest.mark.parametrize("group, N, gw, SG, NV", [(8, 16, 8, 2, 2), (8, 5, 8, 1, 2),
-                                                 (4, 16, 4, 4, 1), (4, 3, 4, 1, 1),
-                                                 (4, 40, 4, 10, 1), (8, 512, 16, 32, 4)])
-def test_scan_grads_groups(monkeypatch, group, N, gw, SG, NV):
-    """scan_backward_grads' state groups (SCAN_GRADS_GROUP states an invocation), wider
-    where one step's sums of narrower ones would not fit (dState 512); the other kernels
-    keep groups of 16."""
-    monkeypatch.setattr(S, "SCAN_GRADS_GROUP", group)
-    s = S.ScanShape(1, 100, 64, N, 2, 64, True)
-    assert (s.gw_b, s.SG_b, s.NV_b) == (gw, SG, NV)
-    assert (s.SG, s.NV) == (-(-N // 16), 4 if N > 16 else -(-N // 4))
-    assert s.parts == s.G_b * s.hs and s.params(0, 0)[8] == s.parts
-    monkeypatch.setattr(S, "SCAN_GRADS_GROUP", 12)
-    with pytest.raises(ValueError, match="SCAN_GRADS_GROUP"):
-        S.ScanShape(1, 100, 64, N, 2, 64, True)
 
 
 def test_staged_blocks_held_to_the_kernels_arrays(monkeypatch):
