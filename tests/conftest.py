@@ -1,9 +1,8 @@
 """Shared test helpers: the golden files of tests/data/golden and their tolerance rule.
 
 Test modules import these as ``from conftest import load_golden, assert_golden_close``
-(this folder is put on ``sys.path`` below, because pytest runs with
-``--import-mode=importlib``, which does not do it). ``reference`` (the float64
-NumPy reference of the block and the model) is importable the same way.
+(pyproject.toml's ``pythonpath`` puts this folder on ``sys.path``, because pytest runs with
+``--import-mode=importlib``, which does not do it).
 
 The tolerance rule is the one of ``docs/semantics.md`` ("Recommended
 tolerance for a float32 re-implementation"); see :func:`assert_golden_close`.
@@ -12,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +25,6 @@ __all__ = ["A_LOG_MIN", "A_LOG_MAX", "optional", "golden_dir", "load_golden", "g
            "BLOCK_GOLDEN", "MODEL_GOLDEN"]
 
 TESTS_DIR = Path(__file__).resolve().parent
-if str(TESTS_DIR) not in sys.path:
-    sys.path.insert(0, str(TESTS_DIR))
 
 @pytest.fixture(autouse=True)
 def _in_a_temporary_folder(tmp_path_factory, monkeypatch):

@@ -1,5 +1,5 @@
-"""Shared helpers of the GPU tests (tests/gpu/test_*.py import this module after
-putting this folder on sys.path, see their first lines).
+"""Shared helpers of the GPU tests (tests/gpu/test_*.py import this module: pyproject.toml's
+pytest ``pythonpath`` has this folder).
 
 ``require_gpu()`` applies the project's optional-dependency rule (conftest.optional:
 skip with a reason locally, FAIL under CI=true) to wgpu and to a wgpu adapter.

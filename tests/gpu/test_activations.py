@@ -2,12 +2,6 @@
 the scalar helpers of kernels/common.wgsl against float64 NumPy."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if str(Path(__file__).resolve().parent) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import numpy as np
 
 from gpu_support import f32, nerr, read, require_gpu, run, upload

@@ -3,12 +3,6 @@ AdamW steps against mamba_ext.AdamW on the CPU, the NaN guard, the optimizer sta
 in the CPU's format, the model's eps and discretization."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if str(Path(__file__).resolve().parent) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import numpy as np
 import pytest
 

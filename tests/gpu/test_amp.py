@@ -2,12 +2,6 @@
 with a DynamicLossScaler) against mamba_ext.amp and the CPU's amp_step."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if str(Path(__file__).resolve().parent) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import numpy as np
 import pytest
 

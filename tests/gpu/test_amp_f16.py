@@ -8,12 +8,6 @@ data path around it is the same with kernels/linear_f16_ref.wgsl, the portable k
 same product (``linear_f16.REFERENCE``), so these tests run it everywhere."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if str(Path(__file__).resolve().parent) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import numpy as np
 import pytest
 

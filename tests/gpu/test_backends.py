@@ -6,10 +6,6 @@ exception of the optional-dependency rule: code that needs a GPU CI cannot have)
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-
-if str(Path(__file__).resolve().parent) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest
 
@@ -233,7 +229,6 @@ def test_auto_opens_dawn_exactly_where_its_tensor_cores_run():
     import json
     import os
     import subprocess
-    import sys
     optional("wgpu", WGPU_WHY)
 
     def device_in(backend):

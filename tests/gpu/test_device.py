@@ -4,11 +4,6 @@ vocabulary, entry-point names)."""
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
-
-if str(Path(__file__).resolve().parent) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest
 

@@ -8,12 +8,7 @@ GPU hardware CI cannot have). What CI runs: the planning of the kernel from an a
 subgroup-matrix shapes, the size checks, and the clear refusal on a device without them."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
-
-if str(Path(__file__).resolve().parent) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest
 

@@ -9,12 +9,6 @@ entry points (mamba_ext.gpu.linear). The Dawn run of the GPU suite on real hardw
 the subgroup-matrix kernel (test_dawn_split_products_match_float64)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if str(Path(__file__).resolve().parent) not in sys.path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import numpy as np
 import pytest
 
