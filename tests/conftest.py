@@ -26,6 +26,7 @@ __all__ = ["A_LOG_MIN", "A_LOG_MAX", "optional", "golden_dir", "load_golden", "g
 
 TESTS_DIR = Path(__file__).resolve().parent
 
+
 @pytest.fixture(autouse=True)
 def _in_a_temporary_folder(tmp_path_factory, monkeypatch):
     """Every test runs in a fresh temporary working folder: nothing a test or its
