@@ -41,6 +41,11 @@
 
 #define MX_SGEMM_MR 32
 #define MX_SGEMM_NR 12
+/* op(B)'s sliver of NR values as one masked 16-lane vector (mx_sgemm_pack) */
+#define MX_SGEMM_NR_MASK ((__mmask16)((1u << MX_SGEMM_NR) - 1u))
+#if MX_SGEMM_NR > 16
+#error "mx_sgemm_pack copies an NR sliver as one 16-lane vector"
+#endif
 #define MX_SGEMM_KC 384
 #define MX_SGEMM_MC 192
 #define MX_SGEMM_NC 2064              /* a multiple of NR */
@@ -115,9 +120,9 @@ MX_AVX512 static inline __attribute__((always_inline)) void mx_sgemm_pack(
             for (s0 = 0; s0 < rows; s0 += w) {
                 float* d = dst + s0 * kc + p * w;
                 ptrdiff_t n = rows - s0 < w ? rows - s0 : w;
-                if (n == w && w == MX_SGEMM_NR)   /* 12 values: one masked vector */
-                    _mm512_mask_storeu_ps(d, (__mmask16)0x0FFF,
-                                          _mm512_maskz_loadu_ps((__mmask16)0x0FFF, s + s0));
+                if (n == w && w == MX_SGEMM_NR)   /* NR values: one masked vector */
+                    _mm512_mask_storeu_ps(d, MX_SGEMM_NR_MASK,
+                                          _mm512_maskz_loadu_ps(MX_SGEMM_NR_MASK, s + s0));
                 else if (n == w)       /* a constant count: one unrolled copy, not a loop */
                     for (r = 0; r < w; r++) d[r] = s[s0 + r];
                 else
