@@ -61,7 +61,7 @@ def init_params(Dm, D, N, K, R, seed=0):
 
 def scan_bytes(d: BlockDims, B, L, T, G):
     """Compulsory bytes of the 8 scan dispatches (see kernels/scan.wgsl); G: the dBs/dCs
-    partials of scan_backward_grads (ScanShape.G * hs)."""
+    partials of scan_backward_grads (ScanShape.parts)."""
     M, D, N = B * L, d.D, d.N
     MD, MN, CN = M * D, M * N, B * math.ceil(L / T) * D * N
     words = ((2 * MD + MN + 2 * CN)            # fwd_local
@@ -204,7 +204,7 @@ def bench_size(size, repeat, use_torch, loops, profile=False, discretization="zo
     lay = plan.layer
     scan_ops = [op for op in ops if op.name.startswith("scan_")]
     scan_gpu, scan_wall = _time_ops(g, scan_ops, [], repeat)
-    sb = scan_bytes(dims, B, L, lay.s.chunk, lay.s.G * lay.s.hs)
+    sb = scan_bytes(dims, B, L, lay.s.chunk, lay.s.parts)
     res = dict(size=size, dims=(Dm, D, N, K, R, B, L), gpu_ms=gpu_ms, wall_ms=wall_ms, b2b_ms=b2b_ms, mem=mem,
                scan_ms=scan_gpu if scan_gpu is not None else scan_wall, scan_bytes=sb,
                n_dispatch=len(ops), chunk=lay.s.chunk, tile=linear.GEMM_TILE)

@@ -129,10 +129,11 @@ class ScanShape:
             self.hs = self.wg // sub
         else:
             self.hs = SCAN_SUM_PARTS if self.cpw % SCAN_SUM_PARTS == 0 else 1
+        self.parts = self.G * self.hs                   # dBs/dCs partials in dbc_part
         self.chunk_elems = B * self.C * D * N          # size of a (B, C, D, N) chunk tensor
 
     def params(self, alog_off, dvec_off):
-        return [self.B, self.L, self.D, self.N, self.R, self.P, self.chunk, self.C, self.G * self.hs,
+        return [self.B, self.L, self.D, self.N, self.R, self.P, self.chunk, self.C, self.parts,
                 self.zoh, alog_off, dvec_off]
 
 
@@ -212,7 +213,7 @@ class ScanScratch:
         self.gchunk = g.scratch("scan_chunk", n)     # (B, C, D, N), the forward's hchunk too
         self.gcarry = g.buffer(n, "scan_gcarry")      # (B, C, D, N)
         self.da_part = g.buffer(s.chunk_elems, "scan_da_part")    # (B, C, D, N)
-        self.dbc_part = g.buffer(s.G * s.hs * s.M * 2 * s.N, "scan_dbc_part")   # (G hs, M, 2N)
+        self.dbc_part = g.buffer(s.parts * s.M * 2 * s.N, "scan_dbc_part")   # (G hs, M, 2N)
 
 
 def scan_backward(g, s, sc: ScanScratch, xproj, u, delta_pre, w, o, dy, hstate, achunk,
