@@ -112,8 +112,11 @@ override HS: u32 = 1u;
 // SUB: the subgroup size of scan_sums_subgroup.wgsl's sums, 0 for scan_sums_workgroup.wgsl's
 // (declared here, before its uses: naga needs an override declared before it is read).
 override SUB: u32 = 0u;
+// KEEP: 1 = scan_backward_grads keeps exp(delta A) and expm1(delta A) of the block's steps
+// from their recomputation for the steps backward (hex, hem), 0 = computes them again there.
+override KEEP: u32 = 0u;
 const TSMAX: u32 = 8u;     // recomputed steps held in registers (hist)
-const CKMAX: u32 = 16u;    // checkpoints per chunk (the host keeps chunk <= CKMAX * TS)
+const CKMAX: u32 = 32u;    // checkpoints per chunk (the host keeps chunk <= CKMAX * TS)
 const RS: u32 = 35u;       // floats per (step, invocation) row of red: dBs 16 | dCs 16 |
                            // du | ddelta | pad (35 is odd: the rows' stores hit distinct banks)
 
@@ -520,6 +523,8 @@ fn scan_backward_carry(@builtin(local_invocation_index) li: u32,
 // arrays are then indexed by constants (registers) wherever the compiler does not unroll
 // loops. Same results bit for bit; lavapipe runs the kernel 2x faster, an H200 1.5-3.5%.
 var<private> hist: array<vec4<f32>, 4u * TSMAX>;   // (TSMAX, 4): h_{t-1} of the block's steps
+var<private> hex: array<vec4<f32>, 4u * TSMAX>;    // (TSMAX, 4): exp(delta A) (KEEP = 1)
+var<private> hem: array<vec4<f32>, 4u * TSMAX>;    // (TSMAX, 4): expm1(delta A) (KEEP = 1)
 var<private> gc: array<vec4<f32>, 4>;              // carry a_{t+1} g_{t+1}
 var<private> dA: array<vec4<f32>, 4>;              // dLoss/dA summed over the chunk
 var<private> b_dl: array<f32, TSMAX>;              // the block's delta and sigmoid(delta_pre)
@@ -546,11 +551,27 @@ fn pass2_load(l: Lane, bk: Blk, ts: u32) {
     }
 }
 
-// Step ts forward again from hv, keeping h_{t-1} in hist.
+// Step ts forward again from hv, keeping h_{t-1} in hist (and, KEEP = 1, exp and expm1 of
+// delta A in hex, hem; the same arithmetic as step_h's).
 fn pass2_recompute(l: Lane, bk: Blk, ts: u32) {
     if (ts < TS && l.on && bk.tb + ts < bk.t1) {
         for (var q = 0u; q < 4u; q++) { hist[ts * 4u + q] = hv[q]; }
-        step_h(l, bk.buf, ts, b_dl[ts], c_u[ts], false);
+        if (KEEP == 0u) {
+            step_h(l, bk.buf, ts, b_dl[ts], c_u[ts], false);
+            return;
+        }
+        let dl = b_dl[ts];
+        for (var q = 0u; q < 4u; q++) {
+            if (q < NV) {
+                let x = dl * Av[q];
+                let ex = exp(x);
+                let em1 = expm1_v4(x, ex);
+                let coef = select(vec4<f32>(dl), em1 * rA[q], p.zoh == 1u);
+                hv[q] = fma(ex, hv[q], coef * bc_at(bk.buf, ts, 0u, l.s, q) * c_u[ts]);
+                hex[ts * 4u + q] = ex;
+                hem[ts * 4u + q] = em1;
+            }
+        }
     }
 }
 
@@ -577,10 +598,17 @@ fn pass2_back(l: Lane, li: u32, bk: Blk, ts: u32) {
             if (q < NV) {
                 let A = Av[q];
                 let x = dl * A;
-                let ex = exp(x);
+                var ex: vec4<f32>;
+                var em1: vec4<f32>;
+                if (KEEP == 1u) {
+                    ex = hex[ts * 4u + q];
+                    em1 = hem[ts * 4u + q];
+                } else {
+                    ex = exp(x);
+                    em1 = expm1_v4(x, ex);
+                }
                 let Bq = bc_at(bk.buf, ts, 0u, l.s, q);
                 let Cq = bc_at(bk.buf, ts, 1u, l.s, q);
-                let em1 = expm1_v4(x, ex);
                 let coef = select(vec4<f32>(dl), em1 * rA[q], p.zoh == 1u);
                 let hp = hist[ts * 4u + q];
                 let bu = Bq * uu;

@@ -11,7 +11,7 @@ from ..constants import A_LOG_MAX, A_LOG_MIN
 from .device import column_sum, elementwise
 
 # Chunk length of the chunked scan: 64, as on the CPU (kept for the backward
-# kernel's checkpoints: at most CKMAX = 16 blocks of SCAN_TS_BACKWARD steps, so a
+# kernel's checkpoints: at most CKMAX = 32 blocks of SCAN_TS_BACKWARD steps, so a
 # shape may run with a shorter chunk, see ScanShape).
 SCAN_CHUNK = 64
 SCAN_CHUNK_MAX = 64
@@ -37,7 +37,11 @@ SCAN_SUM_PARTS = 2
 # not its barriers (docs/gpu.md, Kernels).
 SCAN_SUBGROUP_SUMS = False
 SUBGROUP_SIZES = (8, 16, 32)     # the subgroup sizes scan_sums_subgroup.wgsl is written for
-_TSMAX, _CKMAX, _RS, _BCMAX = 8, 16, 35, 32   # consts of kernels/scan.wgsl (RS: its sums')
+# scan_backward_grads keeps exp(delta A) and expm1(delta A) of a block's steps from their
+# recomputation for its steps backward (override KEEP): 2 x 16 floats more per step held in
+# registers, two exponentials' work less per state and step.
+SCAN_KEEP = False
+_TSMAX, _CKMAX, _RS, _BCMAX = 8, 32, 35, 32   # consts of kernels/scan.wgsl (RS: its sums')
 # Workgroup memory the chunk kernels may use when the caller does not pass the
 # device's limit: WebGPU's guaranteed minimum of max_compute_workgroup_storage_size.
 WG_MEMORY_MIN = 16384
@@ -46,7 +50,7 @@ WG_MEMORY_MIN = 16384
 def layout_key():
     """The module settings a recorded plan depends on (part of the plan caches' keys)."""
     return (SCAN_CHUNK, SCAN_WG, SCAN_TS_FORWARD, SCAN_TS_BACKWARD, SCAN_RB, SCAN_SUM_PARTS,
-            SCAN_SUBGROUP_SUMS)
+            SCAN_SUBGROUP_SUMS, SCAN_KEEP)
 
 
 def subgroup_sums(g, N) -> int:
@@ -165,6 +169,7 @@ def _chunk_op(g, s, entry, params, chunks=None, **named):
     consts = {**scan_constants(s.wg), "SG": s.SG, "NV": s.NV, "TS": ts, "RB": s.rb}
     if entry == "scan_backward_grads":
         consts["HS"] = s.hs
+        consts["KEEP"] = 1 if SCAN_KEEP else 0
         if s.sub:
             consts["SUB"] = s.sub
     file, prelude = _module(g, s)
