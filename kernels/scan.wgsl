@@ -115,6 +115,12 @@ override SUB: u32 = 0u;
 // KEEP: 1 = scan_backward_grads keeps exp(delta A) and expm1(delta A) of the block's steps
 // from their recomputation for the steps backward (hex, hem), 0 = computes them again there.
 override KEEP: u32 = 0u;
+// HT: 1 = dCs's term dy_t h_t takes h_t from the recomputed block (hist, hv) instead of
+// forming ex h_{t-1} + coef Bs u again (the forward's h_t bit for bit; 0 = formed again).
+override HT: u32 = 0u;
+// CHEAP: 1 = dcoef/dA (ZOH) as (delta ex - coef) / A everywhere, 0 = zoh_dcoef_v4 (its
+// series near x = 0, where that difference cancels).
+override CHEAP: u32 = 0u;
 const TSMAX: u32 = 8u;     // recomputed steps held in registers (hist)
 const CKMAX: u32 = 32u;    // checkpoints per chunk (the host keeps chunk <= CKMAX * TS)
 const RS: u32 = 35u;       // floats per (step, invocation) row of red: dBs 16 | dCs 16 |
@@ -569,7 +575,7 @@ fn pass2_recompute(l: Lane, bk: Blk, ts: u32) {
                 let coef = select(vec4<f32>(dl), em1 * rA[q], p.zoh == 1u);
                 hv[q] = fma(ex, hv[q], coef * bc_at(bk.buf, ts, 0u, l.s, q) * c_u[ts]);
                 hex[ts * 4u + q] = ex;
-                hem[ts * 4u + q] = em1;
+                hem[ts * 4u + q] = select(em1, coef, CHEAP == 1u);
             }
         }
     }
@@ -600,6 +606,7 @@ fn pass2_back(l: Lane, li: u32, bk: Blk, ts: u32) {
                 let x = dl * A;
                 var ex: vec4<f32>;
                 var em1: vec4<f32>;
+                var coef: vec4<f32>;
                 if (KEEP == 1u) {
                     ex = hex[ts * 4u + q];
                     em1 = hem[ts * 4u + q];
@@ -607,20 +614,35 @@ fn pass2_back(l: Lane, li: u32, bk: Blk, ts: u32) {
                     ex = exp(x);
                     em1 = expm1_v4(x, ex);
                 }
+                if (KEEP == 1u && CHEAP == 1u) {
+                    coef = em1;                    // (hem holds coef)
+                } else {
+                    coef = select(vec4<f32>(dl), em1 * rA[q], p.zoh == 1u);
+                }
                 let Bq = bc_at(bk.buf, ts, 0u, l.s, q);
                 let Cq = bc_at(bk.buf, ts, 1u, l.s, q);
-                let coef = select(vec4<f32>(dl), em1 * rA[q], p.zoh == 1u);
                 let hp = hist[ts * 4u + q];
                 let bu = Bq * uu;
                 let g = adjoint_step(q, ex, Cq, dyv);
                 let gbu = g * bu;                  // dLoss/dcoef
-                let ghe = g * hp * ex;
+                var ghe: vec4<f32>;
+                if (CHEAP == 1u) { ghe = gc[q] * hp; } else { ghe = g * hp * ex; }
                 sdu += dot(g * coef, Bq);
                 db[q] = g * coef * uu;
-                dc[q] = dyv * fma(ex, hp, coef * bu);   // dyv * h_t
+                if (HT == 1u) {
+                    // h_t: the next step's h_{t-1}, or hv after the block's last step
+                    let nx = min(ts + 1u, TSMAX - 1u) * 4u + q;
+                    dc[q] = dyv * select(hist[nx], hv[q], ts + 1u >= TS || t + 1u >= t1);
+                } else {
+                    dc[q] = dyv * fma(ex, hp, coef * bu);   // dyv * h_t
+                }
                 if (p.zoh == 1u) {
                     sdd += dot(ghe, A) + dot(gbu, ex);
-                    dA[q] += ghe * dl + gbu * zoh_dcoef_v4(x, ex, em1, dl, rA[q]);
+                    if (CHEAP == 1u) {
+                        dA[q] += ghe * dl + gbu * (fma(vec4<f32>(dl), ex, -coef) * rA[q]);
+                    } else {
+                        dA[q] += ghe * dl + gbu * zoh_dcoef_v4(x, ex, em1, dl, rA[q]);
+                    }
                 } else {
                     sdd += dot(ghe, A) + dot(gbu, vec4<f32>(1.0));
                     dA[q] += ghe * dl;

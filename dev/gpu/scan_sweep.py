@@ -33,7 +33,7 @@ def main(settings: list[str]) -> int:
     x = rng.standard_normal((B, L, Dm)).astype(np.float32)
     dout = rng.standard_normal((B, L, Dm)).astype(np.float32)
     names = ("CHUNK", "WG", "TS_FORWARD", "TS_BACKWARD", "RB", "SUM_PARTS", "SUBGROUP_SUMS",
-             "KEEP")
+             "KEEP", "HT", "CHEAP")
     home = {**{n: (scan, "SCAN_" + n) for n in names},
             **{n: (conv1d, "CONV_" + n)
                for n in ("RPI_FORWARD", "BACKWARD_TILES", "BACKWARD_BLOCKS", "TILES")}}

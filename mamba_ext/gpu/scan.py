@@ -41,6 +41,8 @@ SUBGROUP_SIZES = (8, 16, 32)     # the subgroup sizes scan_sums_subgroup.wgsl is
 # recomputation for its steps backward (override KEEP): 2 x 16 floats more per step held in
 # registers, two exponentials' work less per state and step.
 SCAN_KEEP = False
+SCAN_HT = False       # dCs's h_t from the recomputed block (override HT)
+SCAN_CHEAP = False    # dcoef/dA without its series (override CHEAP)
 _TSMAX, _CKMAX, _RS, _BCMAX = 8, 32, 35, 32   # consts of kernels/scan.wgsl (RS: its sums')
 # Workgroup memory the chunk kernels may use when the caller does not pass the
 # device's limit: WebGPU's guaranteed minimum of max_compute_workgroup_storage_size.
@@ -50,7 +52,7 @@ WG_MEMORY_MIN = 16384
 def layout_key():
     """The module settings a recorded plan depends on (part of the plan caches' keys)."""
     return (SCAN_CHUNK, SCAN_WG, SCAN_TS_FORWARD, SCAN_TS_BACKWARD, SCAN_RB, SCAN_SUM_PARTS,
-            SCAN_SUBGROUP_SUMS, SCAN_KEEP)
+            SCAN_SUBGROUP_SUMS, SCAN_KEEP, SCAN_HT, SCAN_CHEAP)
 
 
 def subgroup_sums(g, N) -> int:
@@ -170,6 +172,8 @@ def _chunk_op(g, s, entry, params, chunks=None, **named):
     if entry == "scan_backward_grads":
         consts["HS"] = s.hs
         consts["KEEP"] = 1 if SCAN_KEEP else 0
+        consts["HT"] = 1 if SCAN_HT else 0
+        consts["CHEAP"] = 1 if SCAN_CHEAP else 0
         if s.sub:
             consts["SUB"] = s.sub
     file, prelude = _module(g, s)

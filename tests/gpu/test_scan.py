@@ -28,6 +28,8 @@ def scan_mode(request, monkeypatch):
     (SCAN_KEEP) in blocks of 2 steps, whichever the default is."""
     if request.param == "keep":
         monkeypatch.setattr(S, "SCAN_KEEP", True)
+        monkeypatch.setattr(S, "SCAN_HT", True)
+        monkeypatch.setattr(S, "SCAN_CHEAP", True)
         monkeypatch.setattr(S, "SCAN_TS_BACKWARD", 2)
     elif request.param == "wg32-small-blocks":
         monkeypatch.setattr(S, "SCAN_SUM_PARTS", 1)
