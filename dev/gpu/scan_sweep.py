@@ -1,5 +1,5 @@
 """The GPU scan's and conv's layout constants (mamba_ext.gpu.scan: SCAN_CHUNK, SCAN_WG,
-SCAN_TS_FORWARD, SCAN_TS_BACKWARD, SCAN_RB, SCAN_SUM_PARTS, SCAN_SUBGROUP_SUMS, SCAN_KEEP;
+SCAN_TS_FORWARD, SCAN_TS_BACKWARD, SCAN_RB, SCAN_SUM_PARTS, SCAN_SUBGROUP_SUMS;
 mamba_ext.gpu.conv1d: CONV_RPI_FORWARD, CONV_BACKWARD_TILES, CONV_BACKWARD_BLOCKS, CONV_TILES
 (one value: the backward's tile)) swept at block d, mixed precision,
 alternated over two rounds: the whole block's pass (GPU ms, median of 7 after 0.5 s of
@@ -32,8 +32,7 @@ def main(settings: list[str]) -> int:
     rng = np.random.default_rng(1)
     x = rng.standard_normal((B, L, Dm)).astype(np.float32)
     dout = rng.standard_normal((B, L, Dm)).astype(np.float32)
-    names = ("CHUNK", "WG", "TS_FORWARD", "TS_BACKWARD", "RB", "SUM_PARTS", "SUBGROUP_SUMS",
-             "KEEP", "HT", "CHEAP")
+    names = ("CHUNK", "WG", "TS_FORWARD", "TS_BACKWARD", "RB", "SUM_PARTS", "SUBGROUP_SUMS")
     home = {**{n: (scan, "SCAN_" + n) for n in names},
             **{n: (conv1d, "CONV_" + n)
                for n in ("RPI_FORWARD", "BACKWARD_TILES", "BACKWARD_BLOCKS", "TILES")}}
@@ -68,7 +67,6 @@ def main(settings: list[str]) -> int:
             print(f"round {rnd + 1} {setting:28s} pass {ms:7.3f} ms | scan {sms:6.3f} ms | "
                   f"conv {cms:6.3f} ms | "
                   f"chunk {s.chunk} wg {s.wg} ts {s.ts_f}/{s.ts_b} rb {s.rb} hs {s.hs} "
-                  f"keep {int(vals['KEEP'])} "
                   f"sub {s.sub} conv {vals['RPI_FORWARD']} "
                   f"{vals['TILES'][0]}x{vals['BACKWARD_TILES']}/{vals['BACKWARD_BLOCKS']} | "
                   f"vs first {err:.1e}", flush=True)

@@ -20,8 +20,8 @@ SCAN_CHUNK_MAX = 64
 # invocations per workgroup (one per channel x state group of 16 states),
 SCAN_WG = 64
 # steps per staged block of Bs | Cs of the forward passes and scan_backward_chunk,
-# and of scan_backward_grads, whose block of recomputed states stays in a private
-# array (4 x 16 floats per step; at most TSMAX = 8),
+# and of scan_backward_grads, whose block of recomputed states, exponentials and input
+# factors stays in private arrays (3 x 16 floats per step; at most TSMAX = 8),
 SCAN_TS_FORWARD = 8
 SCAN_TS_BACKWARD = 4
 # steps per dBs/dCs reduction round of scan_backward_grads (divides SCAN_TS_BACKWARD;
@@ -37,12 +37,6 @@ SCAN_SUM_PARTS = 2
 # not its barriers (docs/gpu.md, Kernels).
 SCAN_SUBGROUP_SUMS = False
 SUBGROUP_SIZES = (8, 16, 32)     # the subgroup sizes scan_sums_subgroup.wgsl is written for
-# scan_backward_grads keeps exp(delta A) and expm1(delta A) of a block's steps from their
-# recomputation for its steps backward (override KEEP): 2 x 16 floats more per step held in
-# registers, two exponentials' work less per state and step.
-SCAN_KEEP = False
-SCAN_HT = False       # dCs's h_t from the recomputed block (override HT)
-SCAN_CHEAP = False    # dcoef/dA without its series (override CHEAP)
 _TSMAX, _CKMAX, _RS, _BCMAX = 8, 32, 35, 32   # consts of kernels/scan.wgsl (RS: its sums')
 # Workgroup memory the chunk kernels may use when the caller does not pass the
 # device's limit: WebGPU's guaranteed minimum of max_compute_workgroup_storage_size.
@@ -52,7 +46,7 @@ WG_MEMORY_MIN = 16384
 def layout_key():
     """The module settings a recorded plan depends on (part of the plan caches' keys)."""
     return (SCAN_CHUNK, SCAN_WG, SCAN_TS_FORWARD, SCAN_TS_BACKWARD, SCAN_RB, SCAN_SUM_PARTS,
-            SCAN_SUBGROUP_SUMS, SCAN_KEEP, SCAN_HT, SCAN_CHEAP)
+            SCAN_SUBGROUP_SUMS)
 
 
 def subgroup_sums(g, N) -> int:
@@ -171,9 +165,6 @@ def _chunk_op(g, s, entry, params, chunks=None, **named):
     consts = {**scan_constants(s.wg), "SG": s.SG, "NV": s.NV, "TS": ts, "RB": s.rb}
     if entry == "scan_backward_grads":
         consts["HS"] = s.hs
-        consts["KEEP"] = 1 if SCAN_KEEP else 0
-        consts["HT"] = 1 if SCAN_HT else 0
-        consts["CHEAP"] = 1 if SCAN_CHEAP else 0
         if s.sub:
             consts["SUB"] = s.sub
     file, prelude = _module(g, s)

@@ -15,23 +15,16 @@ g = require_gpu()
 from mamba_ext.gpu import scan as S  # noqa: E402
 
 
-@pytest.fixture(autouse=True, params=["default", "wg32-small-blocks", "subgroup-sums", "keep"])
+@pytest.fixture(autouse=True, params=["default", "wg32-small-blocks", "subgroup-sums"])
 def scan_mode(request, monkeypatch):
-    """Every test in four layouts: the default one (the module's: subgroup sums where
+    """Every test in three layouts: the default one (the module's: subgroup sums where
     scan.SCAN_SUBGROUP_SUMS and scan.subgroup_sums allow); 32 invocations with staged
     blocks of 4 (forward) and 2 (backward) steps, two steps per reduction round (more
     blocks, rounds and partial blocks per chunk), one partial of the dBs/dCs sums per
     workgroup (the default has two), the sums through workgroup memory; the subgroup
     sums at the subgroup size this device's subgroups have (gpu_support.subgroup_layout:
-    lavapipe's 8, NVIDIA's 32), also where the adapter does not state it; and
-    scan_backward_grads keeping exp and expm1 of delta A from its recomputation
-    (SCAN_KEEP) in blocks of 2 steps, whichever the default is."""
-    if request.param == "keep":
-        monkeypatch.setattr(S, "SCAN_KEEP", True)
-        monkeypatch.setattr(S, "SCAN_HT", True)
-        monkeypatch.setattr(S, "SCAN_CHEAP", True)
-        monkeypatch.setattr(S, "SCAN_TS_BACKWARD", 2)
-    elif request.param == "wg32-small-blocks":
+    lavapipe's 8, NVIDIA's 32), also where the adapter does not state it."""
+    if request.param == "wg32-small-blocks":
         monkeypatch.setattr(S, "SCAN_SUM_PARTS", 1)
         monkeypatch.setattr(S, "SCAN_WG", 32)
         monkeypatch.setattr(S, "SCAN_TS_FORWARD", 4)
@@ -274,22 +267,6 @@ def test_staged_blocks_held_to_the_kernels_arrays(monkeypatch):
     got = gpu_scan(c, B, L, D, N, R, 64, "zoh")
     for k, v in want.items():
         assert np.array_equal(np.asarray(got[k]).view(np.uint32), np.asarray(v).view(np.uint32)), k
-
-
-def test_scan_keep_same_bits(monkeypatch):
-    """scan_backward_grads keeping exp and expm1 of delta A from its recomputation
-    (SCAN_KEEP) gives the bits it gives computing them again, at each block length."""
-    B, L, D, N, R = 2, 70, 40, 16, 3
-    c = make_case(B, L, D, N, R, seed=5)
-    for ts in (2, 4):
-        monkeypatch.setattr(S, "SCAN_TS_BACKWARD", ts)
-        monkeypatch.setattr(S, "SCAN_KEEP", False)
-        want = gpu_scan(c, B, L, D, N, R, 64, "zoh")
-        monkeypatch.setattr(S, "SCAN_KEEP", True)
-        got = gpu_scan(c, B, L, D, N, R, 64, "zoh")
-        for k, v in want.items():
-            assert np.array_equal(np.asarray(got[k]).view(np.uint32),
-                                  np.asarray(v).view(np.uint32)), (ts, k)
 
 
 def test_scan_refuses_huge_state():
