@@ -59,9 +59,9 @@ def init_params(Dm, D, N, K, R, seed=0):
     }
 
 
-def scan_bytes(d: BlockDims, B, L, T, G):
-    """Compulsory bytes of the 8 scan dispatches (see kernels/scan.wgsl); G: the dBs/dCs
-    partials of scan_backward_grads (ScanShape.parts)."""
+def scan_bytes(d: BlockDims, B, L, T, parts):
+    """Compulsory bytes of the 8 scan dispatches (see kernels/scan.wgsl); ``parts``: the
+    dBs/dCs partials of scan_backward_grads (ScanShape.parts)."""
     M, D, N = B * L, d.D, d.N
     MD, MN, CN = M * D, M * N, B * math.ceil(L / T) * D * N
     words = ((2 * MD + MN + 2 * CN)            # fwd_local
@@ -69,8 +69,8 @@ def scan_bytes(d: BlockDims, B, L, T, G):
              + (3 * MD + 2 * MN + CN)          # fwd_out
              + (2 * MD + MN + CN)              # bwd_local
              + 3 * CN                          # bwd_carry
-             + (6 * MD + 2 * MN + 3 * CN + G * M * 2 * N)   # bwd_grads
-             + (G * M * 2 * N + M * 2 * N)     # reduce_bc
+             + (6 * MD + 2 * MN + 3 * CN + parts * M * 2 * N)   # bwd_grads
+             + (parts * M * 2 * N + M * 2 * N)     # reduce_bc
              + (CN + 2 * D * N))               # reduce_da
     return 4 * words
 

@@ -213,7 +213,7 @@ class ScanScratch:
         self.gchunk = g.scratch("scan_chunk", n)     # (B, C, D, N), the forward's hchunk too
         self.gcarry = g.buffer(n, "scan_gcarry")      # (B, C, D, N)
         self.da_part = g.buffer(s.chunk_elems, "scan_da_part")    # (B, C, D, N)
-        self.dbc_part = g.buffer(s.parts * s.M * 2 * s.N, "scan_dbc_part")   # (G hs, M, 2N)
+        self.dbc_part = g.buffer(s.parts * s.M * 2 * s.N, "scan_dbc_part")   # (parts, M, 2N)
 
 
 def scan_backward(g, s, sc: ScanScratch, xproj, u, delta_pre, w, o, dy, hstate, achunk,
