@@ -50,7 +50,7 @@ fn expm1_v4(x: vec4<f32>, ex: vec4<f32>) -> vec4<f32> {
     return select(ex - 1.0, s * x, series_range(x));
 }
 
-// Where expm1_v4 and zoh_dcoef_v4 take their series: -0.5 < x <= 0.
+// Where expm1_v4 takes its series: -0.5 < x <= 0.
 fn series_range(x: vec4<f32>) -> vec4<bool> {
     return (x > vec4<f32>(-0.5)) & (x <= vec4<f32>(0.0));
 }
@@ -77,30 +77,6 @@ fn log1p_pos(e: f32) -> f32 {
 
 // softplus(x) = max(x, 0) + log1p(exp(-|x|)).
 fn softplus(x: f32) -> f32 { return max(x, 0.0) + log1p_pos(exp(-abs(x))); }
-
-// d/dA of the ZOH input factor coef = expm1(x)/A at x = delta A <= 0, four at a time:
-// (x e^x - expm1(x)) / A^2 = delta^2 (x e^x - expm1(x)) / x^2, with ex = exp(x),
-// em1 = expm1(x), dl = delta and rA = 1/A from the caller. -0.5 < x <= 0: delta^2 times a
-// degree-5 polynomial fitted to (x e^x - expm1(x)) / x^2 (the series sum_{k>=2} (k-1)/k!
-// x^(k-2)) on [-0.5, 0] (fit 2.5e-9, 6.8e-8 in float32), where the direct form cancels;
-// elsewhere the direct form through 1/A, with no division.
-fn zoh_dcoef_v4(x: vec4<f32>, ex: vec4<f32>, em1: vec4<f32>, dl: f32, rA: vec4<f32>) -> vec4<f32> {
-    var s = vec4<f32>(0.0009563073981553316);
-    s = fma(s, x, vec4<f32>(0.006816109176725149));
-    s = fma(s, x, vec4<f32>(0.03330012410879135));
-    s = fma(s, x, vec4<f32>(0.12499605864286423));
-    s = fma(s, x, vec4<f32>(0.33333316445350647));
-    s = fma(s, x, vec4<f32>(0.5));
-    return select((x * ex - em1) * (rA * rA), s * (dl * dl), series_range(x));
-}
-
-// (x e^x - expm1(x)) / x^2 = zoh_dcoef at delta = 1, A = x (the factor alone, tested
-// against NumPy in tests/gpu/test_activations.py).
-fn zoh_dfactor(x: f32) -> f32 {
-    let ex = exp(x);
-    let v = vec4<f32>(x);
-    return zoh_dcoef_v4(v, vec4<f32>(ex), expm1_v4(v, vec4<f32>(ex)), 1.0, vec4<f32>(1.0 / x)).x;
-}
 
 // True for +-inf and NaN (WGSL has no isfinite).
 fn not_finite(x: f32) -> bool {

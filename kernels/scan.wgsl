@@ -112,8 +112,8 @@ override HS: u32 = 1u;
 // SUB: the subgroup size of scan_sums_subgroup.wgsl's sums, 0 for scan_sums_workgroup.wgsl's
 // (declared here, before its uses: naga needs an override declared before it is read).
 override SUB: u32 = 0u;
-const TSMAX: u32 = 8u;     // recomputed steps held in registers (hist)
-const CKMAX: u32 = 16u;    // checkpoints per chunk (the host keeps chunk <= CKMAX * TS)
+const TSMAX: u32 = 8u;     // recomputed steps held in registers (hist, hex, hco)
+const CKMAX: u32 = 32u;    // checkpoints per chunk (the host keeps chunk <= CKMAX * TS)
 const RS: u32 = 35u;       // floats per (step, invocation) row of red: dBs 16 | dCs 16 |
                            // du | ddelta | pad (35 is odd: the rows' stores hit distinct banks)
 
@@ -519,7 +519,12 @@ fn scan_backward_carry(@builtin(local_invocation_index) li: u32,
 // pass2_back(l, .., 0u), (.., 1u), ...), not as loops, as linear.wgsl's `mac`: the
 // arrays are then indexed by constants (registers) wherever the compiler does not unroll
 // loops. Same results bit for bit; lavapipe runs the kernel 2x faster, an H200 1.5-3.5%.
+// The steps backward take h_{t-1}, h_t, exp(delta A) and coef from the block's recomputation
+// (as the CPU core's backward takes them from its recomputed chunk) rather than computing
+// the exponentials again: ~20 of ~65 instructions per state and step.
 var<private> hist: array<vec4<f32>, 4u * TSMAX>;   // (TSMAX, 4): h_{t-1} of the block's steps
+var<private> hex: array<vec4<f32>, 4u * TSMAX>;    // (TSMAX, 4): a_t = exp(delta A)
+var<private> hco: array<vec4<f32>, 4u * TSMAX>;    // (TSMAX, 4): coef_t (coef_of)
 var<private> gc: array<vec4<f32>, 4>;              // carry a_{t+1} g_{t+1}
 var<private> dA: array<vec4<f32>, 4>;              // dLoss/dA summed over the chunk
 var<private> b_dl: array<f32, TSMAX>;              // the block's delta and sigmoid(delta_pre)
@@ -546,11 +551,21 @@ fn pass2_load(l: Lane, bk: Blk, ts: u32) {
     }
 }
 
-// Step ts forward again from hv, keeping h_{t-1} in hist.
+// Step ts forward again from hv (step_h's arithmetic), keeping h_{t-1}, a_t and coef_t.
 fn pass2_recompute(l: Lane, bk: Blk, ts: u32) {
     if (ts < TS && l.on && bk.tb + ts < bk.t1) {
-        for (var q = 0u; q < 4u; q++) { hist[ts * 4u + q] = hv[q]; }
-        step_h(l, bk.buf, ts, b_dl[ts], c_u[ts], false);
+        let dl = b_dl[ts];
+        for (var q = 0u; q < 4u; q++) {
+            if (q < NV) {
+                let x = dl * Av[q];
+                let ex = exp(x);
+                let coef = coef_of(q, x, ex, dl);
+                hist[ts * 4u + q] = hv[q];
+                hex[ts * 4u + q] = ex;
+                hco[ts * 4u + q] = coef;
+                hv[q] = fma(ex, hv[q], coef * bc_at(bk.buf, ts, 0u, l.s, q) * c_u[ts]);
+            }
+        }
     }
 }
 
@@ -576,23 +591,24 @@ fn pass2_back(l: Lane, li: u32, bk: Blk, ts: u32) {
         for (var q = 0u; q < 4u; q++) {
             if (q < NV) {
                 let A = Av[q];
-                let x = dl * A;
-                let ex = exp(x);
+                let ex = hex[ts * 4u + q];
+                let coef = hco[ts * 4u + q];
                 let Bq = bc_at(bk.buf, ts, 0u, l.s, q);
                 let Cq = bc_at(bk.buf, ts, 1u, l.s, q);
-                let em1 = expm1_v4(x, ex);
-                let coef = select(vec4<f32>(dl), em1 * rA[q], p.zoh == 1u);
                 let hp = hist[ts * 4u + q];
-                let bu = Bq * uu;
                 let g = adjoint_step(q, ex, Cq, dyv);
-                let gbu = g * bu;                  // dLoss/dcoef
-                let ghe = g * hp * ex;
+                let gbu = g * (Bq * uu);           // dLoss/dcoef
+                let ghe = gc[q] * hp;              // dLoss/da_t * a_t (gc = a_t g_t)
                 sdu += dot(g * coef, Bq);
                 db[q] = g * coef * uu;
-                dc[q] = dyv * fma(ex, hp, coef * bu);   // dyv * h_t
+                // h_t: the next step's h_{t-1}, or hv after the block's last step
+                let nx = min(ts + 1u, TSMAX - 1u) * 4u + q;
+                dc[q] = dyv * select(hist[nx], hv[q], ts + 1u >= TS || t + 1u >= t1);
                 if (p.zoh == 1u) {
+                    // dcoef/dA = (delta a_t - coef) / A (the CPU core's form: next to the
+                    // delta a_t term it loses ~eps of the sum, measured at float32 rounding)
                     sdd += dot(ghe, A) + dot(gbu, ex);
-                    dA[q] += ghe * dl + gbu * zoh_dcoef_v4(x, ex, em1, dl, rA[q]);
+                    dA[q] += ghe * dl + gbu * (fma(vec4<f32>(dl), ex, -coef) * rA[q]);
                 } else {
                     sdd += dot(ghe, A) + dot(gbu, vec4<f32>(1.0));
                     dA[q] += ghe * dl;

@@ -10,8 +10,8 @@
 // |---------|------|--------|---------------------------------------------------|
 // | 0       | p    | Params | uniform (n inputs)                                |
 // | 1       | x    | (n)    | read                                              |
-// | 2       | out  | (5, n) | read_write: rows expm1_f(x), log1p_pos(|x|),       |
-// |         |      |        | softplus(x), zoh_dfactor(x), sigmoid(x)            |
+// | 2       | out  | (4, n) | read_write: rows expm1_f(x), log1p_pos(|x|),       |
+// |         |      |        | softplus(x), sigmoid(x)                            |
 
 struct Params { n: u32 }
 
@@ -30,8 +30,7 @@ fn eval_helpers(@builtin(local_invocation_index) li: u32,
     out[i] = expm1_f(v);
     out[p.n + i] = log1p_pos(abs(v));
     out[2u * p.n + i] = softplus(v);
-    out[3u * p.n + i] = zoh_dfactor(v);
-    out[4u * p.n + i] = sigmoid(v);
+    out[3u * p.n + i] = sigmoid(v);
 }
 
 // copy_vec4 (bandwidth probe of the benchmark; n = number of vec4):

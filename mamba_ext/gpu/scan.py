@@ -11,7 +11,7 @@ from ..constants import A_LOG_MAX, A_LOG_MIN
 from .device import column_sum, elementwise
 
 # Chunk length of the chunked scan: 64, as on the CPU (kept for the backward
-# kernel's checkpoints: at most CKMAX = 16 blocks of SCAN_TS_BACKWARD steps, so a
+# kernel's checkpoints: at most CKMAX = 32 blocks of SCAN_TS_BACKWARD steps, so a
 # shape may run with a shorter chunk, see ScanShape).
 SCAN_CHUNK = 64
 SCAN_CHUNK_MAX = 64
@@ -20,8 +20,8 @@ SCAN_CHUNK_MAX = 64
 # invocations per workgroup (one per channel x state group of 16 states),
 SCAN_WG = 64
 # steps per staged block of Bs | Cs of the forward passes and scan_backward_chunk,
-# and of scan_backward_grads, whose block of recomputed states stays in a private
-# array (4 x 16 floats per step; at most TSMAX = 8),
+# and of scan_backward_grads, whose block of recomputed states, exponentials and input
+# factors stays in private arrays (3 x 16 floats per step; at most TSMAX = 8),
 SCAN_TS_FORWARD = 8
 SCAN_TS_BACKWARD = 4
 # steps per dBs/dCs reduction round of scan_backward_grads (divides SCAN_TS_BACKWARD;
@@ -37,7 +37,7 @@ SCAN_SUM_PARTS = 2
 # not its barriers (docs/gpu.md, Kernels).
 SCAN_SUBGROUP_SUMS = False
 SUBGROUP_SIZES = (8, 16, 32)     # the subgroup sizes scan_sums_subgroup.wgsl is written for
-_TSMAX, _CKMAX, _RS, _BCMAX = 8, 16, 35, 32   # consts of kernels/scan.wgsl (RS: its sums')
+_TSMAX, _CKMAX, _RS, _BCMAX = 8, 32, 35, 32   # consts of kernels/scan.wgsl (RS: its sums')
 # Workgroup memory the chunk kernels may use when the caller does not pass the
 # device's limit: WebGPU's guaranteed minimum of max_compute_workgroup_storage_size.
 WG_MEMORY_MIN = 16384
