@@ -20,10 +20,11 @@ SCAN_CHUNK_MAX = 64
 # invocations per workgroup (one per channel x state group of 16 states),
 SCAN_WG = 64
 # steps per staged block of Bs | Cs of the forward passes and scan_backward_chunk,
-# and of scan_backward_grads, whose block of recomputed states, exponentials and input
-# factors stays in private arrays (3 x 16 floats per step; at most TSMAX = 8),
 SCAN_TS_FORWARD = 8
-SCAN_TS_BACKWARD = 4
+# and of scan_backward_grads, whose block of recomputed states, exponentials and input
+# factors stays in private arrays (3 x 16 floats per step; at most TSMAX = 8): blocks of 2
+# keep them in registers where blocks of 4 spill,
+SCAN_TS_BACKWARD = 2
 # steps per dBs/dCs reduction round of scan_backward_grads (divides SCAN_TS_BACKWARD;
 # more steps per round take more workgroup memory, so fewer invocations are resident).
 SCAN_RB = 1

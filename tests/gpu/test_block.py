@@ -88,7 +88,7 @@ def test_block_vs_cpu(cfg, wide, monkeypatch):
     Dm, D, N, K, R, B, L, T, disc = cfg
     monkeypatch.setattr(gpu_scan, "SCAN_CHUNK", T)
     if wide:    # the scan's other workgroup layout (tests/gpu/test_scan.py)
-        for name, v in (("SCAN_WG", 32), ("SCAN_TS_FORWARD", 4), ("SCAN_TS_BACKWARD", 2),
+        for name, v in (("SCAN_WG", 32), ("SCAN_TS_FORWARD", 4), ("SCAN_TS_BACKWARD", 4),
                         ("SCAN_RB", 2)):
             monkeypatch.setattr(gpu_scan, name, v)
     params = rand_params(Dm, D, N, K, R, seed=sum(cfg[:7]))

@@ -57,7 +57,7 @@ def test_model_forward_no_layers_and_empty():
 def test_model_vs_cpu(disc, wide, monkeypatch):
     monkeypatch.setattr(gpu_scan, "SCAN_CHUNK", 6)
     if wide:    # the scan's other workgroup layout (tests/gpu/test_scan.py)
-        for name, v in (("SCAN_WG", 32), ("SCAN_TS_FORWARD", 4), ("SCAN_TS_BACKWARD", 2),
+        for name, v in (("SCAN_WG", 32), ("SCAN_TS_FORWARD", 4), ("SCAN_TS_BACKWARD", 4),
                         ("SCAN_RB", 2)):
             monkeypatch.setattr(gpu_scan, name, v)
     params = random_model(V=37, Dm=10, n_layers=2, D=20, N=5, K=3, R=2, seed=11)

@@ -19,16 +19,16 @@ from mamba_ext.gpu import scan as S  # noqa: E402
 def scan_mode(request, monkeypatch):
     """Every test in three layouts: the default one (the module's: subgroup sums where
     scan.SCAN_SUBGROUP_SUMS and scan.subgroup_sums allow); 32 invocations with staged
-    blocks of 4 (forward) and 2 (backward) steps, two steps per reduction round (more
-    blocks, rounds and partial blocks per chunk), one partial of the dBs/dCs sums per
-    workgroup (the default has two), the sums through workgroup memory; the subgroup
+    blocks of 4 steps (forward: more blocks and partial blocks per chunk; backward: longer
+    blocks than the default's 2), two reduction rounds of 2 steps a block, one partial of
+    the dBs/dCs sums per workgroup (the default has two), the sums through workgroup memory; the subgroup
     sums at the subgroup size this device's subgroups have (gpu_support.subgroup_layout:
     lavapipe's 8, NVIDIA's 32), also where the adapter does not state it."""
     if request.param == "wg32-small-blocks":
         monkeypatch.setattr(S, "SCAN_SUM_PARTS", 1)
         monkeypatch.setattr(S, "SCAN_WG", 32)
         monkeypatch.setattr(S, "SCAN_TS_FORWARD", 4)
-        monkeypatch.setattr(S, "SCAN_TS_BACKWARD", 2)
+        monkeypatch.setattr(S, "SCAN_TS_BACKWARD", 4)
         monkeypatch.setattr(S, "SCAN_RB", 2)
         monkeypatch.setattr(S, "SCAN_SUBGROUP_SUMS", False)
     elif request.param == "subgroup-sums":
