@@ -33,10 +33,9 @@ SCAN_RB = 1
 # leaves half of them idle at each step's sums; dbc_part holds HS times more partials.
 SCAN_SUM_PARTS = 2
 # scan_backward_grads' dBs/dCs sums through subgroup shuffles (kernels/scan_sums_subgroup.wgsl)
-# where subgroup_sums allows, else through workgroup memory (scan_sums_workgroup.wgsl). Off
-# by default: no faster on NVIDIA hardware, whose backward walk is bound by its arithmetic,
-# not its barriers (docs/gpu.md, Kernels).
-SCAN_SUBGROUP_SUMS = False
+# where subgroup_sums allows (an adapter that states its subgroup size: NVIDIA's, Apple's),
+# else through workgroup memory (scan_sums_workgroup.wgsl; docs/gpu.md, Kernels).
+SCAN_SUBGROUP_SUMS = True
 SUBGROUP_SIZES = (8, 16, 32)     # the subgroup sizes scan_sums_subgroup.wgsl is written for
 _TSMAX, _CKMAX, _RS, _BCMAX = 8, 32, 35, 32   # consts of kernels/scan.wgsl (RS: its sums')
 # Workgroup memory the chunk kernels may use when the caller does not pass the
