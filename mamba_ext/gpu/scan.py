@@ -23,7 +23,7 @@ SCAN_WG = 64
 SCAN_TS_FORWARD = 8
 # and of scan_backward_grads, whose block of recomputed states, exponentials and input
 # factors stays in private arrays (3 x 16 floats per step; at most TSMAX = 8): blocks of 2
-# keep them in registers where blocks of 4 spill,
+# fit NVIDIA's registers, blocks of 4 spill (docs/gpu.md, Kernels),
 SCAN_TS_BACKWARD = 2
 # steps per dBs/dCs reduction round of scan_backward_grads (divides SCAN_TS_BACKWARD;
 # more steps per round take more workgroup memory, so fewer invocations are resident).
