@@ -521,7 +521,7 @@ fn scan_backward_carry(@builtin(local_invocation_index) li: u32,
 // loops. Same results bit for bit; lavapipe runs the kernel 2x faster, an H200 1.5-3.5%.
 // The steps backward take h_{t-1}, h_t, exp(delta A) and coef from the block's recomputation
 // (as the CPU core's backward takes them from its recomputed chunk) rather than computing
-// the exponentials again: ~20 of ~65 instructions per state and step.
+// the exponentials again: ~24 of ~69 instructions per state and step.
 var<private> hist: array<vec4<f32>, 4u * TSMAX>;   // (TSMAX, 4): h_{t-1} of the block's steps
 var<private> hex: array<vec4<f32>, 4u * TSMAX>;    // (TSMAX, 4): a_t = exp(delta A)
 var<private> hco: array<vec4<f32>, 4u * TSMAX>;    // (TSMAX, 4): coef_t (coef_of)

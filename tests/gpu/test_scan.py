@@ -21,9 +21,10 @@ def scan_mode(request, monkeypatch):
     scan.SCAN_SUBGROUP_SUMS and scan.subgroup_sums allow); 32 invocations with staged
     blocks of 4 steps (forward: more blocks and partial blocks per chunk; backward: longer
     blocks than the default's 2), two reduction rounds of 2 steps a block, one partial of
-    the dBs/dCs sums per workgroup (the default has two), the sums through workgroup memory; the subgroup
-    sums at the subgroup size this device's subgroups have (gpu_support.subgroup_layout:
-    lavapipe's 8, NVIDIA's 32), also where the adapter does not state it."""
+    the dBs/dCs sums per workgroup (the default has two), the sums through workgroup memory;
+    and the subgroup sums at the subgroup size this device's subgroups have
+    (gpu_support.subgroup_layout: lavapipe's 8, NVIDIA's 32), also where the adapter does
+    not state it."""
     if request.param == "wg32-small-blocks":
         monkeypatch.setattr(S, "SCAN_SUM_PARTS", 1)
         monkeypatch.setattr(S, "SCAN_WG", 32)
