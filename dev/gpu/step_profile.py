@@ -59,7 +59,7 @@ def main(name: str, parts_only: bool = False) -> int:
               f"{ms:.3f} ms GPU", flush=True)
     if parts_only:
         return 0
-    per, part = {}, {"blocks forward": 0.0, "blocks backward": 0.0, "the rest": 0.0}
+    per, part = {}, dict.fromkeys(parts, 0.0)
     for i, op in enumerate(ops):
         t, w = _time_ops(g, [op], [], 3, warmup=1)
         t = t if t is not None else w
