@@ -285,15 +285,28 @@ fn coef_of(q: u32, x: vec4<f32>, ex: vec4<f32>, dl: f32) -> vec4<f32> {
 // Decay product prod a_t of the chunk (scan_forward_chunk).
 var<private> acp: array<vec4<f32>, 4>;
 
+// The factors of one step of register q at step size dl: h_t = a_t h_{t-1} + coef_t b_t u_t.
+struct Factors { a: vec4<f32>, coef: vec4<f32> }   // a_t = exp(delta A); coef_t (coef_of)
+
+fn factors_of(q: u32, dl: f32) -> Factors {
+    let x = dl * Av[q];
+    let ex = exp(x);
+    return Factors(ex, coef_of(q, x, ex, dl));
+}
+
+// hv[q] one step on (bs: b_t of register q, uu: u_t).
+fn advance(q: u32, f: Factors, bs: vec4<f32>, uu: f32) {
+    hv[q] = fma(f.a, hv[q], f.coef * bs * uu);
+}
+
 // One step of the recurrence on hv (staged step ts of buffer buf); ``track``: also
 // acp *= a_t.
 fn step_h(l: Lane, buf: u32, ts: u32, dl: f32, uu: f32, track: bool) {
     for (var q = 0u; q < 4u; q++) {
         if (q < NV) {
-            let x = dl * Av[q];
-            let ex = exp(x);
-            hv[q] = fma(ex, hv[q], coef_of(q, x, ex, dl) * bc_at(buf, ts, 0u, l.s, q) * uu);
-            if (track) { acp[q] *= ex; }
+            let f = factors_of(q, dl);
+            advance(q, f, bc_at(buf, ts, 0u, l.s, q), uu);
+            if (track) { acp[q] *= f.a; }
         }
     }
 }
@@ -551,19 +564,16 @@ fn pass2_load(l: Lane, bk: Blk, ts: u32) {
     }
 }
 
-// Step ts forward again from hv (step_h's arithmetic), keeping h_{t-1}, a_t and coef_t.
+// Step ts forward again from hv (step_h's step), keeping h_{t-1}, a_t and coef_t.
 fn pass2_recompute(l: Lane, bk: Blk, ts: u32) {
     if (ts < TS && l.on && bk.tb + ts < bk.t1) {
-        let dl = b_dl[ts];
         for (var q = 0u; q < 4u; q++) {
             if (q < NV) {
-                let x = dl * Av[q];
-                let ex = exp(x);
-                let coef = coef_of(q, x, ex, dl);
+                let f = factors_of(q, b_dl[ts]);
                 hist[ts * 4u + q] = hv[q];
-                hex[ts * 4u + q] = ex;
-                hco[ts * 4u + q] = coef;
-                hv[q] = fma(ex, hv[q], coef * bc_at(bk.buf, ts, 0u, l.s, q) * c_u[ts]);
+                hex[ts * 4u + q] = f.a;
+                hco[ts * 4u + q] = f.coef;
+                advance(q, f, bc_at(bk.buf, ts, 0u, l.s, q), c_u[ts]);
             }
         }
     }
