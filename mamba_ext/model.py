@@ -17,6 +17,7 @@ the shapes; every layer must have the same sizes.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
@@ -29,6 +30,7 @@ from ._validate import (
     BLOCK_PARAM_NAMES,
     BlockDims,
     as_float_array,
+    block_param_shapes,
     check_block_params,
     check_n_threads,
     check_state,
@@ -278,25 +280,47 @@ def model_loss_and_grads(tokens: ArrayLike, targets: ArrayLike, params: Mapping[
 
 def _workspace_bytes_exact(dims: ModelDims, B: int, L: int, checkpointing: bool, itemsize: int) -> int:
     """The formula of ``model_workspace_bytes`` in model.pyx, in Python integers (which
-    cannot wrap): layer inputs ((n_layers+1) M Dm), the block caches (one when
-    checkpointing, else n_layers), xn, rstd, logits and 3 M Dm of scratch, plus M doubles.
-    It guards the compiled formula against overflow; tests/api/test_limits.py keeps the
-    two equal."""
+    cannot wrap): per sequence group (model.pyx, "Sequence groups": G groups of k
+    sequences) the layer inputs ((n_layers+1) kL Dm), the block caches (one when
+    checkpointing, else n_layers), xn, rstd, logits and 3 kL Dm of scratch; G gradient
+    slots when G > 1; plus M doubles. It guards the compiled formula against overflow;
+    tests/api/test_limits.py keeps the two equal."""
     from .block import cache_elements
+    from .cpu import model as _model
     b = dims.block
     M = B * L
-    cache_len = cache_elements(_sizes(dims, B, L)[2:])
+    if M == 0:
+        return 0
+    G, k = _model.sequence_groups(_sizes(dims, B, L)) if _fits(dims, B, L) else (1, B)
+    rows = k * L
+    cache_len = cache_elements(_sizes(dims, k, L)[2:])
     n_caches = min(dims.n_layers, 1) if checkpointing else dims.n_layers
-    n = ((dims.n_layers + 1) * M * b.Dm + n_caches * cache_len + M * b.Dm + M + M * dims.V
-         + 3 * M * b.Dm)
+    n = G * ((dims.n_layers + 1) * rows * b.Dm + n_caches * cache_len + rows * b.Dm + rows
+             + rows * dims.V + 3 * rows * b.Dm)
+    if G > 1:
+        n += G * _grad_values(dims)
     return n * itemsize + M * 8
+
+
+def _grad_values(dims: ModelDims) -> int:
+    """Elements of all of a model's gradients (= its parameters)."""
+    per_layer = sum(math.prod(s) for s in block_param_shapes(dims.block).values())
+    return dims.V * dims.block.Dm + dims.block.Dm + dims.V + dims.n_layers * per_layer
+
+
+def _fits(dims: ModelDims, B: int, L: int) -> bool:
+    """Whether the compiled sequence_groups can take these sizes without wrapping (its
+    (n_layers + 1) M Dm in 64-bit integers)."""
+    return (dims.n_layers + 1) * B * L * dims.block.Dm < 2 ** 62
 
 
 def model_workspace_bytes(params: Mapping[str, ArrayLike], batch: int, seq_len: int,
                           checkpointing: bool = False) -> int:
     """Bytes the compiled loss-and-grads allocates internally for these sizes
     (layer inputs, block caches — one instead of n_layers when checkpointing —,
-    logits and gradient buffers).
+    logits and gradient buffers; when the batch runs as sequence groups, one gradient slot
+    per group as well, docs/api.md "Determinism"; a call with state passing runs as one
+    pass and needs no more).
 
     ``batch`` and ``seq_len`` are integers >= 0; sizes whose workspace would not fit
     in memory addressable by the kernels (more than ``2**63 / 16`` bytes) raise

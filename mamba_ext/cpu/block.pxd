@@ -47,6 +47,9 @@ cdef void flat_op(int op, floating* out, const floating* a, idx_t n, int nt) noe
 # Number of `floating` elements of the forward cache for these sizes.
 cdef idx_t block_cache_len(const mamba_dims* d) noexcept nogil
 
+# Number of elements of parameter j (P_wInProj .. P_normWeight: the shapes above).
+cdef idx_t block_param_len(const mamba_dims* d, int j) noexcept nogil
+
 # out (B, L, Dm) written; cache (block_cache_len) written; x (B, L, Dm) read.
 cdef int block_forward(floating* out, floating* cache,
                        const floating* x, const floating** params,

@@ -109,6 +109,29 @@ cdef idx_t block_cache_len(const mamba_dims* d) noexcept nogil:
     return layout(d).total
 
 
+cdef idx_t block_param_len(const mamba_dims* d, int j) noexcept nogil:
+    cdef idx_t D = d.D, P = d.R + 2 * d.N
+    if j == P_wInProj:
+        return 2 * D * d.Dm
+    if j == P_bInProj:
+        return 2 * D
+    if j == P_wConv:
+        return D * d.K
+    if j == P_wXProj:
+        return P * D
+    if j == P_bXProj:
+        return P
+    if j == P_wDtProj:
+        return D * d.R
+    if j == P_A_log:
+        return D * d.N
+    if j == P_wOutProj:
+        return d.Dm * D
+    if j == P_bOutProj or j == P_normWeight:
+        return d.Dm
+    return D                   # P_bConv, P_bDtProj, P_D_vec
+
+
 # Elementwise steps, parallel over rows; each row is one call of a vectorised C
 # kernel of csrc/mx_activations.h (runtime-dispatched AVX-512/AVX2 clones where built).
 # op: 0 silu(a) -> out; 1 softplus in place; 2 gate out = y * silu(z);

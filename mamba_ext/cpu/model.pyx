@@ -11,22 +11,17 @@ cross_entropy_forward_backward (mean loss and dLoss/dlogits in one pass, in plac
 Workspace (this thread's reused buffer of `floating`, mx_workspace in csrc/mx_threads.h: kept
 and grown across calls, freed when the thread exits, because a fresh malloc of a few
 hundred MB per training step is a fresh mmap whose page faults cost ~15% of a 4 x 256
-step; plus one small malloc of double), in this order:
-  hs      ((n_layers+1), M, Dm)  every layer's input, then the last output
-  caches  (n_caches, cache_len)  n_caches = n_layers, or 1 when checkpointing
-  xn      (M, Dm)                final RMSNorm output
-  rstd    (M,)                   final RMSNorm 1/rms
-  logits  (M, V)                 logits, overwritten in place by dLoss/dlogits
-  da, db  (M, Dm) each           gradient ping-pong buffers
-  scratch (M, Dm)                output of recomputed forwards (checkpointing)
-  row_loss (M,) double           per-row cross-entropy, summed in row order
+step): one region per sequence group (`region` below: layer inputs, block caches, xn,
+rstd, logits, gradient ping-pong buffers, scratch; one group unless the batch runs as
+sequence groups, "Sequence groups"); plus small mallocs: row_loss (M,) double (per-row
+cross-entropy, summed in row order), and with groups their gradient slots.
 The checkpointed backward recomputes layer i's cache from hs[i] with the same
 kernel, thread count and inputs as the forward, so it reproduces the cache
 bit for bit and the gradients are bit-identical. The last layer's cache is
 still in the buffer after the forward, so it is not recomputed.
 """
 from libc.stdlib cimport malloc, free
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 from libc.math cimport log
 from libc.stdint cimport int64_t
 from cython.parallel cimport prange
@@ -38,7 +33,7 @@ from mamba_ext.cpu.types cimport floating, idx_t
 from mamba_ext.cpu.constants cimport DEFAULT_EPS
 from mamba_ext.cpu.activations cimport (mx_exp_shift_d, mx_exp_shift_f, mx_row_max_d,
                                         mx_row_max_f, mx_row_sum_d, mx_row_sum_f)
-from mamba_ext.cpu.block cimport (mamba_dims, MAMBA_NPARAMS, block_cache_len,
+from mamba_ext.cpu.block cimport (mamba_dims, MAMBA_NPARAMS, block_cache_len, block_param_len,
                                block_forward_state, block_backward_state,
                                flat_op, FLAT_ZERO)
 from mamba_ext.cpu.linear cimport linear_forward, linear_backward_set
@@ -48,7 +43,8 @@ cnp.import_array()
 
 # mx_workspace: this thread's reused scratch of this module (static in the header: the
 # blocks' own mx_workspace is a different one), or NULL; never freed by the caller
-from mamba_ext.cpu.threads cimport mx_team, mx_workspace
+from mamba_ext.cpu.threads cimport (mx_nesting_begin, mx_nesting_end, mx_team, mx_threads,
+                                    mx_workspace)
 
 
 cdef inline idx_t _n_caches(const model_dims* d, int checkpointing) noexcept nogil:
@@ -59,12 +55,19 @@ cdef inline idx_t _n_caches(const model_dims* d, int checkpointing) noexcept nog
 
 cdef size_t model_workspace_bytes(const model_dims* d, int checkpointing,
                                   size_t itemsize) noexcept nogil:
+    # what model_loss_and_grads_state allocates without states: G group workspaces (the
+    # calling thread's buffer), G gradient slots when G > 1, and row_loss (M doubles)
     cdef idx_t M = d.block.B * d.block.L
-    cdef idx_t Dm = d.block.Dm
-    cdef size_t n = <size_t>((d.n_layers + 1) * M * Dm
-                             + _n_caches(d, checkpointing) * block_cache_len(&d.block)
-                             + M * Dm + M + M * d.V + 3 * M * Dm)
-    return n * itemsize + <size_t>M * sizeof(double)
+    cdef idx_t ng, k, G
+    cdef region r
+    if M == 0:
+        return 0
+    ng = max(n_groups(d), <idx_t>1)
+    k = group_seqs(d, ng)
+    G = (d.block.B + k - 1) // k
+    r = _region(d, k, checkpointing)
+    return (<size_t>(G * r.size + (G * _n_grad_values(d) if G > 1 else 0)) * itemsize
+            + <size_t>M * sizeof(double))
 
 
 cdef int _check_ids(const int64_t* ids, idx_t M, idx_t V) noexcept nogil:
@@ -213,6 +216,221 @@ cdef int model_loss_and_grads(double* loss,
                                       checkpointing, n_threads, NULL, NULL)
 
 
+# Sequence groups. Design: a small model's step was ~60 parallel regions of a few
+# microseconds of work per thread, and at each one the team waited for its slowest member
+# and for the calling thread's serial stretches (the embedding's scatter-add, the loss
+# sum): ~10% of a 2 x 64 step in docs/performance.md. Where the batch holds enough whole
+# sequences, the step runs as G groups of whole sequences instead: in each phase (the
+# forward with the head's backward, each layer's backward, the embedding's backward) every
+# group runs on one thread of its own (or, with fewer groups than threads, on a nested
+# team of its share), each into a gradient slot of its own, and between the phases the
+# calling thread sums the slots of the gradients that are final in group order and hands
+# them to grads_done. So a step has ~n_layers + 2 regions, and the all-reduce of data
+# parallelism still overlaps the backward. The groups are fixed by the sizes alone
+# (n_groups), never by the thread count, and a group computes the same bits on any
+# thread count, so the results stay bitwise the same for any n_threads and with or
+# without grads_done; against one pass over the whole batch (G = 1, the same code with
+# the caller's gradients as the only slot) they differ by the order of the sums over rows.
+
+# rows of a sequence group at least; tests change it (_set_group_rows)
+cdef idx_t group_rows = 1024
+
+cdef enum:
+    REDUCE_PIECE = 1 << 14      # values per piece of the slots' sum
+    MIN_REDUCE_VALUES = 1 << 15 # values read per thread of the slots' sum at least
+
+
+cdef idx_t _n_grad_values(const model_dims* d) noexcept nogil:
+    # elements of all gradients: embedding (V, Dm), final norm (Dm,), head bias (V,), then
+    # each layer's MAMBA_NPARAMS arrays
+    cdef idx_t j, n = d.V * d.block.Dm + d.block.Dm + d.V
+    for j in range(MAMBA_NPARAMS):
+        n += d.n_layers * block_param_len(&d.block, j)
+    return n
+
+
+cdef idx_t n_groups(const model_dims* d) noexcept nogil:
+    # sequence groups of a step of these sizes (<= 1: one pass over the batch): as many as
+    # have group_rows rows each, while their gradient slots (groups x gradient values) take
+    # no more memory than the layer inputs ((n_layers + 1) M Dm); then group_seqs
+    # sequences a group
+    cdef idx_t B = d.block.B, M = B * d.block.L
+    cdef idx_t nv = _n_grad_values(d)
+    cdef idx_t ng = min(B, M // group_rows)
+    if nv > 0:
+        ng = min(ng, (d.n_layers + 1) * M * d.block.Dm // nv)
+    return ng
+
+
+cdef inline idx_t group_seqs(const model_dims* d, idx_t ng) noexcept nogil:
+    return (d.block.B + ng - 1) // ng
+
+
+# One group's workspace (`floating` offsets from its start) for `rows` rows:
+#   hs      ((n_layers+1), rows, Dm)  every layer's input, then the last output
+#   caches  (n_caches, cache_len)     n_caches = n_layers, or 1 when checkpointing
+#   xn      (rows, Dm)                final RMSNorm output
+#   rstd    (rows,)                   final RMSNorm 1/rms
+#   logits  (rows, V)                 logits, overwritten in place by dLoss/dlogits
+#   da, db  (rows, Dm) each           gradient ping-pong buffers
+#   scratch (rows, Dm)                output of recomputed forwards (checkpointing)
+ctypedef struct region:
+    idx_t hs, caches, xn, rstd, logits, da, db, scratch, size
+
+
+cdef region _region(const model_dims* d, idx_t seqs, int checkpointing) noexcept nogil:
+    # the workspace of a group of seqs sequences
+    cdef region r
+    cdef mamba_dims b = d.block
+    cdef idx_t Dm = d.block.Dm, rows = seqs * d.block.L
+    cdef idx_t cl
+    b.B = seqs
+    cl = block_cache_len(&b) if d.n_layers > 0 else 0
+    r.hs = 0
+    r.caches = (d.n_layers + 1) * rows * Dm
+    r.xn = r.caches + _n_caches(d, checkpointing) * cl
+    r.rstd = r.xn + rows * Dm
+    r.logits = r.rstd + rows
+    r.da = r.logits + rows * d.V
+    r.db = r.da + rows * Dm
+    r.scratch = r.db + rows * Dm
+    r.size = r.scratch + rows * Dm
+    return r
+
+
+# What every phase of a step needs; one struct per step (see "Sequence groups").
+ctypedef struct step_ctx:
+    idx_t G, k                  # groups, sequences a group (the last may hold fewer)
+    idx_t nv                    # gradient values a slot
+    int inner                   # threads of each group's kernels
+    int checkpointing
+    double seed_scale
+    void** states               # the caller's (G = 1 only)
+    double* row_loss            # (M,)
+    int* status                 # (G,)
+
+
+cdef inline idx_t _group_rows_of(const model_dims* d, const step_ctx* c, idx_t g) noexcept nogil:
+    return min(c.k, d.block.B - g * c.k) * d.block.L
+
+
+cdef inline floating* _buf(floating* ws, const region* r, idx_t g, idx_t off) noexcept nogil:
+    return ws + g * r.size + off
+
+
+cdef int _group_forward(floating* ws, const region* r, floating** slot, const step_ctx* c,
+                        const int64_t* tokens, const int64_t* targets,
+                        const floating* embedding, const floating* final_norm,
+                        const floating* lm_head_bias, const floating** layer_params,
+                        const model_dims* d, idx_t g) noexcept nogil:
+    # group g's forward, cross-entropy and the head's backward: slot[0..2] (its embedding,
+    # final norm and head bias gradients) accumulate, its da holds dLoss/d(last output)
+    cdef model_dims dg = d[0]
+    cdef idx_t M = _group_rows_of(d, c, g), Dm = d.block.Dm, nl = d.n_layers
+    cdef idx_t r0 = g * c.k * d.block.L, cache_stride
+    cdef floating* hs = _buf(ws, r, g, r.hs)
+    cdef floating* xn = _buf(ws, r, g, r.xn)
+    cdef floating* rstd = _buf(ws, r, g, r.rstd)
+    cdef floating* logits = _buf(ws, r, g, r.logits)
+    cdef floating* da = _buf(ws, r, g, r.da)
+    cdef floating* scratch = _buf(ws, r, g, r.scratch)
+    cdef int status
+    dg.block.B = M // d.block.L
+    if c.G > 1:
+        memset(slot[0], 0, c.nv * sizeof(floating))     # the slot: one block of nv values
+    cache_stride = 0 if c.checkpointing or nl == 0 else block_cache_len(&dg.block)
+    status = _forward_trunk(hs, _buf(ws, r, g, r.caches), cache_stride, xn, rstd, logits,
+                            tokens + r0, embedding, final_norm, lm_head_bias, layer_params,
+                            c.states, &dg, c.inner)
+    if status != MODEL_OK:
+        return status
+    cross_entropy_forward_backward(c.row_loss + r0, logits, targets + r0, M, d.V, c.seed_scale,
+                                   c.inner)
+    # head: dxn (scratch) = dlogits @ embedding; g_embedding += dlogits^T @ xn
+    if linear_backward_set(scratch, slot[0], slot[2], logits, xn, embedding, M, Dm, d.V,
+                           c.inner) != 0:
+        return MODEL_ERR_NOMEM
+    flat_op(FLAT_ZERO, da, <floating*>NULL, M * Dm, c.inner)
+    rmsnorm_backward(da, slot[1], scratch, hs + nl * M * Dm, final_norm, rstd, M, Dm, c.inner)
+    return MODEL_OK
+
+
+cdef int _group_layer_backward(floating* ws, const region* r, floating** slot,
+                               const step_ctx* c, const floating** layer_params,
+                               const model_dims* d, idx_t g, idx_t i) noexcept nogil:
+    # layer i's backward of group g: its layer-i gradients (slot[3 + i*MAMBA_NPARAMS ..])
+    # accumulate; dLoss/d(layer i's output) in da or db by the parity of the layers done
+    # (da first), dLoss/d(its input) written to the other
+    cdef model_dims dg = d[0]
+    cdef idx_t M = _group_rows_of(d, c, g), Dm = d.block.Dm, nl = d.n_layers, cl
+    cdef floating* hs = _buf(ws, r, g, r.hs)
+    cdef floating* caches = _buf(ws, r, g, r.caches)
+    cdef floating* dout = _buf(ws, r, g, r.da if (nl - 1 - i) % 2 == 0 else r.db)
+    cdef floating* dx = _buf(ws, r, g, r.db if (nl - 1 - i) % 2 == 0 else r.da)
+    dg.block.B = M // d.block.L
+    cl = block_cache_len(&dg.block)
+    if c.checkpointing and i != nl - 1:
+        # recompute layer i's cache from its kept input (output discarded)
+        if block_forward_state(_buf(ws, r, g, r.scratch), caches, NULL, NULL, hs + i * M * Dm,
+                               layer_params + i * MAMBA_NPARAMS,
+                               <const floating*>_state(c.states, i, STATE_H0),
+                               <const floating*>_state(c.states, i, STATE_CONV),
+                               &dg.block, c.inner) != 0:
+            return MODEL_ERR_NOMEM
+    flat_op(FLAT_ZERO, dx, <floating*>NULL, M * Dm, c.inner)
+    if block_backward_state(dx, slot + 3 + i * MAMBA_NPARAMS, NULL, NULL, dout, NULL, NULL,
+                            caches + (0 if c.checkpointing else i * cl),
+                            layer_params + i * MAMBA_NPARAMS,
+                            <const floating*>_state(c.states, i, STATE_CONV),
+                            &dg.block, c.inner) != 0:
+        return MODEL_ERR_NOMEM
+    return MODEL_OK
+
+
+cdef void _group_embedding_backward(floating* ws, const region* r, floating** slot,
+                                    const step_ctx* c, const int64_t* tokens,
+                                    const model_dims* d, idx_t g) noexcept nogil:
+    # lookup: slot's g_embedding[tokens[r]] += dLoss/dh0[r] (in da or db by the parity of
+    # n_layers)
+    cdef idx_t M = _group_rows_of(d, c, g)
+    embedding_backward(slot[0], _buf(ws, r, g, r.da if d.n_layers % 2 == 0 else r.db),
+                       tokens + g * c.k * d.block.L, M, d.block.Dm)
+
+
+cdef inline int _first_error(const int* status, idx_t G) noexcept nogil:
+    cdef idx_t g
+    for g in range(G):
+        if status[g] != MODEL_OK:
+            return status[g]
+    return MODEL_OK
+
+
+cdef void _reduce_slots(floating** dst, const idx_t* starts, idx_t j0, idx_t j1,
+                        const floating* slots, const step_ctx* c, int nt) noexcept nogil:
+    # dst[j] += the sum of the G slots' array j (slots (G, nv), array j at starts[j]) in
+    # group order, for arrays j0 .. j1-1, in pieces of REDUCE_PIECE values
+    cdef idx_t lo0 = starts[j0], n = starts[j1] - lo0, G = c.G, nv = c.nv
+    cdef idx_t nchunks = (n + REDUCE_PIECE - 1) // REDUCE_PIECE
+    cdef idx_t ch, lo, hi, j, e, end, g
+    cdef floating acc
+    for ch in prange(nchunks, schedule='static',
+                     num_threads=mx_team(nt, n * G, MIN_REDUCE_VALUES, nchunks)):
+        lo = lo0 + ch * REDUCE_PIECE
+        hi = min(lo + REDUCE_PIECE, lo0 + n)
+        j = j0
+        while starts[j + 1] <= lo:
+            j = j + 1
+        while lo < hi:
+            end = min(hi, starts[j + 1])
+            for e in range(lo, end):
+                acc = slots[e]
+                for g in range(1, G):
+                    acc = acc + slots[g * nv + e]
+                dst[j][e - starts[j]] += acc
+            lo = end
+            j = j + 1
+
+
 cdef int model_loss_and_grads_state(double* loss,
                                     floating* g_embedding, floating* g_final_norm,
                                     floating* g_lm_head_bias, floating** g_layer_params,
@@ -224,89 +442,124 @@ cdef int model_loss_and_grads_state(double* loss,
                                     grads_done_fn grads_done, void* ctx) noexcept nogil:
     # states: as _forward_trunk; the gradients treat the carried state as a constant
     # (truncated backpropagation through time: no dLoss/dh0 is formed); grads_done: see
-    # model.pxd
-    cdef idx_t M = d.block.B * d.block.L
-    cdef idx_t Dm = d.block.Dm
-    cdef idx_t V = d.V
-    cdef idx_t nl = d.n_layers
-    cdef idx_t cl = block_cache_len(&d.block) if nl > 0 else 0
-    cdef idx_t n_caches = _n_caches(d, checkpointing)
-    cdef idx_t i, r
+    # model.pxd. The work runs as step_ctx.G sequence groups (above); the buffers:
+    #   ws      (G, region.size)   each group's workspace (this thread's reused buffer)
+    #   slots   (G, nv)            each group's gradients, laid out as dst (G > 1 only)
+    #   ptrs    (G, na)            each group's gradient arrays: the caller's when G = 1
+    #   dst     (na,)              the caller's: embedding, final norm, head bias, then
+    #                              layer i's MAMBA_NPARAMS arrays; starts (na + 1,) their
+    #                              offsets in a slot
+    #   row_loss (M,) double; status (G,)
+    cdef idx_t M = d.block.B * d.block.L, nl = d.n_layers
+    cdef idx_t na = 3 + nl * MAMBA_NPARAMS
+    cdef idx_t ng, g, i, j, r
+    cdef int nt = mx_threads(n_threads), outer, nested = 0, nested_saved = 0, status = MODEL_OK
     cdef double total
-    cdef int status = MODEL_OK
+    cdef step_ctx c
+    cdef region rg
     if M == 0:
         return MODEL_ERR_EMPTY
-    if _check_ids(tokens, M, V) != MODEL_OK or _check_ids(targets, M, V) != MODEL_OK:
+    if _check_ids(tokens, M, d.V) != MODEL_OK or _check_ids(targets, M, d.V) != MODEL_OK:
         return MODEL_ERR_TOKEN
+    ng = 1 if states != NULL else max(n_groups(d), <idx_t>1)
+    c.k = group_seqs(d, ng)
+    c.G = (d.block.B + c.k - 1) // c.k
+    c.nv = _n_grad_values(d)
+    c.checkpointing = checkpointing
+    c.seed_scale = loss_scale / <double>M
+    c.states = states
+    outer = <int>min(<idx_t>nt, c.G)
+    c.inner = nt // outer if c.G < nt else 1
+    rg = _region(d, c.k, checkpointing)
 
-    cdef floating* ws = <floating*>mx_workspace(((nl + 1) * M * Dm + n_caches * cl + M * Dm + M
-                                                 + M * V + 3 * M * Dm) * sizeof(floating))
-    cdef double* row_loss = <double*>malloc(M * sizeof(double))
-    if ws == NULL or row_loss == NULL:
-        free(row_loss)
+    cdef floating* ws = <floating*>mx_workspace(c.G * rg.size * sizeof(floating))
+    c.row_loss = <double*>malloc(M * sizeof(double))
+    c.status = <int*>malloc(c.G * sizeof(int))
+    cdef floating** ptrs = <floating**>malloc((c.G + 1) * na * sizeof(floating*))
+    cdef idx_t* starts = <idx_t*>malloc((na + 1) * sizeof(idx_t))
+    cdef floating* slots = <floating*>malloc(c.G * c.nv * sizeof(floating)) if c.G > 1 else NULL
+    cdef floating** dst
+    if (ws == NULL or c.row_loss == NULL or c.status == NULL or ptrs == NULL or starts == NULL
+            or (c.G > 1 and slots == NULL)):
+        free(c.row_loss)
+        free(c.status)
+        free(ptrs)
+        free(starts)
+        free(slots)
         return MODEL_ERR_NOMEM
-    cdef floating* hs = ws                          # ((nl+1), M, Dm)
-    cdef floating* caches = hs + (nl + 1) * M * Dm  # (n_caches, cl)
-    cdef floating* xn = caches + n_caches * cl      # (M, Dm)
-    cdef floating* rstd = xn + M * Dm               # (M,)
-    cdef floating* logits = rstd + M                # (M, V), becomes dlogits
-    cdef floating* da = logits + M * V              # (M, Dm) dLoss/d(current h)
-    cdef floating* db = da + M * Dm                 # (M, Dm) dLoss/d(previous h)
-    cdef floating* scratch = db + M * Dm            # (M, Dm)
-    cdef floating* tmp
-    cdef idx_t cache_stride = 0 if checkpointing else cl
+    dst = ptrs + c.G * na
+    dst[0] = g_embedding
+    dst[1] = g_final_norm
+    dst[2] = g_lm_head_bias
+    starts[0] = 0
+    starts[1] = d.V * d.block.Dm
+    starts[2] = starts[1] + d.block.Dm
+    starts[3] = starts[2] + d.V
+    for j in range(nl * MAMBA_NPARAMS):
+        dst[3 + j] = g_layer_params[j]
+        starts[4 + j] = starts[3 + j] + block_param_len(&d.block, j % MAMBA_NPARAMS)
+    for g in range(c.G):
+        for j in range(na):
+            ptrs[g * na + j] = dst[j] if c.G == 1 else slots + g * c.nv + starts[j]
+    if outer > 1 and c.inner > 1:
+        nested = 1
+        nested_saved = mx_nesting_begin()
 
-    status = _forward_trunk(hs, caches, cache_stride, xn, rstd, logits, tokens, embedding,
-                            final_norm, lm_head_bias, layer_params, states, d, n_threads)
+    # the forward, the loss and the head's backward
+    if outer == 1:
+        for g in range(c.G):
+            c.status[g] = _group_forward(ws, &rg, ptrs + g * na, &c, tokens, targets, embedding,
+                                         final_norm, lm_head_bias, layer_params, d, g)
+    else:
+        for g in prange(c.G, schedule='static', num_threads=outer):
+            c.status[g] = _group_forward(ws, &rg, ptrs + g * na, &c, tokens, targets, embedding,
+                                         final_norm, lm_head_bias, layer_params, d, g)
+    status = _first_error(c.status, c.G)
     if status == MODEL_OK:
-        cross_entropy_forward_backward(row_loss, logits, targets, M, V,
-                                       loss_scale / <double>M, n_threads)
         total = 0.0
         for r in range(M):          # fixed order: deterministic loss
-            total += row_loss[r]
+            total += c.row_loss[r]
         loss[0] = total / <double>M
-
-        # head: dxn (scratch) = dlogits @ embedding; g_embedding += dlogits^T @ xn
-        if linear_backward_set(scratch, g_embedding, g_lm_head_bias, logits, xn, embedding, M, Dm,
-                           V, n_threads) != 0:
-            free(row_loss)
-            return MODEL_ERR_NOMEM
-        flat_op(FLAT_ZERO, da, <floating*>NULL, M * Dm, n_threads)
-        rmsnorm_backward(da, g_final_norm, scratch, hs + nl * M * Dm, final_norm, rstd, M, Dm,
-                         n_threads)
+        if c.G > 1:
+            _reduce_slots(dst, starts, 1, 3, slots, &c, nt)
         if grads_done != NULL:
             grads_done(ctx, nl)
-
-        i = nl - 1
-        while i >= 0:
-            if checkpointing and i != nl - 1:
-                # recompute layer i's cache from its kept input (output discarded)
-                if block_forward_state(scratch, caches, NULL, NULL, hs + i * M * Dm,
-                                       layer_params + i * MAMBA_NPARAMS,
-                                       <const floating*>_state(states, i, STATE_H0),
-                                       <const floating*>_state(states, i, STATE_CONV),
-                                       &d.block, n_threads) != 0:
-                    status = MODEL_ERR_NOMEM
-                    break
-            flat_op(FLAT_ZERO, db, <floating*>NULL, M * Dm, n_threads)
-            if block_backward_state(db, g_layer_params + i * MAMBA_NPARAMS, NULL, NULL, da,
-                                    NULL, NULL, caches + i * cache_stride,
-                                    layer_params + i * MAMBA_NPARAMS,
-                                    <const floating*>_state(states, i, STATE_CONV),
-                                    &d.block, n_threads) != 0:
-                status = MODEL_ERR_NOMEM
-                break
+    # the layers' backward, last first
+    i = nl - 1
+    while i >= 0 and status == MODEL_OK:
+        if outer == 1:
+            for g in range(c.G):
+                c.status[g] = _group_layer_backward(ws, &rg, ptrs + g * na, &c, layer_params,
+                                                    d, g, i)
+        else:
+            for g in prange(c.G, schedule='static', num_threads=outer):
+                c.status[g] = _group_layer_backward(ws, &rg, ptrs + g * na, &c, layer_params,
+                                                    d, g, i)
+        status = _first_error(c.status, c.G)
+        if status == MODEL_OK:
+            if c.G > 1:
+                _reduce_slots(dst, starts, 3 + i * MAMBA_NPARAMS, 3 + (i + 1) * MAMBA_NPARAMS,
+                              slots, &c, nt)
             if grads_done != NULL:
                 grads_done(ctx, i)
-            tmp = da
-            da = db
-            db = tmp
-            i -= 1
-
-        if status == MODEL_OK:
-            # lookup: g_embedding[tokens[r]] += dLoss/dh0[r]
-            embedding_backward(g_embedding, da, tokens, M, Dm)
-    free(row_loss)
+        i -= 1
+    # the lookup's backward
+    if status == MODEL_OK:
+        if outer == 1:
+            for g in range(c.G):
+                _group_embedding_backward(ws, &rg, ptrs + g * na, &c, tokens, d, g)
+        else:
+            for g in prange(c.G, schedule='static', num_threads=outer):
+                _group_embedding_backward(ws, &rg, ptrs + g * na, &c, tokens, d, g)
+        if c.G > 1:
+            _reduce_slots(dst, starts, 0, 1, slots, &c, nt)
+    if nested:
+        mx_nesting_end(nested_saved)
+    free(c.row_loss)
+    free(c.status)
+    free(ptrs)
+    free(starts)
+    free(slots)
     return status
 
 
@@ -351,6 +604,27 @@ def _raise_status(int status):
         raise ValueError("mamba_ext: the mean loss over zero positions is undefined")
     if status != MODEL_OK:
         raise RuntimeError(f"mamba_ext: model kernel failed with status {status}")
+
+
+def _set_group_rows(idx_t n):
+    """Testing hook: the rows of a sequence group at least (0: the default, 1024); returns
+    the previous value. Not thread-safe: for tests and benchmarks only."""
+    global group_rows
+    cdef idx_t old = group_rows
+    group_rows = n if n > 0 else 1024
+    return old
+
+
+def sequence_groups(sizes):
+    """(groups, sequences a group) of a loss-and-grads call of sizes (V, n_layers, B, L, Dm,
+    D, N, K, R) without state passing or grads_done (see "Sequence groups"); (1, B) when
+    the call runs as one pass over the batch."""
+    cdef model_dims d = _dims(sizes, DEFAULT_EPS)
+    cdef idx_t ng = n_groups(&d), k
+    if ng <= 1:
+        return 1, d.block.B
+    k = group_seqs(&d, ng)
+    return (d.block.B + k - 1) // k, k
 
 
 def workspace_bytes(sizes, bint checkpointing, size_t itemsize):
