@@ -281,37 +281,40 @@ def model_loss_and_grads(tokens: ArrayLike, targets: ArrayLike, params: Mapping[
 def _workspace_bytes_exact(dims: ModelDims, B: int, L: int, checkpointing: bool, itemsize: int) -> int:
     """The formula of ``model_workspace_bytes`` in model.pyx, in Python integers (which
     cannot wrap): per sequence group (model.pyx, "Sequence groups": G groups of k
-    sequences) the layer inputs ((n_layers+1) kL Dm), the block caches (one when
-    checkpointing, else n_layers), xn, rstd, logits and 3 kL Dm of scratch; G gradient
-    slots when G > 1; plus M doubles. It guards the compiled formula against overflow;
-    tests/api/test_limits.py keeps the two equal."""
-    from .block import cache_elements
+    sequences; one group of B when the call runs as one pass) the layer inputs
+    ((n_layers+1) kL Dm), the block caches (one when checkpointing, else n_layers), xn,
+    rstd, logits and 3 kL Dm of scratch; G gradient slots (the head's and one layer's
+    gradients) when G > 1; plus M doubles. It guards the compiled formula against
+    overflow; tests/api/test_limits.py keeps the two equal."""
     from .cpu import model as _model
-    b = dims.block
     M = B * L
     if M == 0:
         return 0
-    G, k = _model.sequence_groups(_sizes(dims, B, L)) if _fits(dims, B, L) else (1, B)
-    rows = k * L
-    cache_len = cache_elements(_sizes(dims, k, L)[2:])
-    n_caches = min(dims.n_layers, 1) if checkpointing else dims.n_layers
-    n = G * ((dims.n_layers + 1) * rows * b.Dm + n_caches * cache_len + rows * b.Dm + rows
-             + rows * dims.V + 3 * rows * b.Dm)
+    one_pass = _region_values(dims, B, L, checkpointing)
+    if one_pass >= 2 ** 60:          # the compiled n_groups would wrap; the caller refuses it
+        return one_pass * itemsize + M * 8
+    G, k = _model.sequence_groups(_sizes(dims, B, L), checkpointing)
+    n = G * _region_values(dims, k, L, checkpointing)
     if G > 1:
-        n += G * _grad_values(dims)
+        n += G * _slot_values(dims)
     return n * itemsize + M * 8
 
 
-def _grad_values(dims: ModelDims) -> int:
-    """Elements of all of a model's gradients (= its parameters)."""
+def _region_values(dims: ModelDims, B: int, L: int, checkpointing: bool) -> int:
+    """Elements of the workspace of B sequences (model.pyx's region)."""
+    from .block import cache_elements
+    rows, Dm = B * L, dims.block.Dm
+    cache_len = cache_elements(_sizes(dims, B, L)[2:])
+    n_caches = min(dims.n_layers, 1) if checkpointing else dims.n_layers
+    return ((dims.n_layers + 1) * rows * Dm + n_caches * cache_len + rows * Dm + rows
+            + rows * dims.V + 3 * rows * Dm)
+
+
+def _slot_values(dims: ModelDims) -> int:
+    """Elements of a sequence group's gradient slot (model.pyx's _slot_values): the head's
+    gradients (embedding, final norm, head bias) and one layer's."""
     per_layer = sum(math.prod(s) for s in block_param_shapes(dims.block).values())
-    return dims.V * dims.block.Dm + dims.block.Dm + dims.V + dims.n_layers * per_layer
-
-
-def _fits(dims: ModelDims, B: int, L: int) -> bool:
-    """Whether the compiled sequence_groups can take these sizes without wrapping (its
-    (n_layers + 1) M Dm in 64-bit integers)."""
-    return (dims.n_layers + 1) * B * L * dims.block.Dm < 2 ** 62
+    return dims.V * dims.block.Dm + dims.block.Dm + dims.V + (per_layer if dims.n_layers else 0)
 
 
 def model_workspace_bytes(params: Mapping[str, ArrayLike], batch: int, seq_len: int,

@@ -43,8 +43,7 @@ cnp.import_array()
 
 # mx_workspace: this thread's reused scratch of this module (static in the header: the
 # blocks' own mx_workspace is a different one), or NULL; never freed by the caller
-from mamba_ext.cpu.threads cimport (mx_nesting_begin, mx_nesting_end, mx_team, mx_threads,
-                                    mx_workspace)
+from mamba_ext.cpu.threads cimport mx_team, mx_threads, mx_workspace
 
 
 cdef inline idx_t _n_caches(const model_dims* d, int checkpointing) noexcept nogil:
@@ -56,17 +55,18 @@ cdef inline idx_t _n_caches(const model_dims* d, int checkpointing) noexcept nog
 cdef size_t model_workspace_bytes(const model_dims* d, int checkpointing,
                                   size_t itemsize) noexcept nogil:
     # what model_loss_and_grads_state allocates without states: G group workspaces (the
-    # calling thread's buffer), G gradient slots when G > 1, and row_loss (M doubles)
+    # calling thread's buffer), G gradient slots (_slot_values) when G > 1, and row_loss
+    # (M doubles)
     cdef idx_t M = d.block.B * d.block.L
     cdef idx_t ng, k, G
     cdef region r
     if M == 0:
         return 0
-    ng = max(n_groups(d), <idx_t>1)
+    ng = max(n_groups(d, checkpointing), <idx_t>1)
     k = group_seqs(d, ng)
     G = (d.block.B + k - 1) // k
     r = _region(d, k, checkpointing)
-    return (<size_t>(G * r.size + (G * _n_grad_values(d) if G > 1 else 0)) * itemsize
+    return (<size_t>(G * r.size + (G * _slot_values(d) if G > 1 else 0)) * itemsize
             + <size_t>M * sizeof(double))
 
 
@@ -221,49 +221,34 @@ cdef int model_loss_and_grads(double* loss,
 # and for the calling thread's serial stretches (the embedding's scatter-add, the loss
 # sum): ~10% of a 2 x 64 step in docs/performance.md. Where the batch holds enough whole
 # sequences, the step runs as G groups of whole sequences instead: in each phase (the
-# forward with the head's backward, each layer's backward, the embedding's backward) every
-# group runs on one thread of its own (or, with fewer groups than threads, on a nested
-# team of its share), each into a gradient slot of its own, and between the phases the
-# calling thread sums the slots of the gradients that are final in group order and hands
-# them to grads_done. So a step has ~n_layers + 2 regions, and the all-reduce of data
-# parallelism still overlaps the backward. The groups are fixed by the sizes alone
-# (n_groups), never by the thread count, and a group computes the same bits on any
-# thread count, so the results stay bitwise the same for any n_threads and with or
-# without grads_done; against one pass over the whole batch (G = 1, the same code with
-# the caller's gradients as the only slot) they differ by the order of the sums over rows.
+# forward with the head's backward, each layer's backward, the lookup's backward) the
+# groups run side by side, each on one thread (_run_phase's waves), each into a gradient
+# slot of its own, and between the phases the calling thread sums the slots of the
+# gradients that are final in group order and hands them to grads_done. So a step has
+# ~n_layers + 2 regions, and the all-reduce of data parallelism still overlaps the
+# backward. The groups are fixed by the sizes alone (n_groups), never by the thread count,
+# and a group computes the same bits on any thread count, so the results stay bitwise the
+# same for any n_threads and with or without grads_done; against one pass over the whole
+# batch (G = 1: the same code, the caller's gradients the only slot) they differ by the
+# order of the sums over rows.
 
 # rows of a sequence group at least; tests change it (_set_group_rows)
-cdef idx_t group_rows = 1024
+cdef idx_t group_rows = 256
 
 cdef enum:
+    GROUP_MAX_DM = 256          # the largest d_model whose steps run as groups
     REDUCE_PIECE = 1 << 14      # values per piece of the slots' sum
     MIN_REDUCE_VALUES = 1 << 15 # values read per thread of the slots' sum at least
 
 
-cdef idx_t _n_grad_values(const model_dims* d) noexcept nogil:
-    # elements of all gradients: embedding (V, Dm), final norm (Dm,), head bias (V,), then
-    # each layer's MAMBA_NPARAMS arrays
+cdef idx_t _slot_values(const model_dims* d) noexcept nogil:
+    # elements of a group's gradient slot: the head's (embedding (V, Dm), final norm (Dm,),
+    # head bias (V,)), then one layer's MAMBA_NPARAMS arrays (each layer's phase reuses them)
     cdef idx_t j, n = d.V * d.block.Dm + d.block.Dm + d.V
-    for j in range(MAMBA_NPARAMS):
-        n += d.n_layers * block_param_len(&d.block, j)
+    if d.n_layers > 0:
+        for j in range(MAMBA_NPARAMS):
+            n += block_param_len(&d.block, j)
     return n
-
-
-cdef idx_t n_groups(const model_dims* d) noexcept nogil:
-    # sequence groups of a step of these sizes (<= 1: one pass over the batch): as many as
-    # have group_rows rows each, while their gradient slots (groups x gradient values) take
-    # no more memory than the layer inputs ((n_layers + 1) M Dm); then group_seqs
-    # sequences a group
-    cdef idx_t B = d.block.B, M = B * d.block.L
-    cdef idx_t nv = _n_grad_values(d)
-    cdef idx_t ng = min(B, M // group_rows)
-    if nv > 0:
-        ng = min(ng, (d.n_layers + 1) * M * d.block.Dm // nv)
-    return ng
-
-
-cdef inline idx_t group_seqs(const model_dims* d, idx_t ng) noexcept nogil:
-    return (d.block.B + ng - 1) // ng
 
 
 # One group's workspace (`floating` offsets from its start) for `rows` rows:
@@ -298,11 +283,27 @@ cdef region _region(const model_dims* d, idx_t seqs, int checkpointing) noexcept
     return r
 
 
+cdef idx_t n_groups(const model_dims* d, int checkpointing) noexcept nogil:
+    # sequence groups of a step of these sizes (<= 1: one pass over the batch): for models
+    # of d_model <= GROUP_MAX_DM, as many as have group_rows rows each, while their
+    # gradient slots take at most a quarter of the one pass's workspace; then group_seqs
+    # sequences a group
+    cdef idx_t B = d.block.B, M = B * d.block.L
+    cdef idx_t ng = min(B, M // group_rows)
+    if d.block.Dm > GROUP_MAX_DM:
+        return 1
+    return min(ng, _region(d, B, checkpointing).size // 4 // _slot_values(d))
+
+
+cdef inline idx_t group_seqs(const model_dims* d, idx_t ng) noexcept nogil:
+    return (d.block.B + ng - 1) // ng
+
+
 # What every phase of a step needs; one struct per step (see "Sequence groups").
 ctypedef struct step_ctx:
     idx_t G, k                  # groups, sequences a group (the last may hold fewer)
-    idx_t nv                    # gradient values a slot
-    int inner                   # threads of each group's kernels
+    idx_t nv                    # gradient values a slot (_slot_values)
+    idx_t layer_values          # of them, one layer's
     int checkpointing
     double seed_scale
     void** states               # the caller's (G = 1 only)
@@ -322,7 +323,7 @@ cdef int _group_forward(floating* ws, const region* r, floating** slot, const st
                         const int64_t* tokens, const int64_t* targets,
                         const floating* embedding, const floating* final_norm,
                         const floating* lm_head_bias, const floating** layer_params,
-                        const model_dims* d, idx_t g) noexcept nogil:
+                        const model_dims* d, idx_t g, int inner) noexcept nogil:
     # group g's forward, cross-entropy and the head's backward: slot[0..2] (its embedding,
     # final norm and head bias gradients) accumulate, its da holds dLoss/d(last output)
     cdef model_dims dg = d[0]
@@ -336,28 +337,28 @@ cdef int _group_forward(floating* ws, const region* r, floating** slot, const st
     cdef floating* scratch = _buf(ws, r, g, r.scratch)
     cdef int status
     dg.block.B = M // d.block.L
-    if c.G > 1:
-        memset(slot[0], 0, c.nv * sizeof(floating))     # the slot: one block of nv values
+    if c.G > 1:                    # the slot's head part
+        memset(slot[0], 0, (d.V * d.block.Dm + d.block.Dm + d.V) * sizeof(floating))
     cache_stride = 0 if c.checkpointing or nl == 0 else block_cache_len(&dg.block)
     status = _forward_trunk(hs, _buf(ws, r, g, r.caches), cache_stride, xn, rstd, logits,
                             tokens + r0, embedding, final_norm, lm_head_bias, layer_params,
-                            c.states, &dg, c.inner)
+                            c.states, &dg, inner)
     if status != MODEL_OK:
         return status
     cross_entropy_forward_backward(c.row_loss + r0, logits, targets + r0, M, d.V, c.seed_scale,
-                                   c.inner)
+                                   inner)
     # head: dxn (scratch) = dlogits @ embedding; g_embedding += dlogits^T @ xn
     if linear_backward_set(scratch, slot[0], slot[2], logits, xn, embedding, M, Dm, d.V,
-                           c.inner) != 0:
+                           inner) != 0:
         return MODEL_ERR_NOMEM
-    flat_op(FLAT_ZERO, da, <floating*>NULL, M * Dm, c.inner)
-    rmsnorm_backward(da, slot[1], scratch, hs + nl * M * Dm, final_norm, rstd, M, Dm, c.inner)
+    flat_op(FLAT_ZERO, da, <floating*>NULL, M * Dm, inner)
+    rmsnorm_backward(da, slot[1], scratch, hs + nl * M * Dm, final_norm, rstd, M, Dm, inner)
     return MODEL_OK
 
 
 cdef int _group_layer_backward(floating* ws, const region* r, floating** slot,
                                const step_ctx* c, const floating** layer_params,
-                               const model_dims* d, idx_t g, idx_t i) noexcept nogil:
+                               const model_dims* d, idx_t g, idx_t i, int inner) noexcept nogil:
     # layer i's backward of group g: its layer-i gradients (slot[3 + i*MAMBA_NPARAMS ..])
     # accumulate; dLoss/d(layer i's output) in da or db by the parity of the layers done
     # (da first), dLoss/d(its input) written to the other
@@ -369,32 +370,37 @@ cdef int _group_layer_backward(floating* ws, const region* r, floating** slot,
     cdef floating* dx = _buf(ws, r, g, r.db if (nl - 1 - i) % 2 == 0 else r.da)
     dg.block.B = M // d.block.L
     cl = block_cache_len(&dg.block)
+    if c.G > 1:                    # the slot's layer part, reused by every layer
+        memset(slot[3 + i * MAMBA_NPARAMS], 0, c.layer_values * sizeof(floating))
     if c.checkpointing and i != nl - 1:
         # recompute layer i's cache from its kept input (output discarded)
         if block_forward_state(_buf(ws, r, g, r.scratch), caches, NULL, NULL, hs + i * M * Dm,
                                layer_params + i * MAMBA_NPARAMS,
                                <const floating*>_state(c.states, i, STATE_H0),
                                <const floating*>_state(c.states, i, STATE_CONV),
-                               &dg.block, c.inner) != 0:
+                               &dg.block, inner) != 0:
             return MODEL_ERR_NOMEM
-    flat_op(FLAT_ZERO, dx, <floating*>NULL, M * Dm, c.inner)
+    flat_op(FLAT_ZERO, dx, <floating*>NULL, M * Dm, inner)
     if block_backward_state(dx, slot + 3 + i * MAMBA_NPARAMS, NULL, NULL, dout, NULL, NULL,
                             caches + (0 if c.checkpointing else i * cl),
                             layer_params + i * MAMBA_NPARAMS,
                             <const floating*>_state(c.states, i, STATE_CONV),
-                            &dg.block, c.inner) != 0:
+                            &dg.block, inner) != 0:
         return MODEL_ERR_NOMEM
     return MODEL_OK
 
 
-cdef void _group_embedding_backward(floating* ws, const region* r, floating** slot,
-                                    const step_ctx* c, const int64_t* tokens,
-                                    const model_dims* d, idx_t g) noexcept nogil:
+cdef int _group_embedding_backward(floating* ws, const region* r, floating** slot,
+                                   const step_ctx* c, const int64_t* tokens,
+                                   const model_dims* d, idx_t g) noexcept nogil:
     # lookup: slot's g_embedding[tokens[r]] += dLoss/dh0[r] (in da or db by the parity of
     # n_layers)
     cdef idx_t M = _group_rows_of(d, c, g)
+    if c.G > 1:                    # the slot's embedding part, summed after the head's
+        memset(slot[0], 0, d.V * d.block.Dm * sizeof(floating))
     embedding_backward(slot[0], _buf(ws, r, g, r.da if d.n_layers % 2 == 0 else r.db),
                        tokens + g * c.k * d.block.L, M, d.block.Dm)
+    return MODEL_OK
 
 
 cdef inline int _first_error(const int* status, idx_t G) noexcept nogil:
@@ -403,6 +409,55 @@ cdef inline int _first_error(const int* status, idx_t G) noexcept nogil:
         if status[g] != MODEL_OK:
             return status[g]
     return MODEL_OK
+
+
+cdef enum:                 # the phases of a step (_phase)
+    PHASE_FORWARD = 0      # forward, loss, head's backward
+    PHASE_LAYER = 1        # layer i's backward
+    PHASE_LOOKUP = 2       # the lookup's backward
+
+
+cdef inline int _phase(int phase, floating* ws, const region* r, floating** ptrs, idx_t na,
+                       const step_ctx* c, const int64_t* tokens, const int64_t* targets,
+                       const floating* embedding, const floating* final_norm,
+                       const floating* lm_head_bias, const floating** layer_params,
+                       const model_dims* d, idx_t g, idx_t i, int inner) noexcept nogil:
+    # group g's part of a phase, on `inner` threads
+    if phase == PHASE_FORWARD:
+        return _group_forward(ws, r, ptrs + g * na, c, tokens, targets, embedding, final_norm,
+                              lm_head_bias, layer_params, d, g, inner)
+    if phase == PHASE_LAYER:
+        return _group_layer_backward(ws, r, ptrs + g * na, c, layer_params, d, g, i, inner)
+    return _group_embedding_backward(ws, r, ptrs + g * na, c, tokens, d, g)
+
+
+cdef int _run_phase(int phase, floating* ws, const region* r, floating** ptrs, idx_t na,
+                    const step_ctx* c, const int64_t* tokens, const int64_t* targets,
+                    const floating* embedding, const floating* final_norm,
+                    const floating* lm_head_bias, const floating** layer_params,
+                    const model_dims* d, idx_t i, int nt) noexcept nogil:
+    # every group's part of a phase on nt threads, in waves: as many rounds of nt groups on
+    # a thread each as fill all threads; then the rest, each on a thread of its own if they
+    # fill at least half the threads, else one after another on all of them (nested teams
+    # ran slower than either on a 16-core host, docs/performance.md); returns the first
+    # group's error, else MODEL_OK
+    cdef idx_t G = c.G, g, g0 = 0, g1
+    cdef int outer
+    while g0 < G:
+        g1 = G if G - g0 < nt else g0 + (G - g0) // nt * nt
+        outer = <int>(g1 - g0) if 2 * (g1 - g0) >= nt else 1
+        if outer == 1:
+            for g in range(g0, g1):
+                c.status[g] = _phase(phase, ws, r, ptrs, na, c, tokens, targets, embedding,
+                                     final_norm, lm_head_bias, layer_params, d, g, i, nt)
+        else:
+            if outer > nt:
+                outer = nt
+            for g in prange(g0, g1, schedule='static', num_threads=outer):
+                c.status[g] = _phase(phase, ws, r, ptrs, na, c, tokens, targets, embedding,
+                                     final_norm, lm_head_bias, layer_params, d, g, i, 1)
+        g0 = g1
+    return _first_error(c.status, G)
 
 
 cdef void _reduce_slots(floating** dst, const idx_t* starts, idx_t j0, idx_t j1,
@@ -444,16 +499,18 @@ cdef int model_loss_and_grads_state(double* loss,
     # (truncated backpropagation through time: no dLoss/dh0 is formed); grads_done: see
     # model.pxd. The work runs as step_ctx.G sequence groups (above); the buffers:
     #   ws      (G, region.size)   each group's workspace (this thread's reused buffer)
-    #   slots   (G, nv)            each group's gradients, laid out as dst (G > 1 only)
-    #   ptrs    (G, na)            each group's gradient arrays: the caller's when G = 1
-    #   dst     (na,)              the caller's: embedding, final norm, head bias, then
-    #                              layer i's MAMBA_NPARAMS arrays; starts (na + 1,) their
-    #                              offsets in a slot
+    #   slots   (G, nv)            each group's gradients (G > 1 only): the head's arrays,
+    #                              then one layer's, laid out as dst
+    #   ptrs    (G, na)            each group's gradient arrays, na = 3 + n_layers x
+    #                              MAMBA_NPARAMS: into its slot (every layer's into the
+    #                              same layer part), or the caller's when G = 1
+    #   dst     (3 + MAMBA_NPARAMS,)  the caller's head arrays, then the layer's being
+    #                              summed; starts (4 + MAMBA_NPARAMS,) their offsets in a slot
     #   row_loss (M,) double; status (G,)
     cdef idx_t M = d.block.B * d.block.L, nl = d.n_layers
     cdef idx_t na = 3 + nl * MAMBA_NPARAMS
     cdef idx_t ng, g, i, j, r
-    cdef int nt = mx_threads(n_threads), outer, nested = 0, nested_saved = 0, status = MODEL_OK
+    cdef int nt = mx_threads(n_threads), status = MODEL_OK
     cdef double total
     cdef step_ctx c
     cdef region rg
@@ -461,22 +518,21 @@ cdef int model_loss_and_grads_state(double* loss,
         return MODEL_ERR_EMPTY
     if _check_ids(tokens, M, d.V) != MODEL_OK or _check_ids(targets, M, d.V) != MODEL_OK:
         return MODEL_ERR_TOKEN
-    ng = 1 if states != NULL else max(n_groups(d), <idx_t>1)
+    ng = 1 if states != NULL else max(n_groups(d, checkpointing), <idx_t>1)
     c.k = group_seqs(d, ng)
     c.G = (d.block.B + c.k - 1) // c.k
-    c.nv = _n_grad_values(d)
+    c.nv = _slot_values(d)
+    c.layer_values = c.nv - (d.V * d.block.Dm + d.block.Dm + d.V)
     c.checkpointing = checkpointing
     c.seed_scale = loss_scale / <double>M
     c.states = states
-    outer = <int>min(<idx_t>nt, c.G)
-    c.inner = nt // outer if c.G < nt else 1
     rg = _region(d, c.k, checkpointing)
 
     cdef floating* ws = <floating*>mx_workspace(c.G * rg.size * sizeof(floating))
     c.row_loss = <double*>malloc(M * sizeof(double))
     c.status = <int*>malloc(c.G * sizeof(int))
-    cdef floating** ptrs = <floating**>malloc((c.G + 1) * na * sizeof(floating*))
-    cdef idx_t* starts = <idx_t*>malloc((na + 1) * sizeof(idx_t))
+    cdef floating** ptrs = <floating**>malloc((c.G * na + 3 + MAMBA_NPARAMS) * sizeof(floating*))
+    cdef idx_t* starts = <idx_t*>malloc((4 + MAMBA_NPARAMS) * sizeof(idx_t))
     cdef floating* slots = <floating*>malloc(c.G * c.nv * sizeof(floating)) if c.G > 1 else NULL
     cdef floating** dst
     if (ws == NULL or c.row_loss == NULL or c.status == NULL or ptrs == NULL or starts == NULL
@@ -495,66 +551,45 @@ cdef int model_loss_and_grads_state(double* loss,
     starts[1] = d.V * d.block.Dm
     starts[2] = starts[1] + d.block.Dm
     starts[3] = starts[2] + d.V
-    for j in range(nl * MAMBA_NPARAMS):
-        dst[3 + j] = g_layer_params[j]
-        starts[4 + j] = starts[3 + j] + block_param_len(&d.block, j % MAMBA_NPARAMS)
+    for j in range(MAMBA_NPARAMS):
+        starts[4 + j] = starts[3 + j] + (block_param_len(&d.block, j) if nl > 0 else 0)
     for g in range(c.G):
         for j in range(na):
-            ptrs[g * na + j] = dst[j] if c.G == 1 else slots + g * c.nv + starts[j]
-    if outer > 1 and c.inner > 1:
-        nested = 1
-        nested_saved = mx_nesting_begin()
-
+            if c.G == 1:
+                ptrs[j] = dst[j] if j < 3 else g_layer_params[j - 3]
+            else:
+                ptrs[g * na + j] = slots + g * c.nv + starts[j if j < 3 else 3 + (j - 3) % MAMBA_NPARAMS]
     # the forward, the loss and the head's backward
-    if outer == 1:
-        for g in range(c.G):
-            c.status[g] = _group_forward(ws, &rg, ptrs + g * na, &c, tokens, targets, embedding,
-                                         final_norm, lm_head_bias, layer_params, d, g)
-    else:
-        for g in prange(c.G, schedule='static', num_threads=outer):
-            c.status[g] = _group_forward(ws, &rg, ptrs + g * na, &c, tokens, targets, embedding,
-                                         final_norm, lm_head_bias, layer_params, d, g)
-    status = _first_error(c.status, c.G)
+    status = _run_phase(PHASE_FORWARD, ws, &rg, ptrs, na, &c, tokens, targets, embedding,
+                        final_norm, lm_head_bias, layer_params, d, 0, nt)
     if status == MODEL_OK:
         total = 0.0
         for r in range(M):          # fixed order: deterministic loss
             total += c.row_loss[r]
         loss[0] = total / <double>M
         if c.G > 1:
-            _reduce_slots(dst, starts, 1, 3, slots, &c, nt)
+            _reduce_slots(dst, starts, 0, 3, slots, &c, nt)
         if grads_done != NULL:
             grads_done(ctx, nl)
     # the layers' backward, last first
     i = nl - 1
     while i >= 0 and status == MODEL_OK:
-        if outer == 1:
-            for g in range(c.G):
-                c.status[g] = _group_layer_backward(ws, &rg, ptrs + g * na, &c, layer_params,
-                                                    d, g, i)
-        else:
-            for g in prange(c.G, schedule='static', num_threads=outer):
-                c.status[g] = _group_layer_backward(ws, &rg, ptrs + g * na, &c, layer_params,
-                                                    d, g, i)
-        status = _first_error(c.status, c.G)
+        status = _run_phase(PHASE_LAYER, ws, &rg, ptrs, na, &c, tokens, targets, embedding,
+                            final_norm, lm_head_bias, layer_params, d, i, nt)
         if status == MODEL_OK:
             if c.G > 1:
-                _reduce_slots(dst, starts, 3 + i * MAMBA_NPARAMS, 3 + (i + 1) * MAMBA_NPARAMS,
-                              slots, &c, nt)
+                for j in range(MAMBA_NPARAMS):
+                    dst[3 + j] = g_layer_params[i * MAMBA_NPARAMS + j]
+                _reduce_slots(dst, starts, 3, 3 + MAMBA_NPARAMS, slots, &c, nt)
             if grads_done != NULL:
                 grads_done(ctx, i)
         i -= 1
     # the lookup's backward
     if status == MODEL_OK:
-        if outer == 1:
-            for g in range(c.G):
-                _group_embedding_backward(ws, &rg, ptrs + g * na, &c, tokens, d, g)
-        else:
-            for g in prange(c.G, schedule='static', num_threads=outer):
-                _group_embedding_backward(ws, &rg, ptrs + g * na, &c, tokens, d, g)
-        if c.G > 1:
+        status = _run_phase(PHASE_LOOKUP, ws, &rg, ptrs, na, &c, tokens, targets, embedding,
+                            final_norm, lm_head_bias, layer_params, d, 0, nt)
+        if status == MODEL_OK and c.G > 1:
             _reduce_slots(dst, starts, 0, 1, slots, &c, nt)
-    if nested:
-        mx_nesting_end(nested_saved)
     free(c.row_loss)
     free(c.status)
     free(ptrs)
@@ -607,20 +642,20 @@ def _raise_status(int status):
 
 
 def _set_group_rows(idx_t n):
-    """Testing hook: the rows of a sequence group at least (0: the default, 1024); returns
+    """Testing hook: the rows of a sequence group at least (0: the default, 256); returns
     the previous value. Not thread-safe: for tests and benchmarks only."""
     global group_rows
     cdef idx_t old = group_rows
-    group_rows = n if n > 0 else 1024
+    group_rows = n if n > 0 else 256
     return old
 
 
-def sequence_groups(sizes):
+def sequence_groups(sizes, bint checkpointing=False):
     """(groups, sequences a group) of a loss-and-grads call of sizes (V, n_layers, B, L, Dm,
-    D, N, K, R) without state passing or grads_done (see "Sequence groups"); (1, B) when
-    the call runs as one pass over the batch."""
+    D, N, K, R) without state passing (see "Sequence groups"); (1, B) when the call runs as
+    one pass over the batch."""
     cdef model_dims d = _dims(sizes, DEFAULT_EPS)
-    cdef idx_t ng = n_groups(&d), k
+    cdef idx_t ng = n_groups(&d, checkpointing), k
     if ng <= 1:
         return 1, d.block.B
     k = group_seqs(&d, ng)

@@ -7,5 +7,3 @@ cdef extern from "csrc/mx_threads.h" nogil:
     void* mx_aligned_alloc(size_t nbytes) noexcept    # 64-byte aligned, or NULL
     void mx_aligned_free(void* p) noexcept
     void* mx_workspace(size_t nbytes) noexcept   # this thread's reused scratch, or NULL
-    int mx_nesting_begin() noexcept              # let nested regions have threads; returns the old setting
-    void mx_nesting_end(int saved) noexcept      # restore it

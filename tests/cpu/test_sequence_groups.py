@@ -2,8 +2,8 @@
 batch of enough whole sequences runs as groups, each group's forward and backward on one
 thread, their gradients summed in group order. The groups must not change what the step
 computes beyond the order of the sums over rows, and must keep the results bitwise the
-same for any thread count. The default group (1024 rows) is larger than these cases, so
-the tests lower it through the testing hook."""
+same for any thread count. The tests set the rows of a group (default 256) through the
+testing hook."""
 from __future__ import annotations
 
 import contextlib
@@ -43,25 +43,24 @@ def _groups(p, B, L):
 
 
 def test_groups_follow_the_rows_and_the_slot_budget():
-    # this model has 5,248 gradient values; B x L = 640 rows of Dm 16 and 3 layer inputs
-    # (n_layers + 1) make 30,720 values: room for 5 slots
+    # this model's slot holds 2,873 gradient values (the head's and one layer's)
     p, _, _ = _case(np.float32)
     with group_rows(200):
         assert _groups(p, 5, 128) == (3, 2)     # 640 // 200 = 3 groups: 2, 2 and 1 sequence
         assert _groups(p, 1, 4096) == (1, 1)    # one sequence: never split
-        assert _groups(p, 4, 8) == (1, 4)       # too few rows for two groups
     with group_rows(128):
         assert _groups(p, 5, 128) == (5, 1)
+        assert _groups(p, 5, 64) == (2, 3)
     with group_rows(16):
-        assert _groups(p, 5, 64) == (2, 3)      # 20 by the rows, but room for 2 slots
+        # the rows allow 2 groups, but a quarter of the workspace holds one slot
+        assert _groups(p, 4, 8) == (1, 4)
     with group_rows(ONE_PASS):
         assert _groups(p, 5, 128) == (1, 5)
-    # the defaults: the benchmark's 2 x 64 step runs as two groups of 8 sequences; a model
-    # whose gradients outweigh its layer inputs runs as one pass
-    p64 = init_model_params(256, 64, 2, seed=0)
-    assert _groups(p64, 16, 128) == (2, 8)
-    big = init_model_params(256, 512, 2, seed=0)
-    assert _groups(big, 4, 1024) == (1, 4)
+    # the defaults (256 rows): the benchmark's steps run as 8 groups; a d_model above 256
+    # runs as one pass
+    assert _groups(init_model_params(256, 64, 2, seed=0), 16, 128) == (8, 2)
+    assert _groups(init_model_params(256, 256, 4, seed=0), 8, 512) == (8, 1)
+    assert _groups(init_model_params(256, 512, 2, seed=0), 4, 1024) == (1, 4)
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])

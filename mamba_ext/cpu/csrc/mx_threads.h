@@ -5,11 +5,6 @@
  *     threads, but no more than `parts` (the slices of the work) and none with less than
  *     `min_work` units of work: a region's fork and join cost microseconds per thread, far
  *     more on a busy or many-core host, and small calls ran slower on 16 threads than on 1.
- *   mx_nesting_begin() / mx_nesting_end(saved): a stretch in which a parallel region nested
- *     in another gets threads of its own (OpenMP's max-active-levels at least 2; the
- *     runtime's default runs nested regions on one thread), and the setting restored.
- *     The setting is the calling thread's (OpenMP 5) or the process's (older runtimes),
- *     never the environment; a concurrent caller's regions at worst run on fewer threads.
  *   mx_aligned_alloc(nbytes) / mx_aligned_free(p): 64-byte aligned scratch (one AVX-512
  *     vector per lane group), size rounded up to 64; NULL when out of memory.
  *   mx_workspace(nbytes): this thread's scratch of at least nbytes (contents undefined),
@@ -43,30 +38,6 @@ static MX_UNUSED int mx_team(int n, long long work, long long min_work, long lon
     if (t > by_work) t = by_work;
     if (t > parts) t = parts;
     return t < 1 ? 1 : (int)t;
-}
-
-static MX_UNUSED int mx_nesting_begin(void) {
-#if defined(_OPENMP) && _OPENMP >= 200805
-    int saved = omp_get_max_active_levels();
-    if (saved < 2) omp_set_max_active_levels(2);
-    return saved;
-#elif defined(_OPENMP)
-    int saved = omp_get_nested();          /* OpenMP 2.0 (MSVC): nesting on or off */
-    omp_set_nested(1);
-    return saved;
-#else
-    return 0;
-#endif
-}
-
-static MX_UNUSED void mx_nesting_end(int saved) {
-#if defined(_OPENMP) && _OPENMP >= 200805
-    if (saved < 2) omp_set_max_active_levels(saved);
-#elif defined(_OPENMP)
-    omp_set_nested(saved);
-#else
-    (void)saved;
-#endif
 }
 
 /* One code path for every C runtime (C11 aligned_alloc is missing from MSVC's and from
