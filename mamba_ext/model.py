@@ -291,7 +291,7 @@ def _workspace_bytes_exact(dims: ModelDims, B: int, L: int, checkpointing: bool,
     if M == 0:
         return 0
     one_pass = _region_values(dims, B, L, checkpointing)
-    if one_pass >= 2 ** 60:          # the compiled n_groups would wrap; the caller refuses it
+    if one_pass >= 2 ** 60:          # the compiled group_seqs would wrap; the caller refuses it
         return one_pass * itemsize + M * 8
     G, k = _model.sequence_groups(_sizes(dims, B, L), checkpointing)
     n = G * _region_values(dims, k, L, checkpointing)

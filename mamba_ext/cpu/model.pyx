@@ -58,13 +58,12 @@ cdef size_t model_workspace_bytes(const model_dims* d, int checkpointing,
     # calling thread's buffer), G gradient slots (_slot_values) when G > 1, and row_loss
     # (M doubles)
     cdef idx_t M = d.block.B * d.block.L
-    cdef idx_t ng, k, G
+    cdef idx_t k, G
     cdef region r
     if M == 0:
         return 0
-    ng = max(n_groups(d, checkpointing), <idx_t>1)
-    k = group_seqs(d, ng)
-    G = (d.block.B + k - 1) // k
+    k = group_seqs(d, checkpointing)
+    G = n_of_groups(d, k)
     r = _region(d, k, checkpointing)
     return (<size_t>(G * r.size + (G * _slot_values(d) if G > 1 else 0)) * itemsize
             + <size_t>M * sizeof(double))
@@ -226,25 +225,31 @@ cdef int model_loss_and_grads(double* loss,
 # slot of its own, and between the phases the calling thread sums the slots of the
 # gradients that are final in group order and hands them to grads_done. So a step has
 # ~n_layers + 2 regions, and the all-reduce of data parallelism still overlaps the
-# backward. The groups are fixed by the sizes alone (n_groups), never by the thread count,
+# backward. The groups are fixed by the sizes alone (group_seqs), never by the thread count,
 # and a group computes the same bits on any thread count, so the results stay bitwise the
 # same for any n_threads and with or without grads_done; against one pass over the whole
 # batch (G = 1: the same code, the caller's gradients the only slot) they differ by the
 # order of the sums over rows.
 
-# rows of a sequence group at least; tests change it (_set_group_rows)
-cdef idx_t group_rows = 256
-
 cdef enum:
+    GROUP_ROWS = 256            # rows of a sequence group at least (the default)
     GROUP_MAX_DM = 256          # the largest d_model whose steps run as groups
     REDUCE_PIECE = 1 << 14      # values per piece of the slots' sum
     MIN_REDUCE_VALUES = 1 << 15 # values read per thread of the slots' sum at least
 
+# the rows of a group in use; tests change it (_set_group_rows)
+cdef idx_t group_rows = GROUP_ROWS
+
+
+cdef inline idx_t _head_values(const model_dims* d) noexcept nogil:
+    # elements of the head's gradients: embedding (V, Dm), final norm (Dm,), head bias (V,)
+    return d.V * d.block.Dm + d.block.Dm + d.V
+
 
 cdef idx_t _slot_values(const model_dims* d) noexcept nogil:
-    # elements of a group's gradient slot: the head's (embedding (V, Dm), final norm (Dm,),
-    # head bias (V,)), then one layer's MAMBA_NPARAMS arrays (each layer's phase reuses them)
-    cdef idx_t j, n = d.V * d.block.Dm + d.block.Dm + d.V
+    # elements of a group's gradient slot: the head's, then one layer's MAMBA_NPARAMS
+    # arrays (each layer's phase reuses them)
+    cdef idx_t j, n = _head_values(d)
     if d.n_layers > 0:
         for j in range(MAMBA_NPARAMS):
             n += block_param_len(&d.block, j)
@@ -253,14 +258,15 @@ cdef idx_t _slot_values(const model_dims* d) noexcept nogil:
 
 # One group's workspace (`floating` offsets from its start) for `rows` rows:
 #   hs      ((n_layers+1), rows, Dm)  every layer's input, then the last output
-#   caches  (n_caches, cache_len)     n_caches = n_layers, or 1 when checkpointing
+#   caches  (n_caches, cache_len)     n_caches = n_layers, or 1 when checkpointing;
+#                                     layer i's at i * cache_stride (0 when checkpointing)
 #   xn      (rows, Dm)                final RMSNorm output
 #   rstd    (rows,)                   final RMSNorm 1/rms
 #   logits  (rows, V)                 logits, overwritten in place by dLoss/dlogits
 #   da, db  (rows, Dm) each           gradient ping-pong buffers
 #   scratch (rows, Dm)                output of recomputed forwards (checkpointing)
 ctypedef struct region:
-    idx_t hs, caches, xn, rstd, logits, da, db, scratch, size
+    idx_t hs, caches, xn, rstd, logits, da, db, scratch, size, cache_stride
 
 
 cdef region _region(const model_dims* d, idx_t seqs, int checkpointing) noexcept nogil:
@@ -280,30 +286,33 @@ cdef region _region(const model_dims* d, idx_t seqs, int checkpointing) noexcept
     r.db = r.da + rows * Dm
     r.scratch = r.db + rows * Dm
     r.size = r.scratch + rows * Dm
+    r.cache_stride = 0 if checkpointing else cl
     return r
 
 
-cdef idx_t n_groups(const model_dims* d, int checkpointing) noexcept nogil:
-    # sequence groups of a step of these sizes (<= 1: one pass over the batch): for models
-    # of d_model <= GROUP_MAX_DM, as many as have group_rows rows each, while their
-    # gradient slots take at most a quarter of the one pass's workspace; then group_seqs
-    # sequences a group
-    cdef idx_t B = d.block.B, M = B * d.block.L
-    cdef idx_t ng = min(B, M // group_rows)
-    if d.block.Dm > GROUP_MAX_DM:
-        return 1
-    return min(ng, _region(d, B, checkpointing).size // 4 // _slot_values(d))
+cdef idx_t group_seqs(const model_dims* d, int checkpointing) noexcept nogil:
+    # sequences a group of a step of these sizes (B: one pass over the batch): for models
+    # of d_model <= GROUP_MAX_DM, the batch split into as many groups as have group_rows
+    # rows each, while their gradient slots take at most a quarter of the one pass's
+    # workspace
+    cdef idx_t B = d.block.B, ng
+    if d.block.Dm > GROUP_MAX_DM or B == 0:
+        return B
+    ng = min(B, B * d.block.L // group_rows,
+             _region(d, B, checkpointing).size // 4 // _slot_values(d))
+    return (B + ng - 1) // ng if ng > 1 else B
 
 
-cdef inline idx_t group_seqs(const model_dims* d, idx_t ng) noexcept nogil:
-    return (d.block.B + ng - 1) // ng
+cdef inline idx_t n_of_groups(const model_dims* d, idx_t k) noexcept nogil:
+    # groups of k sequences (the last may hold fewer); one for an empty batch
+    return (d.block.B + k - 1) // k if k > 0 else 1
 
 
 # What every phase of a step needs; one struct per step (see "Sequence groups").
 ctypedef struct step_ctx:
     idx_t G, k                  # groups, sequences a group (the last may hold fewer)
     idx_t nv                    # gradient values a slot (_slot_values)
-    idx_t layer_values          # of them, one layer's
+    idx_t head_values           # of them, the head's (_head_values); the rest one layer's
     int checkpointing
     double seed_scale
     void** states               # the caller's (G = 1 only)
@@ -328,7 +337,7 @@ cdef int _group_forward(floating* ws, const region* r, floating** slot, const st
     # final norm and head bias gradients) accumulate, its da holds dLoss/d(last output)
     cdef model_dims dg = d[0]
     cdef idx_t M = _group_rows_of(d, c, g), Dm = d.block.Dm, nl = d.n_layers
-    cdef idx_t r0 = g * c.k * d.block.L, cache_stride
+    cdef idx_t r0 = g * c.k * d.block.L
     cdef floating* hs = _buf(ws, r, g, r.hs)
     cdef floating* xn = _buf(ws, r, g, r.xn)
     cdef floating* rstd = _buf(ws, r, g, r.rstd)
@@ -338,9 +347,8 @@ cdef int _group_forward(floating* ws, const region* r, floating** slot, const st
     cdef int status
     dg.block.B = M // d.block.L
     if c.G > 1:                    # the slot's head part
-        memset(slot[0], 0, (d.V * d.block.Dm + d.block.Dm + d.V) * sizeof(floating))
-    cache_stride = 0 if c.checkpointing or nl == 0 else block_cache_len(&dg.block)
-    status = _forward_trunk(hs, _buf(ws, r, g, r.caches), cache_stride, xn, rstd, logits,
+        memset(slot[0], 0, c.head_values * sizeof(floating))
+    status = _forward_trunk(hs, _buf(ws, r, g, r.caches), r.cache_stride, xn, rstd, logits,
                             tokens + r0, embedding, final_norm, lm_head_bias, layer_params,
                             c.states, &dg, inner)
     if status != MODEL_OK:
@@ -363,15 +371,14 @@ cdef int _group_layer_backward(floating* ws, const region* r, floating** slot,
     # accumulate; dLoss/d(layer i's output) in da or db by the parity of the layers done
     # (da first), dLoss/d(its input) written to the other
     cdef model_dims dg = d[0]
-    cdef idx_t M = _group_rows_of(d, c, g), Dm = d.block.Dm, nl = d.n_layers, cl
+    cdef idx_t M = _group_rows_of(d, c, g), Dm = d.block.Dm, nl = d.n_layers
     cdef floating* hs = _buf(ws, r, g, r.hs)
     cdef floating* caches = _buf(ws, r, g, r.caches)
     cdef floating* dout = _buf(ws, r, g, r.da if (nl - 1 - i) % 2 == 0 else r.db)
     cdef floating* dx = _buf(ws, r, g, r.db if (nl - 1 - i) % 2 == 0 else r.da)
     dg.block.B = M // d.block.L
-    cl = block_cache_len(&dg.block)
     if c.G > 1:                    # the slot's layer part, reused by every layer
-        memset(slot[3 + i * MAMBA_NPARAMS], 0, c.layer_values * sizeof(floating))
+        memset(slot[3 + i * MAMBA_NPARAMS], 0, (c.nv - c.head_values) * sizeof(floating))
     if c.checkpointing and i != nl - 1:
         # recompute layer i's cache from its kept input (output discarded)
         if block_forward_state(_buf(ws, r, g, r.scratch), caches, NULL, NULL, hs + i * M * Dm,
@@ -382,7 +389,7 @@ cdef int _group_layer_backward(floating* ws, const region* r, floating** slot,
             return MODEL_ERR_NOMEM
     flat_op(FLAT_ZERO, dx, <floating*>NULL, M * Dm, inner)
     if block_backward_state(dx, slot + 3 + i * MAMBA_NPARAMS, NULL, NULL, dout, NULL, NULL,
-                            caches + (0 if c.checkpointing else i * cl),
+                            caches + i * r.cache_stride,
                             layer_params + i * MAMBA_NPARAMS,
                             <const floating*>_state(c.states, i, STATE_CONV),
                             &dg.block, inner) != 0:
@@ -445,14 +452,12 @@ cdef int _run_phase(int phase, floating* ws, const region* r, floating** ptrs, i
     cdef int outer
     while g0 < G:
         g1 = G if G - g0 < nt else g0 + (G - g0) // nt * nt
-        outer = <int>(g1 - g0) if 2 * (g1 - g0) >= nt else 1
+        outer = <int>min(<idx_t>nt, g1 - g0) if 2 * (g1 - g0) >= nt else 1
         if outer == 1:
             for g in range(g0, g1):
                 c.status[g] = _phase(phase, ws, r, ptrs, na, c, tokens, targets, embedding,
                                      final_norm, lm_head_bias, layer_params, d, g, i, nt)
         else:
-            if outer > nt:
-                outer = nt
             for g in prange(g0, g1, schedule='static', num_threads=outer):
                 c.status[g] = _phase(phase, ws, r, ptrs, na, c, tokens, targets, embedding,
                                      final_norm, lm_head_bias, layer_params, d, g, i, 1)
@@ -509,7 +514,7 @@ cdef int model_loss_and_grads_state(double* loss,
     #   row_loss (M,) double; status (G,)
     cdef idx_t M = d.block.B * d.block.L, nl = d.n_layers
     cdef idx_t na = 3 + nl * MAMBA_NPARAMS
-    cdef idx_t ng, g, i, j, r
+    cdef idx_t g, i, j, r
     cdef int nt = mx_threads(n_threads), status = MODEL_OK
     cdef double total
     cdef step_ctx c
@@ -518,11 +523,10 @@ cdef int model_loss_and_grads_state(double* loss,
         return MODEL_ERR_EMPTY
     if _check_ids(tokens, M, d.V) != MODEL_OK or _check_ids(targets, M, d.V) != MODEL_OK:
         return MODEL_ERR_TOKEN
-    ng = 1 if states != NULL else max(n_groups(d, checkpointing), <idx_t>1)
-    c.k = group_seqs(d, ng)
-    c.G = (d.block.B + c.k - 1) // c.k
+    c.k = d.block.B if states != NULL else group_seqs(d, checkpointing)
+    c.G = n_of_groups(d, c.k)
     c.nv = _slot_values(d)
-    c.layer_values = c.nv - (d.V * d.block.Dm + d.block.Dm + d.V)
+    c.head_values = _head_values(d)
     c.checkpointing = checkpointing
     c.seed_scale = loss_scale / <double>M
     c.states = states
@@ -646,7 +650,7 @@ def _set_group_rows(idx_t n):
     the previous value. Not thread-safe: for tests and benchmarks only."""
     global group_rows
     cdef idx_t old = group_rows
-    group_rows = n if n > 0 else 256
+    group_rows = n if n > 0 else GROUP_ROWS
     return old
 
 
@@ -655,11 +659,8 @@ def sequence_groups(sizes, bint checkpointing=False):
     D, N, K, R) without state passing (see "Sequence groups"); (1, B) when the call runs as
     one pass over the batch."""
     cdef model_dims d = _dims(sizes, DEFAULT_EPS)
-    cdef idx_t ng = n_groups(&d, checkpointing), k
-    if ng <= 1:
-        return 1, d.block.B
-    k = group_seqs(&d, ng)
-    return (d.block.B + k - 1) // k, k
+    cdef idx_t k = group_seqs(&d, checkpointing)
+    return n_of_groups(&d, k), k
 
 
 def workspace_bytes(sizes, bint checkpointing, size_t itemsize):
