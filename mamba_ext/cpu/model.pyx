@@ -241,19 +241,31 @@ cdef enum:
 cdef idx_t group_rows = GROUP_ROWS
 
 
-cdef inline idx_t _head_values(const model_dims* d) noexcept nogil:
-    # elements of the head's gradients: embedding (V, Dm), final norm (Dm,), head bias (V,)
-    return d.V * d.block.Dm + d.block.Dm + d.V
+cdef enum:
+    SLOT_HEAD = 3                       # the head's arrays in a slot: embedding, norm, bias
+    SLOT_ARRAYS = 3 + MAMBA_NPARAMS     # all arrays of a slot
+
+
+cdef void _slot_starts(const model_dims* d, idx_t* starts) noexcept nogil:
+    # starts (SLOT_ARRAYS + 1,): the offsets of a group's gradient slot's arrays: the
+    # head's (embedding (V, Dm), final norm (Dm,), head bias (V,)), then one layer's
+    # MAMBA_NPARAMS (each layer's phase reuses them; empty without layers);
+    # starts[SLOT_HEAD] is the head's size, starts[SLOT_ARRAYS] the slot's
+    cdef idx_t j
+    starts[0] = 0
+    starts[1] = d.V * d.block.Dm
+    starts[2] = starts[1] + d.block.Dm
+    starts[SLOT_HEAD] = starts[2] + d.V
+    for j in range(MAMBA_NPARAMS):
+        starts[SLOT_HEAD + 1 + j] = starts[SLOT_HEAD + j] + (
+            block_param_len(&d.block, j) if d.n_layers > 0 else 0)
 
 
 cdef idx_t _slot_values(const model_dims* d) noexcept nogil:
-    # elements of a group's gradient slot: the head's, then one layer's MAMBA_NPARAMS
-    # arrays (each layer's phase reuses them)
-    cdef idx_t j, n = _head_values(d)
-    if d.n_layers > 0:
-        for j in range(MAMBA_NPARAMS):
-            n += block_param_len(&d.block, j)
-    return n
+    # elements of a group's gradient slot
+    cdef idx_t starts[SLOT_ARRAYS + 1]
+    _slot_starts(d, starts)
+    return starts[SLOT_ARRAYS]
 
 
 # One group's workspace (`floating` offsets from its start) for `rows` rows:
@@ -311,8 +323,8 @@ cdef inline idx_t n_of_groups(const model_dims* d, idx_t k) noexcept nogil:
 # What every phase of a step needs; one struct per step (see "Sequence groups").
 ctypedef struct step_ctx:
     idx_t G, k                  # groups, sequences a group (the last may hold fewer)
-    idx_t nv                    # gradient values a slot (_slot_values)
-    idx_t head_values           # of them, the head's (_head_values); the rest one layer's
+    idx_t nv                    # gradient values a slot (_slot_starts)
+    idx_t head_values           # of them, the head's; the rest one layer's
     int checkpointing
     double seed_scale
     void** states               # the caller's (G = 1 only)
@@ -367,7 +379,7 @@ cdef int _group_forward(floating* ws, const region* r, floating** slot, const st
 cdef int _group_layer_backward(floating* ws, const region* r, floating** slot,
                                const step_ctx* c, const floating** layer_params,
                                const model_dims* d, idx_t g, idx_t i, int inner) noexcept nogil:
-    # layer i's backward of group g: its layer-i gradients (slot[3 + i*MAMBA_NPARAMS ..])
+    # layer i's backward of group g: its layer-i gradients (slot[SLOT_HEAD + i*MAMBA_NPARAMS ..])
     # accumulate; dLoss/d(layer i's output) in da or db by the parity of the layers done
     # (da first), dLoss/d(its input) written to the other
     cdef model_dims dg = d[0]
@@ -378,7 +390,7 @@ cdef int _group_layer_backward(floating* ws, const region* r, floating** slot,
     cdef floating* dx = _buf(ws, r, g, r.db if (nl - 1 - i) % 2 == 0 else r.da)
     dg.block.B = M // d.block.L
     if c.G > 1:                    # the slot's layer part, reused by every layer
-        memset(slot[3 + i * MAMBA_NPARAMS], 0, (c.nv - c.head_values) * sizeof(floating))
+        memset(slot[SLOT_HEAD + i * MAMBA_NPARAMS], 0, (c.nv - c.head_values) * sizeof(floating))
     if c.checkpointing and i != nl - 1:
         # recompute layer i's cache from its kept input (output discarded)
         if block_forward_state(_buf(ws, r, g, r.scratch), caches, NULL, NULL, hs + i * M * Dm,
@@ -388,7 +400,7 @@ cdef int _group_layer_backward(floating* ws, const region* r, floating** slot,
                                &dg.block, inner) != 0:
             return MODEL_ERR_NOMEM
     flat_op(FLAT_ZERO, dx, <floating*>NULL, M * Dm, inner)
-    if block_backward_state(dx, slot + 3 + i * MAMBA_NPARAMS, NULL, NULL, dout, NULL, NULL,
+    if block_backward_state(dx, slot + SLOT_HEAD + i * MAMBA_NPARAMS, NULL, NULL, dout, NULL, NULL,
                             caches + i * r.cache_stride,
                             layer_params + i * MAMBA_NPARAMS,
                             <const floating*>_state(c.states, i, STATE_CONV),
@@ -509,12 +521,13 @@ cdef int model_loss_and_grads_state(double* loss,
     #   ptrs    (G, na)            each group's gradient arrays, na = 3 + n_layers x
     #                              MAMBA_NPARAMS: into its slot (every layer's into the
     #                              same layer part), or the caller's when G = 1
-    #   dst     (3 + MAMBA_NPARAMS,)  the caller's head arrays, then the layer's being
-    #                              summed; starts (4 + MAMBA_NPARAMS,) their offsets in a slot
+    #   dst     (SLOT_ARRAYS,)     the caller's head arrays, then the layer's being
+    #                              summed; starts (SLOT_ARRAYS + 1,) their offsets in a slot
     #   row_loss (M,) double; status (G,)
     cdef idx_t M = d.block.B * d.block.L, nl = d.n_layers
-    cdef idx_t na = 3 + nl * MAMBA_NPARAMS
+    cdef idx_t na = SLOT_HEAD + nl * MAMBA_NPARAMS
     cdef idx_t g, i, j, r
+    cdef idx_t starts[SLOT_ARRAYS + 1]
     cdef int nt = mx_threads(n_threads), status = MODEL_OK
     cdef double total
     cdef step_ctx c
@@ -525,8 +538,9 @@ cdef int model_loss_and_grads_state(double* loss,
         return MODEL_ERR_TOKEN
     c.k = d.block.B if states != NULL else group_seqs(d, checkpointing)
     c.G = n_of_groups(d, c.k)
-    c.nv = _slot_values(d)
-    c.head_values = _head_values(d)
+    _slot_starts(d, starts)
+    c.nv = starts[SLOT_ARRAYS]
+    c.head_values = starts[SLOT_HEAD]
     c.checkpointing = checkpointing
     c.seed_scale = loss_scale / <double>M
     c.states = states
@@ -535,34 +549,27 @@ cdef int model_loss_and_grads_state(double* loss,
     cdef floating* ws = <floating*>mx_workspace(c.G * rg.size * sizeof(floating))
     c.row_loss = <double*>malloc(M * sizeof(double))
     c.status = <int*>malloc(c.G * sizeof(int))
-    cdef floating** ptrs = <floating**>malloc((c.G * na + 3 + MAMBA_NPARAMS) * sizeof(floating*))
-    cdef idx_t* starts = <idx_t*>malloc((4 + MAMBA_NPARAMS) * sizeof(idx_t))
+    cdef floating** ptrs = <floating**>malloc((c.G * na + SLOT_ARRAYS) * sizeof(floating*))
     cdef floating* slots = <floating*>malloc(c.G * c.nv * sizeof(floating)) if c.G > 1 else NULL
     cdef floating** dst
-    if (ws == NULL or c.row_loss == NULL or c.status == NULL or ptrs == NULL or starts == NULL
+    if (ws == NULL or c.row_loss == NULL or c.status == NULL or ptrs == NULL
             or (c.G > 1 and slots == NULL)):
         free(c.row_loss)
         free(c.status)
         free(ptrs)
-        free(starts)
         free(slots)
         return MODEL_ERR_NOMEM
     dst = ptrs + c.G * na
     dst[0] = g_embedding
     dst[1] = g_final_norm
     dst[2] = g_lm_head_bias
-    starts[0] = 0
-    starts[1] = d.V * d.block.Dm
-    starts[2] = starts[1] + d.block.Dm
-    starts[3] = starts[2] + d.V
-    for j in range(MAMBA_NPARAMS):
-        starts[4 + j] = starts[3 + j] + (block_param_len(&d.block, j) if nl > 0 else 0)
     for g in range(c.G):
         for j in range(na):
             if c.G == 1:
-                ptrs[j] = dst[j] if j < 3 else g_layer_params[j - 3]
+                ptrs[j] = dst[j] if j < SLOT_HEAD else g_layer_params[j - SLOT_HEAD]
             else:
-                ptrs[g * na + j] = slots + g * c.nv + starts[j if j < 3 else 3 + (j - 3) % MAMBA_NPARAMS]
+                ptrs[g * na + j] = slots + g * c.nv + starts[
+                    j if j < SLOT_HEAD else SLOT_HEAD + (j - SLOT_HEAD) % MAMBA_NPARAMS]
     # the forward, the loss and the head's backward
     status = _run_phase(PHASE_FORWARD, ws, &rg, ptrs, na, &c, tokens, targets, embedding,
                         final_norm, lm_head_bias, layer_params, d, 0, nt)
@@ -572,7 +579,7 @@ cdef int model_loss_and_grads_state(double* loss,
             total += c.row_loss[r]
         loss[0] = total / <double>M
         if c.G > 1:
-            _reduce_slots(dst, starts, 0, 3, slots, &c, nt)
+            _reduce_slots(dst, starts, 0, SLOT_HEAD, slots, &c, nt)
         if grads_done != NULL:
             grads_done(ctx, nl)
     # the layers' backward, last first
@@ -583,8 +590,8 @@ cdef int model_loss_and_grads_state(double* loss,
         if status == MODEL_OK:
             if c.G > 1:
                 for j in range(MAMBA_NPARAMS):
-                    dst[3 + j] = g_layer_params[i * MAMBA_NPARAMS + j]
-                _reduce_slots(dst, starts, 3, 3 + MAMBA_NPARAMS, slots, &c, nt)
+                    dst[SLOT_HEAD + j] = g_layer_params[i * MAMBA_NPARAMS + j]
+                _reduce_slots(dst, starts, SLOT_HEAD, SLOT_ARRAYS, slots, &c, nt)
             if grads_done != NULL:
                 grads_done(ctx, i)
         i -= 1
@@ -597,7 +604,6 @@ cdef int model_loss_and_grads_state(double* loss,
     free(c.row_loss)
     free(c.status)
     free(ptrs)
-    free(starts)
     free(slots)
     return status
 
