@@ -6,7 +6,9 @@ Signatures, layouts and meanings are those of ``mamba_ssm.ops.selective_scan_int
 (``selective_scan_fn``, ``mamba_inner_fn``), ``mamba_ssm.ops.triton.selective_state_update``
 and ``causal_conv1d`` (``causal_conv1d_fn``, ``causal_conv1d_update``): the Euler
 discretization of mamba_ssm (a_bar = exp(delta A), b_bar = delta B), A used as given (no
-clamp: any negative real A), grouped B/C, ``return_last_state``.
+clamp: any negative real A), B/C constant, whole or grouped, ``return_last_state``, packed
+sequences (``cu_seqlens``, ``seq_idx``); float16/bfloat16 computed in float32 as mamba_ssm's
+reference does.
 
 Design: two compiled kernels do the work, the selective scan (``_Scan``: steps.scan_forward
 / scan_backward with ``a_given``, h0 and h_last) and the depthwise causal convolution
@@ -23,6 +25,9 @@ state, ``causal_conv1d_update`` the convolution over the kept window plus the ne
 """
 from __future__ import annotations
 
+import math
+import operator
+
 import torch
 import torch.nn.functional as F
 
@@ -32,11 +37,13 @@ from mamba_ext.cpu.block import SCAN_CHUNK
 __all__ = ["selective_scan_fn", "mamba_inner_fn", "selective_state_update",
            "causal_conv1d_fn", "causal_conv1d_update"]
 
-_FLOATS = (torch.float32, torch.float64)
+# float32 and float64 run as they are; float16 and bfloat16 are computed in float32 (as
+# mamba_ssm's selective_scan_ref does) and the results returned in the input's dtype
+_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def _check_tensor(name: str, t, ndim: tuple[int, ...] | None = None, optional: bool = False):
-    """A CPU float32/float64 real tensor of one of the given ranks, or a clear error."""
+    """A CPU real floating tensor of one of the given ranks, or a clear error."""
     if t is None:
         if optional:
             return None
@@ -50,8 +57,8 @@ def _check_tensor(name: str, t, ndim: tuple[int, ...] | None = None, optional: b
         raise TypeError(f"{name}: complex tensors are not supported (mamba_ext is real-valued: "
                         f"A must be a real (D, N) tensor)")
     if t.dtype not in _FLOATS:
-        raise TypeError(f"{name}: expected float32 or float64, got {t.dtype} "
-                        f"(convert with .float() or .double())")
+        raise TypeError(f"{name}: expected a floating tensor (float32, float64, float16 or "
+                        f"bfloat16), got {t.dtype}")
     if ndim is not None and t.dim() not in ndim:
         raise ValueError(f"{name}: expected {' or '.join(map(str, ndim))} dimensions, "
                          f"got shape {tuple(t.shape)}")
@@ -180,46 +187,93 @@ def _rows(t: torch.Tensor, dtype) -> torch.Tensor:
 
 
 def _compute_dtype(*tensors) -> torch.dtype:
+    """The dtype the kernels run in: float64 if the tensors promote to it, else float32
+    (the kernels have no half-precision form)."""
     dt = tensors[0].dtype
     for t in tensors[1:]:
         dt = torch.promote_types(dt, t.dtype)
-    return dt
+    return torch.float64 if dt == torch.float64 else torch.float32
+
+
+def _groups_of(t, Dn: int) -> int:
+    """The groups of channels of B or C in mamba_ssm's three forms: (D, N), constant over
+    batch and time, D groups of one channel; (B, N, L) one group; (B, G, N, L) G groups of
+    D/G consecutive channels."""
+    return Dn if t.dim() == 2 else 1 if t.dim() == 3 else t.shape[1]
+
+
+def _check_bc(name: str, t, Bn: int, Dn: int, N: int, L: int) -> None:
+    G = _groups_of(t, Dn)
+    if t.dim() == 4 and (G < 1 or Dn % G):
+        raise ValueError(f"{name}: its {G} groups must divide D = {Dn} channels")
+    _shape(name, t, {2: (Dn, N), 3: (Bn, N, L), 4: (Bn, G, N, L)}[t.dim()])
+
+
+def _segments(cu_seqlens, L: int) -> list[tuple[int, int]]:
+    """The (start, end) time ranges of packed sequences: cu_seqlens (S + 1,) integers
+    0 = c_0 <= c_1 <= ... <= c_S = L (mamba_ssm's varlen form: the state restarts from zero
+    at every c_i); None: one sequence of L steps."""
+    if cu_seqlens is None:
+        return [(0, L)]
+    if isinstance(cu_seqlens, torch.Tensor):
+        if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() or cu_seqlens.is_complex() \
+                or cu_seqlens.dtype == torch.bool:
+            raise ValueError(f"cu_seqlens: expected a 1-D integer tensor, got {cu_seqlens.dtype} "
+                             f"of shape {tuple(cu_seqlens.shape)}")
+        c = [int(v) for v in cu_seqlens.tolist()]
+    else:
+        try:
+            c = [operator.index(v) for v in cu_seqlens if type(v) is not bool]
+            if len(c) != len(cu_seqlens):
+                raise TypeError
+        except TypeError:
+            raise ValueError(f"cu_seqlens: expected a 1-D integer tensor or a sequence of ints, "
+                             f"got {type(cu_seqlens).__name__}") from None
+    if len(c) < 2 or c[0] != 0 or c[-1] != L or any(b < a for a, b in zip(c, c[1:])):
+        raise ValueError(f"cu_seqlens: expected non-decreasing offsets from 0 to L = {L}, got {c}")
+    return [(a, b) for a, b in zip(c, c[1:]) if b > a] or [(0, L)]
 
 
 # ----------------------------------------------------------------- mamba_ssm's API
 
 def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-                      return_last_state=False):
+                      return_last_state=False, cu_seqlens=None):
     """mamba_ssm's ``selective_scan_fn`` on the CPU, with gradients for every tensor input.
 
     u, delta, z: (B, D, L); A: (D, N), real (any values: not clamped; the exact Euler step
-    of mamba_ssm, a_bar = exp(delta A), b_bar = delta B); B, C: (B, N, L) or (B, G, N, L)
-    (G groups of D/G consecutive channels); D, delta_bias: (D,). delta becomes
-    softplus(delta + delta_bias) when ``delta_softplus``. Returns out (B, D, L) =
-    (scan + D u) * silu(z), in the dtype of u, and with ``return_last_state`` also the
-    state after the last step, (B, D, N). float32 and float64 CPU tensors; the maths runs
-    in the wider dtype of u and delta.
+    of mamba_ssm, a_bar = exp(delta A), b_bar = delta B); B, C: (B, N, L), (B, G, N, L)
+    (G groups of D/G consecutive channels) or (D, N) (constant over batch and time; one
+    kernel call per channel); D, delta_bias: (D,). delta becomes softplus(delta +
+    delta_bias) when ``delta_softplus``. cu_seqlens (S + 1,): packed sequences, the state
+    restarting from zero at each offset (0 first, L last). Returns out (B, D, L) = (scan +
+    D u) * silu(z), in the dtype of u, and with ``return_last_state`` also the state after
+    the last step, (B, D, N). CPU tensors: float64 runs in float64, everything else in
+    float32 (float16 and bfloat16 as mamba_ssm's reference does: upcast, the result cast
+    back to u's dtype).
     """
     u = _check_tensor("u", u, (3,))
     delta = _check_tensor("delta", delta, (3,))
     A = _check_tensor("A", A, (2,))
-    B = _check_tensor("B", B, (3, 4))
-    C = _check_tensor("C", C, (3, 4))
+    B = _check_tensor("B", B, (2, 3, 4))
+    C = _check_tensor("C", C, (2, 3, 4))
     Bn, Dn, L = u.shape
     N = A.shape[1]
     _shape("delta", delta, (Bn, Dn, L))
     _shape("A", A, (Dn, N))
-    G = 1 if B.dim() == 3 else B.shape[1]
-    if B.dim() == 4 and (G < 1 or Dn % G):
-        raise ValueError(f"B: its {G} groups must divide D = {Dn} channels")
-    want = (Bn, N, L) if B.dim() == 3 else (Bn, G, N, L)
-    _shape("B", B, want)
-    _shape("C", C, want)
+    _check_bc("B", B, Bn, Dn, N, L)
+    _check_bc("C", C, Bn, Dn, N, L)
     for name, t in (("D", D), ("delta_bias", delta_bias)):
         _shape(name, _check_tensor(name, t, (1,), optional=True), (Dn,))
     _shape("z", _check_tensor("z", z, (3,), optional=True), (Bn, Dn, L))
     ct = _compute_dtype(u, delta)
-    out, last = _scan(u, delta, A, B, C, D, delta_bias, delta_softplus, None, ct)
+    outs, last = [], None
+    for t0, t1 in _segments(cu_seqlens, L):
+        tt = slice(t0, t1)
+        out, last = _scan(u[..., tt], delta[..., tt], A, B if B.dim() == 2 else B[..., tt],
+                          C if C.dim() == 2 else C[..., tt], D, delta_bias, delta_softplus,
+                          None, ct)
+        outs.append(out)
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
     if z is not None:
         out = out * F.silu(z.to(ct))
     out = out.to(u.dtype)
@@ -227,28 +281,40 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
 
 
 def _scan(u, delta, A, B, C, D, delta_bias, softplus, h0, ct):
-    """The scan of (B, D, L) inputs with (B, N, L) / (B, G, N, L) B and C: one kernel call
-    per group. Returns out (B, D, L) (before the z gate) and the last state (B, D, N)."""
+    """The scan of (B, D, L) inputs with B and C of _groups_of's forms: one kernel call per
+    group of channels (the groups of B and of C refined into one partition). Returns out
+    (B, D, L) (before the z gate) and the last state (B, D, N)."""
     Bn, Dn, L = u.shape
+    delta = delta.to(ct)
     if delta_bias is not None:
-        delta = delta + delta_bias.to(delta.dtype)[:, None]
+        delta = delta + delta_bias.to(ct)[:, None]
     if softplus:
         delta = F.softplus(delta)
     Dv = torch.zeros(Dn, dtype=ct) if D is None else D.to(ct)
     ut, dt, A = _rows(u, ct), _rows(delta, ct), A.to(ct)
-    grouped = B.dim() == 4
-    G = B.shape[1] if grouped else 1
+    N = A.shape[1]
+    gb, gc = _groups_of(B, Dn), _groups_of(C, Dn)
+    G = gb * gc // math.gcd(gb, gc) if Dn else 1     # both divide Dn, so their lcm does
     Dg = Dn // G
+    # (B, L, N) rows of B and C: of the whole batch (B, N, L), once; else per group below
+    Bw, Cw = (_rows(t, ct) if t.dim() == 3 else None for t in (B, C))
+
+    def rows_of(t, k, g):        # rows of B or C (k groups) for channel group g of G
+        if t.dim() == 2:                                   # (D, N): channel g (G == D)
+            return t[g].to(ct)[None, None].expand(Bn, L, N).contiguous()
+        return _rows(t[:, g * k // G], ct)
+
     ys, lasts = [], []
     for g in range(G):
         s = slice(g * Dg, (g + 1) * Dg)
-        Bg, Cg = (B[:, g], C[:, g]) if grouped else (B, C)
+        Bg = Bw if Bw is not None else rows_of(B, gb, g)
+        Cg = Cw if Cw is not None else rows_of(C, gc, g)
         if G == 1:
             ug, dg = ut, dt
         else:
             ug, dg = ut[:, :, s].contiguous(), dt[:, :, s].contiguous()
         hg = None if h0 is None else h0[:, s].to(ct).contiguous()
-        args = (ug, dg, A[s].contiguous(), _rows(Bg, ct), _rows(Cg, ct), Dv[s].contiguous(), hg)
+        args = (ug, dg, A[s].contiguous(), Bg, Cg, Dv[s].contiguous(), hg)
         y, last = _Scan.apply(*args) if _grad(*args) else _scan_forward(*args)[:2]
         ys.append(y)
         lasts.append(last)
@@ -259,23 +325,28 @@ def _scan(u, delta, A, B, C, D, delta_bias, softplus, h0, ct):
 
 def mamba_inner_fn(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight,
                    out_proj_weight, out_proj_bias, A, B=None, C=None, D=None, delta_bias=None,
-                   B_proj_bias=None, C_proj_bias=None, delta_softplus=True):
+                   B_proj_bias=None, C_proj_bias=None, delta_softplus=True, cu_seqlens=None,
+                   seq_idx=None):
     """mamba_ssm's ``mamba_inner_fn``: the Mamba mixer after ``in_proj``, on the CPU.
 
     xz (B, 2D, L) = in_proj's output (x then z); conv1d_weight (D, 1, K) or (D, K);
     conv1d_bias (D,) or None; x_proj_weight (R + 2N, D) (without B/C when they are given);
     delta_proj_weight (D, R); out_proj_weight (Dm, D); out_proj_bias (Dm,) or None; A (D, N);
     B, C: None (from x_proj, plus B_proj_bias / C_proj_bias) or as in selective_scan_fn;
-    D, delta_bias (D,). Returns (B, L, Dm).
+    D, delta_bias (D,). Packed sequences as mamba_ssm takes them: ``seq_idx`` (B, L) for the
+    convolution (causal_conv1d_fn) and ``cu_seqlens`` for the scan (selective_scan_fn).
+    Returns (B, L, Dm).
     """
     return mamba_inner_with_state(xz, conv1d_weight, conv1d_bias, x_proj_weight,
                                   delta_proj_weight, out_proj_weight, out_proj_bias, A, B, C, D,
-                                  delta_bias, B_proj_bias, C_proj_bias, delta_softplus, False)
+                                  delta_bias, B_proj_bias, C_proj_bias, delta_softplus, False,
+                                  cu_seqlens, seq_idx)
 
 
 def mamba_inner_with_state(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight,
                            out_proj_weight, out_proj_bias, A, B, C, D, delta_bias, B_proj_bias,
-                           C_proj_bias, delta_softplus, return_last_state):
+                           C_proj_bias, delta_softplus, return_last_state, cu_seqlens=None,
+                           seq_idx=None):
     """mamba_inner_fn, and with return_last_state also the scan's last state (B, D, N)."""
     xz = _check_tensor("xz", xz, (3,))
     A = _check_tensor("A", A, (2,))
@@ -299,7 +370,7 @@ def mamba_inner_with_state(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_
     if opw.shape[1] != Dn:
         raise ValueError(f"out_proj_weight: expected (Dm, {Dn}), got {tuple(opw.shape)}")
     x, z = xz.chunk(2, dim=1)
-    x = causal_conv1d_fn(x, w, conv1d_bias, activation="silu")            # (B, D, L)
+    x = causal_conv1d_fn(x, w, conv1d_bias, seq_idx=seq_idx, activation="silu")   # (B, D, L)
     x_dbl = F.linear(x.transpose(1, 2), xpw.to(x.dtype))                  # (B, L, R + nbc)
     delta = F.linear(x_dbl[..., :R], dpw.to(x.dtype)).transpose(1, 2)     # (B, D, L)
     k = R
@@ -315,7 +386,8 @@ def mamba_inner_with_state(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_
             C = C + C_proj_bias.to(C.dtype)
         C = C.transpose(1, 2)
     y = selective_scan_fn(x, delta, A, B, C, D, z=z, delta_bias=delta_bias,
-                          delta_softplus=delta_softplus, return_last_state=return_last_state)
+                          delta_softplus=delta_softplus, return_last_state=return_last_state,
+                          cu_seqlens=cu_seqlens)
     y, last = y if return_last_state else (y, None)
     bias = None if out_proj_bias is None else out_proj_bias.to(y.dtype)
     out = F.linear(y.transpose(1, 2), opw.to(y.dtype), bias)
@@ -378,18 +450,24 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None,
     or None; out[:, :, t] = bias + sum_j weight[:, j] x[:, :, t - K + 1 + j] (zeros, or
     initial_states (B, D, K-1), before t = 0), then silu when activation is "silu"/"swish".
     With ``return_final_states``: also the last K-1 inputs (B, D, K-1) (written into
-    final_states_out when given). seq_idx is not supported."""
+    final_states_out when given). seq_idx (B, L) integers: packed sequences as causal-conv1d
+    takes them: a step sees only the earlier steps of its own index, and a step of negative
+    index (padding) is 0 (not with initial_states or return_final_states)."""
     x = _check_tensor("x", x, (3,))
     weight = _check_tensor("weight", weight, (2,))
     Bn, Dn, L = x.shape
     K = weight.shape[1]
     _shape("weight", weight, (Dn, K))
     _shape("bias", _check_tensor("bias", bias, (1,), optional=True), (Dn,))
-    if seq_idx is not None:
-        raise ValueError("seq_idx: packed sequences are not supported by mamba_ext.torch")
     if activation not in (None, "silu", "swish"):
         raise ValueError(f"activation: expected None, 'silu' or 'swish', got {activation!r}")
     ct = _compute_dtype(x, weight)
+    if seq_idx is not None:
+        if initial_states is not None or return_final_states:
+            raise ValueError("seq_idx: not with initial_states or return_final_states "
+                             "(as in causal-conv1d)")
+        out = _conv_packed(x.to(ct), weight.to(ct), bias, _seq_idx(seq_idx, Bn, L), ct)
+        return (F.silu(out) if activation is not None else out).to(x.dtype)
     xs = x.to(ct)
     if initial_states is not None:
         _shape("initial_states", _check_tensor("initial_states", initial_states, (3,)),
@@ -424,6 +502,29 @@ def _conv(xs, weight, bias, ct):
     args = (rows, weight.to(ct).flip(-1).contiguous(), b.contiguous())
     out = _Conv.apply(*args) if _grad(*args) else _conv_forward(*args)
     return out.transpose(1, 2)
+
+
+def _seq_idx(seq_idx, Bn: int, L: int) -> torch.Tensor:
+    if not isinstance(seq_idx, torch.Tensor) or seq_idx.is_floating_point() \
+            or seq_idx.is_complex() or seq_idx.dtype == torch.bool:
+        raise TypeError(f"seq_idx: expected an integer torch.Tensor (B, L), got "
+                        f"{getattr(seq_idx, 'dtype', type(seq_idx).__name__)}")
+    _shape("seq_idx", seq_idx, (Bn, L))
+    return seq_idx.to("cpu", torch.int64)
+
+
+def _conv_packed(x, weight, bias, seq_idx, ct):
+    """The convolution of x (B, D, L) over packed sequences: out[:, :, t] = bias + sum_j
+    weight[:, j] x[:, :, t - k] (k = K - 1 - j) over the steps t - k >= 0 with seq_idx[t - k]
+    == seq_idx[t]; 0 where seq_idx[t] < 0. Torch's elementwise ops, one masked term per tap:
+    the masks are what the kernel lacks."""
+    K, L = weight.shape[1], x.shape[2]
+    out = torch.zeros_like(x) if bias is None else bias.to(ct)[:, None].expand_as(x).clone()
+    for k in range(min(K, L)):                        # lag k: weight column K - 1 - k
+        same = (seq_idx[:, k:] == seq_idx[:, :L - k])[:, None]           # (B, 1, L - k)
+        term = weight[:, K - 1 - k, None] * x[:, :, :L - k]
+        out = out + F.pad(torch.where(same, term, torch.zeros((), dtype=ct)), (k, 0))
+    return torch.where((seq_idx < 0)[:, None], torch.zeros((), dtype=ct), out)
 
 
 def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, cache_seqlens=None,

@@ -25,21 +25,27 @@ f64 = torch.float64
 
 
 def scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-             return_last_state=False):
-    """mamba_ssm's selective_scan_ref recurrence, in the inputs' dtype (float64 here)."""
+             return_last_state=False, cu_seqlens=()):
+    """mamba_ssm's selective_scan_ref recurrence, in the inputs' dtype (float64 here): B, C
+    (D, N), (B, N, L) or (B, G, N, L); the state restarts from zero at each cu_seqlens offset."""
     if delta_bias is not None:
         delta = delta + delta_bias[..., None]
     if delta_softplus:
         delta = F.softplus(delta)
     b, d, L = u.shape
-    if B.dim() == 4:
-        B = B.repeat_interleave(d // B.shape[1], dim=1)
-        C = C.repeat_interleave(d // C.shape[1], dim=1)
-    else:
-        B, C = B[:, None].expand(b, d, *B.shape[1:]), C[:, None].expand(b, d, *C.shape[1:])
+
+    def per_channel(T):                              # (b, d, N, L)
+        if T.dim() == 2:
+            return T[None, :, :, None].expand(b, d, T.shape[1], L)
+        if T.dim() == 3:
+            return T[:, None].expand(b, d, *T.shape[1:])
+        return T.repeat_interleave(d // T.shape[1], dim=1)
+    B, C = per_channel(B), per_channel(C)
     x = torch.zeros(b, d, A.shape[1], dtype=u.dtype)
     ys = []
     for t in range(L):
+        if t in list(cu_seqlens)[1:-1]:
+            x = torch.zeros_like(x)
         x = torch.exp(delta[:, :, t, None] * A) * x + delta[:, :, t, None] * B[..., t] * u[:, :, t, None]
         ys.append((x * C[..., t]).sum(-1))
     y = torch.stack(ys, dim=2)
@@ -91,6 +97,86 @@ def test_scan_gradcheck(case):
                                 return_last_state=True)
         return out
     assert gradcheck(f, ts)
+
+
+@pytest.mark.parametrize("forms", [("const", "whole"), ("const", "const"), ((3,), (2,)),
+                                   ("whole", (6,))])
+@pytest.mark.parametrize("cu", [None, [0, 10, 10, 45, 70], [0, 1, 70]])
+def test_constant_and_differently_grouped_B_C_and_packed_sequences(forms, cu):
+    """B, C as (D, N), (B, N, L) or (B, G, N, L), each its own form; cu_seqlens restarts the
+    state (an empty sequence, one of one step); against the float64 recurrence."""
+    a = _inputs()
+    g = torch.Generator().manual_seed(5)
+    shape = {"const": (6, 3), "whole": (2, 3, 70), (3,): (2, 3, 3, 70), (2,): (2, 2, 3, 70),
+             (6,): (2, 6, 3, 70)}
+    a["B"], a["C"] = (torch.randn(*shape[f], generator=g, dtype=f64) for f in forms)
+    cs = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    out, last = selective_scan_fn(**a, delta_softplus=True, return_last_state=True, cu_seqlens=cs)
+    ref, ref_last = scan_ref(**a, delta_softplus=True, return_last_state=True, cu_seqlens=cu or ())
+    assert torch.allclose(out, ref, rtol=0, atol=1e-12 * ref.abs().max())
+    assert torch.allclose(last, ref_last, rtol=0, atol=1e-12 * ref_last.abs().max())
+
+
+def test_constant_B_and_packed_sequences_gradcheck():
+    a = _inputs(b=2, d=4, L=20, n=2, groups=2)
+    a["B"] = torch.randn(4, 2, dtype=f64)
+    names = list(a)
+    ts = [a[k].clone().requires_grad_() for k in names]
+    assert gradcheck(lambda *ts: selective_scan_fn(**dict(zip(names, ts)), delta_softplus=True,
+                                                   return_last_state=True, cu_seqlens=[0, 7, 20]), ts)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_runs_in_float32_like_the_reference(dtype):
+    """selective_scan_ref upcasts u, delta, B, C to float32 and returns u's dtype: the same
+    here, against the float64 recurrence of the rounded inputs, within the output's rounding."""
+    a = {k: v.to(dtype) for k, v in _inputs(d=4, L=40).items()}
+    a["A"], a["D"] = a["A"].float(), a["D"].float()
+    u = a["u"].clone().requires_grad_()
+    out = selective_scan_fn(**{**a, "u": u}, delta_softplus=True)
+    ref = scan_ref(**{k: v.double() for k, v in a.items()}, delta_softplus=True)
+    assert out.dtype == dtype
+    eps = torch.finfo(dtype).eps
+    assert torch.allclose(out.double(), ref, rtol=0, atol=2 * eps * ref.abs().max())
+    out.float().sum().backward()
+    assert u.grad.dtype == dtype and torch.isfinite(u.grad.float()).all()
+
+
+def test_causal_conv1d_fn_over_packed_sequences():
+    """seq_idx as causal-conv1d reads it: only earlier steps of the same index count (also
+    an index seen again after another one), a negative index gives 0; gradcheck."""
+    g = torch.Generator().manual_seed(6)
+    x, w, b = (torch.randn(*s, generator=g, dtype=f64) for s in ((2, 5, 12), (5, 4), (5,)))
+    si = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2], [0, 0, 1, 0, 0, -1, -1, 3, 3, 3, 3, 3]])
+    out = causal_conv1d_fn(x, w, b, seq_idx=si, activation="silu")
+    want = torch.zeros_like(x)
+    for i in range(2):
+        for t in range(12):
+            if si[i, t] >= 0:
+                terms = [w[:, j] * x[i, :, t - 3 + j] for j in range(4)
+                         if t - 3 + j >= 0 and si[i, t - 3 + j] == si[i, t]]
+                want[i, :, t] = F.silu(b + sum(terms))
+    assert torch.allclose(out, want, rtol=0, atol=1e-14)
+    # one index throughout is the plain convolution
+    assert torch.allclose(causal_conv1d_fn(x, w, b, seq_idx=torch.zeros(2, 12, dtype=torch.int32)),
+                          causal_conv1d_fn(x, w, b), rtol=0, atol=1e-14)
+    ts = [t.clone().requires_grad_() for t in (x, w, b)]
+    assert gradcheck(lambda x, w, b: causal_conv1d_fn(x, w, b, seq_idx=si, activation="silu"), ts)
+
+
+def test_mamba_inner_fn_over_packed_sequences_is_each_sequence_alone():
+    """Two sequences packed into one row (seq_idx for the conv, cu_seqlens for the scan) give
+    what each gives alone."""
+    g = torch.Generator().manual_seed(7)
+    Dm, d, n, R, K = 3, 4, 2, 2, 3
+    r = lambda *s: torch.randn(*s, generator=g, dtype=f64) * 0.5   # noqa: E731
+    w = (r(d, 1, K), r(d), r(R + 2 * n, d), r(d, R), r(Dm, d), r(Dm),
+         -torch.rand(d, n, generator=g, dtype=f64) - 0.2, None, None, r(d), r(d))
+    xz1, xz2 = r(1, 2 * d, 7), r(1, 2 * d, 5)
+    packed = mamba_inner_fn(torch.cat([xz1, xz2], 2), *w, cu_seqlens=[0, 7, 12],
+                            seq_idx=torch.tensor([[0] * 7 + [1] * 5], dtype=torch.int32))
+    alone = torch.cat([mamba_inner_fn(xz1, *w), mamba_inner_fn(xz2, *w)], 1)
+    assert torch.allclose(packed, alone, rtol=0, atol=1e-13)
 
 
 def test_state_update_is_one_scan_step_and_chains():
@@ -185,8 +271,20 @@ def test_bad_inputs_give_clear_errors():
         selective_scan_fn(**{**a, "A": torch.where(a["A"] < -1, torch.nan, a["A"])})
     with pytest.raises(TypeError, match="A: complex"):
         selective_scan_fn(**{**a, "A": a["A"].to(torch.complex128)})
-    with pytest.raises(TypeError, match="u: expected float32 or float64"):
-        selective_scan_fn(**{**a, "u": a["u"].half()})
+    with pytest.raises(TypeError, match="u: expected a floating tensor"):
+        selective_scan_fn(**{**a, "u": a["u"].to(torch.int32)})
+    with pytest.raises(ValueError, match=r"B: expected shape \(4, 2\)"):
+        selective_scan_fn(**{**a, "B": a["B"][0]})
+    for bad in ([0, 5, 3, 5], [1, 5], [0, 4], torch.tensor([0.0, 5.0]), [0, True, 5]):
+        with pytest.raises(ValueError, match="cu_seqlens"):
+            selective_scan_fn(**a, cu_seqlens=bad)
+    with pytest.raises(TypeError, match="seq_idx: expected an integer"):
+        causal_conv1d_fn(a["u"], torch.zeros(4, 3, dtype=f64), seq_idx=torch.zeros(2, 5))
+    with pytest.raises(ValueError, match="seq_idx: expected shape"):
+        causal_conv1d_fn(a["u"], torch.zeros(4, 3, dtype=f64), seq_idx=torch.zeros(2, 4, dtype=torch.int64))
+    with pytest.raises(ValueError, match="seq_idx: not with"):
+        causal_conv1d_fn(a["u"], torch.zeros(4, 3, dtype=f64), seq_idx=torch.zeros(2, 5, dtype=torch.int64),
+                         return_final_states=True)
     with pytest.raises(ValueError, match="on the CPU"):
         selective_scan_fn(**{**a, "u": a["u"].to("meta")})
     with pytest.raises(ValueError, match=r"B: expected shape"):
