@@ -184,9 +184,9 @@ def use_in_transformers(model):
         if p.device.type != "cpu":
             raise ValueError(f"model: mamba_ext's kernels run on the CPU; a parameter is on "
                              f"{p.device} (use mamba_ssm's CUDA kernels there, or model.cpu())")
-        if p.dtype not in (torch.float32, torch.float64):
-            raise TypeError(f"model: expected float32 or float64 parameters, got {p.dtype} "
-                            "(model.float() converts)")
+        if p.dtype not in _f._FLOATS:
+            raise TypeError(f"model: expected floating parameters (float32, float64, float16 "
+                            f"or bfloat16), got {p.dtype}")
     for m in mixers:
         m.forward = types.MethodType(_mixer_forward, m)
     model._mamba_ext_patched = True

@@ -73,6 +73,30 @@ def test_training_step_matches_the_torch_path(cfg, dtype):
     assert n == len(list(ref.parameters()))
 
 
+@pytest.mark.parametrize("cfg", CONFIGS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_model_matches_the_torch_path(cfg, dtype):
+    """A model in bfloat16 / float16 (as from_pretrained(torch_dtype=...) gives it): our
+    kernels run in float32 (mamba_ext.torch's half inputs), transformers' torch path in its
+    own mix of the two; loss, logits and every gradient agree to the half type's rounding."""
+    ref, ours = _pair(cfg, dtype)
+    ids = torch.randint(0, cfg["vocab_size"], (3, 41), generator=torch.Generator().manual_seed(1))
+    outs = []
+    for m in (ref, ours):
+        m.train()
+        out = m(ids, labels=ids)
+        out.loss.backward()
+        outs.append(out)
+    fi = torch.finfo(dtype)
+    assert abs(outs[1].loss.item() - outs[0].loss.item()) <= 2 * fi.eps * abs(outs[0].loss.item())
+    assert _rel(outs[1].logits.float(), outs[0].logits.float()) <= 8 * fi.eps
+    sub = fi.smallest_normal * fi.eps     # float16's subnormal step: tiny gradients (dt_proj's
+    for (name, p), p2 in zip(ref.named_parameters(), ours.parameters()):     # bias) sit there
+        assert p2.grad is not None and p2.grad.dtype == dtype, name
+        g, g2 = p.grad.float(), p2.grad.float()
+        assert (g2 - g).norm().item() <= 16 * fi.eps * g.norm().item() + 64 * sub * g.numel() ** 0.5, name
+
+
 def test_greedy_generate_gives_the_same_tokens():
     ref, ours = _pair(CONFIGS[0], torch.float32, seed=2)
     prompt = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(3))
@@ -140,8 +164,10 @@ def test_bad_models_are_refused():
         use_in_transformers("not a model")
     with pytest.raises(ValueError, match="no MambaMixer"):
         use_in_transformers(torch.nn.Linear(2, 2))
-    with pytest.raises(TypeError, match="float32 or float64"):
-        use_in_transformers(MambaForCausalLM(MambaConfig(**CONFIGS[0])).half())
+    model = MambaForCausalLM(MambaConfig(**CONFIGS[0]))
+    model.lm_head.weight = torch.nn.Parameter(torch.zeros(50, 16, dtype=torch.complex64))
+    with pytest.raises(TypeError, match="floating parameters"):
+        use_in_transformers(model)
 
 
 def test_no_fallback_warning_for_what_we_replaced():
