@@ -326,7 +326,7 @@ def _scan(u, delta, A, B, C, D, delta_bias, softplus, h0, ct):
 def mamba_inner_fn(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight,
                    out_proj_weight, out_proj_bias, A, B=None, C=None, D=None, delta_bias=None,
                    B_proj_bias=None, C_proj_bias=None, delta_softplus=True, cu_seqlens=None,
-                   seq_idx=None):
+                   seq_idx=None, checkpoint_lvl=1):
     """mamba_ssm's ``mamba_inner_fn``: the Mamba mixer after ``in_proj``, on the CPU.
 
     xz (B, 2D, L) = in_proj's output (x then z); conv1d_weight (D, 1, K) or (D, K);
@@ -335,8 +335,11 @@ def mamba_inner_fn(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_wei
     B, C: None (from x_proj, plus B_proj_bias / C_proj_bias) or as in selective_scan_fn;
     D, delta_bias (D,). Packed sequences as mamba_ssm takes them: ``seq_idx`` (B, L) for the
     convolution (causal_conv1d_fn) and ``cu_seqlens`` for the scan (selective_scan_fn).
-    Returns (B, L, Dm).
+    ``checkpoint_lvl`` (0 or 1; earlier mamba_ssm releases take it here) changes nothing:
+    the scan's backward always recomputes from its chunk states. Returns (B, L, Dm).
     """
+    if checkpoint_lvl not in (0, 1) or isinstance(checkpoint_lvl, bool):
+        raise ValueError(f"checkpoint_lvl: expected 0 or 1, got {checkpoint_lvl!r}")
     return mamba_inner_with_state(xz, conv1d_weight, conv1d_bias, x_proj_weight,
                                   delta_proj_weight, out_proj_weight, out_proj_bias, A, B, C, D,
                                   delta_bias, B_proj_bias, C_proj_bias, delta_softplus, False,

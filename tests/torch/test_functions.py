@@ -175,8 +175,10 @@ def test_mamba_inner_fn_over_packed_sequences_is_each_sequence_alone():
     xz1, xz2 = r(1, 2 * d, 7), r(1, 2 * d, 5)
     packed = mamba_inner_fn(torch.cat([xz1, xz2], 2), *w, cu_seqlens=[0, 7, 12],
                             seq_idx=torch.tensor([[0] * 7 + [1] * 5], dtype=torch.int32))
-    alone = torch.cat([mamba_inner_fn(xz1, *w), mamba_inner_fn(xz2, *w)], 1)
+    alone = torch.cat([mamba_inner_fn(xz1, *w), mamba_inner_fn(xz2, *w, checkpoint_lvl=0)], 1)
     assert torch.allclose(packed, alone, rtol=0, atol=1e-13)
+    with pytest.raises(ValueError, match="checkpoint_lvl"):
+        mamba_inner_fn(xz1, *w, checkpoint_lvl=2)
 
 
 def test_state_update_is_one_scan_step_and_chains():
