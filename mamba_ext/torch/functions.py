@@ -16,7 +16,9 @@ Design: two compiled kernels do the work, the selective scan (``_Scan``: steps.s
 NumPy views of the tensors' memory (no copy), run with the GIL released and with
 ``torch.get_num_threads()`` threads. Everything around them (delta_bias + softplus, the z
 gate, the D skip is in the kernel, the projections of ``mamba_inner_fn``) is plain torch, so
-autograd differentiates it and torch's own GEMMs run the projections. The kernels read
+autograd differentiates it and torch's own GEMMs run the projections; so are the two things
+the kernels lack: the convolution's per-step masks of ``seq_idx`` (``_conv_packed``) and the
+split at ``cu_seqlens`` (one scan per packed sequence). The kernels read
 (B, L, D) rows with channels contiguous; a (B, D, L) tensor that is a transposed view of such
 rows (as ``in_proj(x).transpose(1, 2)`` is) passes without a copy (the convolution also
 reads the x half of xz in place, its rows 2D apart), a contiguous (B, D, L) tensor is
