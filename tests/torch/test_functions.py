@@ -41,10 +41,11 @@ def scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=
             return T[:, None].expand(b, d, *T.shape[1:])
         return T.repeat_interleave(d // T.shape[1], dim=1)
     B, C = per_channel(B), per_channel(C)
+    resets = set(list(cu_seqlens)[1:-1])
     x = torch.zeros(b, d, A.shape[1], dtype=u.dtype)
     ys = []
     for t in range(L):
-        if t in list(cu_seqlens)[1:-1]:
+        if t in resets:
             x = torch.zeros_like(x)
         x = torch.exp(delta[:, :, t, None] * A) * x + delta[:, :, t, None] * B[..., t] * u[:, :, t, None]
         ys.append((x * C[..., t]).sum(-1))

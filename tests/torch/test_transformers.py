@@ -43,6 +43,16 @@ def _rel(a, b):
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
 
 
+def _greedy(models, prompt, n):
+    """Each model's greedy generate of exactly n tokens after prompt, with every step's scores
+    (in eval mode, without autograd: the decode steps run as one compiled call per mixer
+    where the weights allow, hf._decode_step)."""
+    kw = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, return_dict_in_generate=True,
+              output_scores=True)
+    with torch.no_grad():
+        return [m.eval().generate(prompt, **kw) for m in models]
+
+
 @pytest.mark.parametrize("cfg", CONFIGS)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_training_step_matches_the_torch_path(cfg, dtype):
@@ -100,14 +110,11 @@ def test_half_precision_model_matches_the_torch_path(cfg, dtype):
 def test_greedy_generate_gives_the_same_tokens():
     ref, ours = _pair(CONFIGS[0], torch.float32, seed=2)
     prompt = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(3))
-    kw = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False, return_dict_in_generate=True,
-              output_scores=True)
-    with torch.no_grad():      # the decode steps run as one compiled call per mixer (hf._decode_step)
-        a = ref.eval().generate(prompt, **kw)
-        b = ours.eval().generate(prompt, **kw)
-        assert torch.equal(a.sequences, b.sequences)
-        for sa, sb in zip(a.scores, b.scores):          # the logits of every step
-            assert _rel_finite(sb, sa) <= 1e-5
+    a, b = _greedy((ref, ours), prompt, 20)
+    assert torch.equal(a.sequences, b.sequences)
+    for sa, sb in zip(a.scores, b.scores):          # the logits of every step
+        assert _rel_finite(sb, sa) <= 1e-5
+    with torch.no_grad():
         assert _rel(ours(prompt).logits, ref(prompt).logits) <= 1e-5     # eval forward, no cache
 
 
@@ -116,11 +123,7 @@ def test_decode_step_advances_the_cache_like_transformers():
     after prefill + steps equal transformers' own."""
     ref, ours = _pair(CONFIGS[1], torch.float64, seed=6)
     prompt = torch.randint(0, 37, (2, 5), generator=torch.Generator().manual_seed(7))
-    kw = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, return_dict_in_generate=True,
-              output_scores=True)
-    with torch.no_grad():
-        a = ref.eval().generate(prompt, **kw)
-        b = ours.eval().generate(prompt, **kw)
+    a, b = _greedy((ref, ours), prompt, 6)
     assert torch.equal(a.sequences, b.sequences)
     for sa, sb in zip(a.scores, b.scores):
         assert _rel_finite(sb, sa) <= 1e-6
@@ -130,8 +133,7 @@ def test_decode_step_advances_the_cache_like_transformers():
             m.backbone.layers[0].mixer.out_proj.weight.mul_(1.5)
             m.backbone.layers[0].mixer.in_proj.weight = torch.nn.Parameter(
                 m.backbone.layers[0].mixer.in_proj.weight * 0.5)
-        a = ref.generate(prompt, **kw)
-        b = ours.generate(prompt, **kw)
+    a, b = _greedy((ref, ours), prompt, 6)
     assert torch.equal(a.sequences, b.sequences)
     for sa, sb in zip(a.scores, b.scores):
         assert _rel_finite(sb, sa) <= 1e-6
@@ -144,11 +146,7 @@ def test_half_precision_generate_matches_transformers(dtype):
     step's scores within the half type's rounding, the same tokens."""
     ref, ours = _pair(CONFIGS[0], dtype, seed=6)
     prompt = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(7))
-    kw = dict(max_new_tokens=10, min_new_tokens=10, do_sample=False, return_dict_in_generate=True,
-              output_scores=True)
-    with torch.no_grad():
-        a = ref.eval().generate(prompt, **kw)
-        b = ours.eval().generate(prompt, **kw)
+    a, b = _greedy((ref, ours), prompt, 10)
     assert torch.equal(a.sequences, b.sequences)
     for sa, sb in zip(a.scores, b.scores):
         assert sb.dtype == sa.dtype
