@@ -211,6 +211,12 @@ def _check_bc(name: str, t, Bn: int, Dn: int, N: int, L: int) -> None:
     _shape(name, t, {2: (Dn, N), 3: (Bn, N, L), 4: (Bn, G, N, L)}[t.dim()])
 
 
+def _is_int_tensor(t) -> bool:
+    """Whether t is a torch tensor of an integer dtype (not bool)."""
+    return (isinstance(t, torch.Tensor) and not t.is_floating_point() and not t.is_complex()
+            and t.dtype != torch.bool)
+
+
 def _segments(cu_seqlens, L: int) -> list[tuple[int, int]]:
     """The (start, end) time ranges of packed sequences: cu_seqlens (S + 1,) integers
     0 = c_0 <= c_1 <= ... <= c_S = L (mamba_ssm's varlen form: the state restarts from zero
@@ -218,8 +224,7 @@ def _segments(cu_seqlens, L: int) -> list[tuple[int, int]]:
     if cu_seqlens is None:
         return [(0, L)]
     if isinstance(cu_seqlens, torch.Tensor):
-        if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() or cu_seqlens.is_complex() \
-                or cu_seqlens.dtype == torch.bool:
+        if cu_seqlens.dim() != 1 or not _is_int_tensor(cu_seqlens):
             raise ValueError(f"cu_seqlens: expected a 1-D integer tensor, got {cu_seqlens.dtype} "
                              f"of shape {tuple(cu_seqlens.shape)}")
         c = [int(v) for v in cu_seqlens.tolist()]
@@ -510,8 +515,7 @@ def _conv(xs, weight, bias, ct):
 
 
 def _seq_idx(seq_idx, Bn: int, L: int) -> torch.Tensor:
-    if not isinstance(seq_idx, torch.Tensor) or seq_idx.is_floating_point() \
-            or seq_idx.is_complex() or seq_idx.dtype == torch.bool:
+    if not _is_int_tensor(seq_idx):
         raise TypeError(f"seq_idx: expected an integer torch.Tensor (B, L), got "
                         f"{getattr(seq_idx, 'dtype', type(seq_idx).__name__)}")
     _shape("seq_idx", seq_idx, (Bn, L))
