@@ -1,7 +1,8 @@
 """AdamW and global-norm gradient clipping over dicts of NumPy arrays.
 
 The arithmetic runs in the compiled kernel ``mamba_ext.cpu.adamw`` (one fused,
-in-place pass per parameter; exact maths documented in ``_adamw.pxd``).
+in-place pass over every parameter of a dtype, in one call; exact maths documented in
+``mamba_ext/cpu/adamw.pxd``).
 
 AdamW follows ``torch.optim.AdamW`` (amsgrad=False, maximize=False), step t:
 
@@ -173,16 +174,23 @@ class AdamW:
             raise ValueError(f"AdamW.step: grad_scale: expected a finite number > 0, got {grad_scale!r}")
         flat = self._flat_grads(grads)
         self._check_updatable()        # all or nothing: every array is checked before any update
-        if any(_adamw.count_nonfinite_array(g, self.n_threads) for g in flat.values()):
+        # one compiled call per dtype (of all its arrays, in one parallel region)
+        by_dtype: dict[np.dtype, list[str]] = {}
+        for n, w in self.params.items():
+            by_dtype.setdefault(w.dtype, []).append(n)
+        if any(_adamw.count_nonfinite_arrays([flat[n] for n in names], self.n_threads)
+               for names in by_dtype.values()):
             self.skipped += 1
             return False
         t = self.step_count + 1
         decayed = set(self.decayed)
-        for n, w in self.params.items():
-            self.nonfinite += _adamw.adamw_update_array(
-                w.reshape(-1), self.exp_avg[n].reshape(-1), self.exp_avg_sq[n].reshape(-1), flat[n],
-                lr, beta1, beta2, eps, wd if n in decayed else 0.0, md, t, float(grad_scale),
-                self.n_threads)
+        for names in by_dtype.values():
+            self.nonfinite += _adamw.adamw_update_arrays(
+                [self.params[n].reshape(-1) for n in names],
+                [self.exp_avg[n].reshape(-1) for n in names],
+                [self.exp_avg_sq[n].reshape(-1) for n in names], [flat[n] for n in names],
+                [wd if n in decayed else 0.0 for n in names], lr, beta1, beta2, eps, md, t,
+                float(grad_scale), self.n_threads)
         self.step_count = t
         return True
 

@@ -3,36 +3,32 @@
 # Size letter: n elements. Every buffer is flat: w, m, v, g, x (n,) C-contiguous, one
 # dtype per call.
 # Large buffers are cut into CHUNK-element pieces handed to OpenMP threads;
-# each piece runs a branch-free loop the compiler can vectorise (checked with
-# gcc -fopt-info-vec: the float32 AdamW loop vectorises on baseline x86-64
-# SSE2; the float64 one needs AVX2 for its 64-bit compare masks, else scalar).
+# each piece runs a branch-free loop the compiler vectorises (csrc/mx_adamw.h, compiled
+# for AVX-512 / AVX2 / baseline with runtime dispatch where the compiler supports it).
 from cython.parallel cimport prange
 from mamba_ext.cpu.types cimport floating, idx_t
-from libc.math cimport sqrt, sqrtf, INFINITY
+from mamba_ext.cpu.threads cimport mx_team
+from libc.math cimport sqrt, INFINITY
+from libc.stdlib cimport malloc, free
+cimport numpy as cnp
+import numpy as np
+
+cnp.import_array()
 
 cdef enum:
     CHUNK = 16384          # elements per OpenMP work item
     PAR_MIN = 65536        # below this, threads cost more than they save
 
 
-# c ? a : b on the bits, so the loop stays vectorisable (why: csrc/mx_adamw.h)
+# the element loop of the AdamW step (csrc/mx_adamw.h)
 cdef extern from "csrc/mx_adamw.h" nogil:
-    float mx_select_f(int c, float a, float b) noexcept
-    double mx_select_d(int c, double a, double b) noexcept
-
-
-cdef inline floating _select(bint c, floating a, floating b) noexcept nogil:
-    if floating is float:
-        return mx_select_f(c, a, b)
-    else:
-        return mx_select_d(c, a, b)
-
-
-cdef inline floating _sqrt(floating x) noexcept nogil:
-    if floating is float:
-        return sqrtf(x)        # stay in float32: no double round trip per element
-    else:
-        return sqrt(x)
+    idx_t mx_adamw_range_f(float* w, float* m, float* v, const float* g, idx_t lo, idx_t hi,
+                           float gs, float omb1, float b2, float omb2, float decay,
+                           float step_size, float sqrt_bc2, float eps, float md) noexcept
+    idx_t mx_adamw_range_d(double* w, double* m, double* v, const double* g, idx_t lo,
+                           idx_t hi, double gs, double omb1, double b2, double omb2,
+                           double decay, double step_size, double sqrt_bc2, double eps,
+                           double md) noexcept
 
 
 cdef inline idx_t _nchunks(idx_t n) noexcept nogil:
@@ -48,29 +44,13 @@ cdef inline idx_t _adamw_range(floating* w, floating* m, floating* v, const floa
                                floating b2, floating omb2, floating decay,
                                floating step_size, floating sqrt_bc2, floating eps,
                                floating md) noexcept nogil:
-    """Elements [lo, hi) of adamw_step; md is +inf when the clamp is off."""
-    cdef idx_t i, bad = 0
-    cdef floating gi, wi, mo, vo, mi, vi, d
-    cdef bint ok
-    for i in range(lo, hi):
-        # Load once into locals: the selects below then need no reload.
-        gi = g[i] * gs
-        wi = w[i]
-        mo = m[i]
-        vo = v[i]
-        mi = mo + omb1 * (gi - mo)                # PyTorch's lerp form of b1*m + (1-b1)*g
-        vi = b2 * vo + omb2 * gi * gi
-        d = decay * wi + step_size * mi / (_sqrt(vi) / sqrt_bc2 + eps)
-        # x - x is 0 for finite x and NaN otherwise: one test for both values.
-        ok = (d - d) + (vi - vi) == 0
-        d = md if d > md else d
-        d = -md if d < -md else d
-        # Selects, not branches, so the loop stays vectorisable.
-        w[i] = _select(ok, wi - d, wi)
-        m[i] = _select(ok, mi, mo)
-        v[i] = _select(ok, vi, vo)
-        bad += not ok
-    return bad
+    """Elements [lo, hi) of adamw_step (csrc/mx_adamw.h); md is +inf when the clamp is off."""
+    if floating is float:
+        return mx_adamw_range_f(w, m, v, g, lo, hi, gs, omb1, b2, omb2, decay, step_size,
+                                sqrt_bc2, eps, md)
+    else:
+        return mx_adamw_range_d(w, m, v, g, lo, hi, gs, omb1, b2, omb2, decay, step_size,
+                                sqrt_bc2, eps, md)
 
 
 cdef idx_t adamw_step(floating* w, floating* m, floating* v, const floating* g, idx_t n,
@@ -193,3 +173,174 @@ def count_nonfinite_array(const floating[::1] x, int n_threads=0):
     with nogil:
         c = count_nonfinite(&x[0], x.shape[0], n_threads)
     return c
+
+
+# ---- Many arrays in one call (mamba_ext.optim.AdamW.step) ---------------------------
+# A model's parameters are dozens of small arrays; one call per array spent more time in
+# Python and in acquiring buffers than in the arithmetic, on the calling thread alone.
+# These take lists of flat arrays of one dtype, cut them into pieces of at most CHUNK
+# elements (one array per piece) and run the pieces in one parallel region.
+
+
+ctypedef struct piece:
+    idx_t a, lo, hi          # array a, elements [lo, hi)
+
+
+cdef piece* _pieces(const idx_t* sizes, idx_t count, idx_t* npieces) noexcept nogil:
+    # the pieces of `count` arrays of sizes[a] elements, in array order (malloc'd, or NULL)
+    cdef idx_t a, lo, k = 0, total = 0
+    cdef piece* p
+    for a in range(count):
+        total += _nchunks(sizes[a])
+    p = <piece*>malloc(max(total, <idx_t>1) * sizeof(piece))
+    if p != NULL:
+        for a in range(count):
+            lo = 0
+            while lo < sizes[a]:
+                p[k].a, p[k].lo = a, lo
+                p[k].hi = min(lo + CHUNK, sizes[a])
+                lo = p[k].hi
+                k += 1
+    npieces[0] = total
+    return p
+
+
+cdef idx_t _count_many(floating** x, const piece* p, idx_t np_, idx_t total,
+                       int n_threads) noexcept nogil:
+    cdef idx_t k, bad = 0
+    for k in prange(np_, schedule='static',
+                    num_threads=mx_team(n_threads, total, PAR_MIN // 2, np_)):
+        bad += _nonfinite_range(x[p[k].a], p[k].lo, p[k].hi)
+    return bad
+
+
+cdef idx_t _update_many(floating** w, floating** m, floating** v, floating** g,
+                        const double* weight_decay, const piece* p, idx_t np_, idx_t total,
+                        double lr, double beta1, double beta2, double eps,
+                        double max_delta, long long step, double grad_scale,
+                        int n_threads) noexcept nogil:
+    # adamw_step over every piece, weight_decay[a] for array a; the same scalars, cast the
+    # same way, so the same bits as one adamw_step call per array
+    cdef double bc1 = 1.0 - beta1 ** <double>step
+    cdef double bc2 = 1.0 - beta2 ** <double>step
+    cdef floating gs = <floating>grad_scale
+    cdef floating omb1 = <floating>(1.0 - beta1)
+    cdef floating b2 = <floating>beta2
+    cdef floating omb2 = <floating>(1.0 - beta2)
+    cdef floating step_size = <floating>(lr / bc1)
+    cdef floating sqrt_bc2 = <floating>sqrt(bc2)
+    cdef floating e = <floating>eps
+    cdef floating md = <floating>max_delta if max_delta > 0 else <floating>INFINITY
+    cdef idx_t k, a, bad = 0
+    for k in prange(np_, schedule='static',
+                    num_threads=mx_team(n_threads, total, PAR_MIN // 2, np_)):
+        a = p[k].a
+        bad += _adamw_range(w[a], m[a], v[a], g[a], p[k].lo, p[k].hi, gs, omb1, b2, omb2,
+                            <floating>(lr * weight_decay[a]), step_size, sqrt_bc2, e, md)
+    return bad
+
+
+cdef int _float_kind(object arrays, str what) except -1:
+    # 0 float32, 1 float64: the one dtype of a list of flat C-contiguous arrays
+    kinds = set()
+    for x in arrays:
+        if (not isinstance(x, cnp.ndarray) or x.ndim != 1 or not x.flags.c_contiguous
+                or x.dtype not in (np.float32, np.float64)):
+            raise TypeError(f"{what}: expected flat C-contiguous float32 or float64 arrays, got "
+                            f"{type(x).__name__} {getattr(x, 'dtype', '')} {getattr(x, 'shape', '')}")
+        kinds.add(x.dtype == np.float64)
+    if len(kinds) > 1:
+        raise TypeError(f"{what}: the arrays must share one dtype")
+    return 1 if kinds == {True} else 0
+
+
+def count_nonfinite_arrays(arrays, int n_threads=0):
+    """Number of NaN / +-Inf elements over a list of flat C-contiguous arrays of one dtype
+    (float32 or float64), in one parallel region."""
+    cdef idx_t count = len(arrays), a, np_ = 0, total = 0, bad
+    cdef int kind = _float_kind(arrays, "count_nonfinite_arrays")
+    cdef idx_t* sizes = <idx_t*>malloc(max(count, <idx_t>1) * sizeof(idx_t))
+    cdef void** ptr = <void**>malloc(max(count, <idx_t>1) * sizeof(void*))
+    cdef piece* p = NULL
+    try:
+        if sizes == NULL or ptr == NULL:
+            raise MemoryError()
+        for a in range(count):
+            sizes[a] = arrays[a].shape[0]
+            ptr[a] = cnp.PyArray_DATA(arrays[a])
+            total += sizes[a]
+        p = _pieces(sizes, count, &np_)
+        if p == NULL:
+            raise MemoryError()
+        with nogil:
+            if kind == 0:
+                bad = _count_many(<float**>ptr, p, np_, total, n_threads)
+            else:
+                bad = _count_many(<double**>ptr, p, np_, total, n_threads)
+        return bad
+    finally:
+        free(sizes)
+        free(ptr)
+        free(p)
+
+
+def adamw_update_arrays(ws, ms, vs, gs, weight_decays, double lr, double beta1,
+                        double beta2, double eps, double max_delta, long long step,
+                        double grad_scale=1.0, int n_threads=0):
+    """adamw_update_array over lists of flat arrays (ws[i], ms[i], vs[i], gs[i] of one size;
+    all of one dtype), each with its own weight decay, in one parallel region; the same
+    bits as one adamw_update_array call per array. Returns the number of elements left
+    unchanged by the NaN guard."""
+    cdef idx_t count = len(ws), a, np_ = 0, total = 0, bad
+    cdef int kind
+    cdef idx_t* sizes
+    cdef void** ptr
+    cdef double* wd
+    cdef piece* p = NULL
+    if not (len(ms) == len(vs) == len(gs) == len(weight_decays) == count):
+        raise ValueError("adamw_update_arrays: ws, ms, vs, gs and weight_decays must have "
+                         "one length")
+    if step < 1:
+        raise ValueError(f"adamw_update_arrays: step must be >= 1, got {step}")
+    kind = _float_kind(list(ws) + list(ms) + list(vs) + list(gs), "adamw_update_arrays")
+    for a in range(count):
+        n = ws[a].shape[0]
+        if ms[a].shape[0] != n or vs[a].shape[0] != n or gs[a].shape[0] != n:
+            raise ValueError(f"adamw_update_arrays: sizes differ in array {a}: w {n}, "
+                             f"m {ms[a].shape[0]}, v {vs[a].shape[0]}, g {gs[a].shape[0]}")
+        for x in (ws[a], ms[a], vs[a]):
+            if not x.flags.writeable:
+                raise ValueError(f"adamw_update_arrays: array {a} is read-only")
+    sizes = <idx_t*>malloc(max(count, <idx_t>1) * sizeof(idx_t))
+    ptr = <void**>malloc(4 * max(count, <idx_t>1) * sizeof(void*))
+    wd = <double*>malloc(max(count, <idx_t>1) * sizeof(double))
+    try:
+        if sizes == NULL or ptr == NULL or wd == NULL:
+            raise MemoryError()
+        for a in range(count):
+            sizes[a] = ws[a].shape[0]
+            total += sizes[a]
+            ptr[a] = cnp.PyArray_DATA(ws[a])
+            ptr[count + a] = cnp.PyArray_DATA(ms[a])
+            ptr[2 * count + a] = cnp.PyArray_DATA(vs[a])
+            ptr[3 * count + a] = cnp.PyArray_DATA(gs[a])
+            wd[a] = float(weight_decays[a])
+        p = _pieces(sizes, count, &np_)
+        if p == NULL:
+            raise MemoryError()
+        with nogil:
+            if kind == 0:
+                bad = _update_many(<float**>ptr, <float**>ptr + count, <float**>ptr + 2 * count,
+                                   <float**>ptr + 3 * count, wd, p, np_, total, lr, beta1,
+                                   beta2, eps, max_delta, step, grad_scale, n_threads)
+            else:
+                bad = _update_many(<double**>ptr, <double**>ptr + count,
+                                   <double**>ptr + 2 * count, <double**>ptr + 3 * count, wd,
+                                   p, np_, total, lr, beta1, beta2, eps, max_delta, step,
+                                   grad_scale, n_threads)
+        return bad
+    finally:
+        free(sizes)
+        free(ptr)
+        free(wd)
+        free(p)

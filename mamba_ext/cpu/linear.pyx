@@ -68,6 +68,9 @@ cdef extern from "csrc/mx_sgemm.h" nogil:
     int mx_sgemm(char transa, char transb, idx_t m, idx_t n, idx_t k, float alpha,
                  const float* A, idx_t lda, const float* B, idx_t ldb, float beta,
                  float* C, idx_t ldc) noexcept
+    int mx_sgemm_bias(char transa, char transb, idx_t m, idx_t n, idx_t k, float alpha,
+                      const float* A, idx_t lda, const float* B, idx_t ldb, float beta,
+                      float* C, idx_t ldc, const float* bias) noexcept
 
 cdef enum:
     # multiply-adds per thread below which another thread costs more than it saves (a
@@ -313,6 +316,17 @@ cdef void forward_rows(floating* out, const floating* x, const floating* weight,
     # out[r0:r1] (rows, OC) = x[r0:r1] (rows, IC) @ weight (OC, IC)^T + bias
     cdef idx_t r, o, mb, step = row_block(max(IC, OC))
     cdef floating beta = 0, one = 1
+    if floating is float:
+        if own_sgemm and bias != NULL and IC > 0:
+            # our sgemm adds the bias in its epilogue (the same bits as the copy below)
+            while r0 < r1:
+                mb = min(step, r1 - r0)
+                if mx_sgemm_bias(c'T', c'N', OC, mb, IC, one, weight, IC, x + r0 * IC, IC,
+                                 beta, out + r0 * OC, OC, bias) != 0:
+                    break               # (no workspace: the BLAS below, from row r0)
+                r0 += mb
+            if r0 == r1:
+                return
     if bias != NULL:
         for r in range(r0, r1):
             memcpy(out + r * OC, bias, OC * sizeof(floating))

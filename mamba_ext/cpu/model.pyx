@@ -31,8 +31,9 @@ import numpy as np
 
 from mamba_ext.cpu.types cimport floating, idx_t
 from mamba_ext.cpu.constants cimport DEFAULT_EPS
-from mamba_ext.cpu.activations cimport (mx_exp_shift_d, mx_exp_shift_f, mx_row_max_d,
-                                        mx_row_max_f, mx_row_sum_d, mx_row_sum_f)
+from mamba_ext.cpu.activations cimport (mx_add_d, mx_add_f, mx_exp_shift_d, mx_exp_shift_f,
+                                        mx_row_max_d, mx_row_max_f, mx_row_sum_d,
+                                        mx_row_sum_f)
 from mamba_ext.cpu.block cimport (mamba_dims, MAMBA_NPARAMS, block_cache_len, block_param_len,
                                block_forward_state, block_backward_state,
                                flat_op, FLAT_ZERO)
@@ -234,7 +235,8 @@ cdef int model_loss_and_grads(double* loss,
 cdef enum:
     GROUP_ROWS = 256            # rows of a sequence group at least (the default)
     GROUP_MAX_DM = 256          # the largest d_model whose steps run as groups
-    REDUCE_PIECE = 1 << 14      # values per piece of the slots' sum
+    REDUCE_PIECE = 1 << 12      # values per piece of the slots' sum
+    REDUCE_BLOCK = 256          # values summed over the slots as one vector run
     MIN_REDUCE_VALUES = 1 << 15 # values read per thread of the slots' sum at least
 
 # the rows of a group in use; tests change it (_set_group_rows)
@@ -477,14 +479,35 @@ cdef int _run_phase(int phase, floating* ws, const region* r, floating** ptrs, i
     return _first_error(c.status, G)
 
 
+cdef void _reduce_run(floating* out, const floating* slots, idx_t nv, idx_t G,
+                      idx_t n) noexcept nogil:
+    # out (n,) += the sum of the G slots' values (slots + g nv, n each) in group order:
+    # acc = slot 0 + slot 1 + ... + slot G-1, then out + acc, element by element, in
+    # blocks of REDUCE_BLOCK values added as vectors (the same sums as one value at a time)
+    cdef floating acc[REDUCE_BLOCK]
+    cdef idx_t b0 = 0, nb, g
+    while b0 < n:
+        nb = min(<idx_t>REDUCE_BLOCK, n - b0)
+        memcpy(acc, slots + b0, nb * sizeof(floating))
+        for g in range(1, G):
+            if floating is float:
+                mx_add_f(acc, slots + g * nv + b0, nb)
+            else:
+                mx_add_d(acc, slots + g * nv + b0, nb)
+        if floating is float:
+            mx_add_f(out + b0, acc, nb)
+        else:
+            mx_add_d(out + b0, acc, nb)
+        b0 += nb
+
+
 cdef void _reduce_slots(floating** dst, const idx_t* starts, idx_t j0, idx_t j1,
                         const floating* slots, const step_ctx* c, int nt) noexcept nogil:
     # dst[j] += the sum of the G slots' array j (slots (G, nv), array j at starts[j]) in
     # group order, for arrays j0 .. j1-1, in pieces of REDUCE_PIECE values
     cdef idx_t lo0 = starts[j0], n = starts[j1] - lo0, G = c.G, nv = c.nv
     cdef idx_t nchunks = (n + REDUCE_PIECE - 1) // REDUCE_PIECE
-    cdef idx_t ch, lo, hi, j, e, end, g
-    cdef floating acc
+    cdef idx_t ch, lo, hi, j, end
     for ch in prange(nchunks, schedule='static',
                      num_threads=mx_team(nt, n * G, MIN_REDUCE_VALUES, nchunks)):
         lo = lo0 + ch * REDUCE_PIECE
@@ -494,11 +517,7 @@ cdef void _reduce_slots(floating** dst, const idx_t* starts, idx_t j0, idx_t j1,
             j = j + 1
         while lo < hi:
             end = min(hi, starts[j + 1])
-            for e in range(lo, end):
-                acc = slots[e]
-                for g in range(1, G):
-                    acc = acc + slots[g * nv + e]
-                dst[j][e - starts[j]] += acc
+            _reduce_run(dst[j] + (lo - starts[j]), slots + lo, nv, G, end - lo)
             lo = end
             j = j + 1
 

@@ -7,7 +7,8 @@ GB = MX_SCAN_GB = 16. Hot loops: csrc/mx_scan.h; constants: csrc/mx_constants.h.
 
 Design:
 Work is split into B*ceil(D/G) independent jobs (one sequence b, one group of G
-consecutive channels), run with prange. Each channel of a group is one vector lane: per
+consecutive channels), run with prange, group by group: a thread loads a group's A and
+1/A (an exponential and a division each) once for its consecutive jobs of that group. Each channel of a group is one vector lane: per
 step and state n the hot loop runs over the G lanes, with Bs[t,n] and Cs[t,n]
 broadcast, so no step needs a horizontal sum (a first version vectorised over n instead
 and spent most of its time in those sums). G = 64 (four AVX-512 vectors) took ~25% less
@@ -50,6 +51,7 @@ the state entering chunk 0 (so hstate chunk 0 = h0); the backward's carry starts
 at dh_last instead of 0, and after step 0 it is a_bar[0] * dh[0] = dLoss/dh0.
 """
 from libc.string cimport memcpy, memset
+from libc.stdlib cimport malloc, free
 from libc.math cimport exp
 from cython.parallel cimport prange, parallel
 from mamba_ext.cpu.types cimport floating, idx_t
@@ -188,7 +190,9 @@ cdef int scan_forward_state(floating* y, floating* hstate, floating* h_last,
                             const floating* A_log, int a_given, const floating* D_vec,
                             const floating* h0, idx_t B, idx_t L, idx_t D, idx_t N,
                             int discretization, int n_threads) noexcept nogil:
-    # Jobs: (sequence b, group of G channels d0 .. d0+nl-1), b-major.
+    # Jobs: (sequence b, group of G channels d0 .. d0+nl-1), group-major, so that a
+    # thread's consecutive jobs share their group's A (tag: the d0 loaded, and whether its
+    # given A was refused).
     cdef idx_t T = SCAN_CHUNK, G = MX_SCAN_G, C = scan_nchunks(L), ng = (D + MX_SCAN_G - 1) // MX_SCAN_G
     cdef idx_t job, b, d0, c, t0, tn, r0, s
     cdef int nl, g, zoh = discretization == 0, failed = 0, bad = 0
@@ -204,16 +208,20 @@ cdef int scan_forward_state(floating* y, floating* hstate, floating* h_last,
     cdef floating* yy = NULL
     cdef floating* h = NULL
     cdef floating* em1 = NULL
+    cdef idx_t* tag = NULL
     if B * D == 0 or L == 0:
         return 0
     # state updates per thread: 2^14 take ~10 us (an exponential each)
     nt = mx_team(nt, B * L * D * N, 1 << 14, B * ng)
     with parallel(num_threads=nt):
         # per thread: AT, invAT (N, G); Dv (G,); dl, uu, yy (T, G) (lane copies for a
-        # partial group); h, em1 (N, G) (the state, updated in place)
+        # partial group); h, em1 (N, G) (the state, updated in place); tag (2,)
         buf = <floating*>scratch((4 * N + 1 + 3 * T) * G, sizeof(floating))
-        if buf == NULL:
+        tag = <idx_t*>malloc(2 * sizeof(idx_t))
+        if buf == NULL or tag == NULL:
             failp[0] = 1
+        else:
+            tag[0] = -1
         AT = buf
         invAT = AT + N * G
         Dv = invAT + N * G
@@ -223,11 +231,15 @@ cdef int scan_forward_state(floating* y, floating* hstate, floating* h_last,
         h = yy + T * G
         em1 = h + N * G
         for job in prange(B * ng, schedule='static'):
-            if buf != NULL:
-                b = job // ng
-                d0 = (job % ng) * G
+            if buf != NULL and tag != NULL:
+                b = job % B
+                d0 = (job // B) * G
                 nl = <int>min(G, D - d0)
-                if load_AT(AT, invAT, Dv, A_log + d0 * N, a_given, zoh, D_vec + d0, N, nl):
+                if tag[0] != d0:
+                    tag[1] = load_AT(AT, invAT, Dv, A_log + d0 * N, a_given, zoh, D_vec + d0,
+                                     N, nl)
+                    tag[0] = d0
+                if tag[1]:
                     badp[0] = 1
                     continue
                 if h0 != NULL:
@@ -254,6 +266,7 @@ cdef int scan_forward_state(floating* y, floating* hstate, floating* h_last,
                 if h_last != NULL:
                     state_io(h, h_last + (b * D + d0) * N, N, nl, True)
         mx_aligned_free(buf)
+        free(tag)
     return -1 if failed else (-2 if bad else 0)
 
 
@@ -342,6 +355,8 @@ cdef int backward_state(floating* du, floating* ddelta, floating* dBs, floating*
     cdef floating* part = NULL
     cdef floating* partBC = NULL
     cdef floating* partAD = NULL
+    cdef idx_t* tag = NULL
+    cdef idx_t slot
     cdef floating sum, al
     if B * D == 0 or L == 0:
         return 0
@@ -364,8 +379,11 @@ cdef int backward_state(floating* du, floating* ddelta, floating* dBs, floating*
         # the folded rows when ng == 1, added into dBs | dCs.
         buf = <floating*>scratch((4 * N + 2 + 5 * T + (2 * T + 1) * N) * G
                                  + 2 * T * N * (MX_SCAN_GB + 1), sizeof(floating))
-        if buf == NULL:
+        tag = <idx_t*>malloc(sizeof(idx_t))       # the d0 whose A is loaded
+        if buf == NULL or tag == NULL:
             failp[0] = 1
+        else:
+            tag[0] = -1
         AT = buf
         invAT = AT + N * G
         carry = invAT + N * G
@@ -382,11 +400,16 @@ cdef int backward_state(floating* du, floating* ddelta, floating* dBs, floating*
         dBC = em1 + T * N * G
         sums = dBC + 2 * T * N * MX_SCAN_GB
         for job in prange(B * ng, schedule='static'):
-            if buf != NULL:
-                b = job // ng
-                d0 = (job % ng) * G
+            if buf != NULL and tag != NULL:
+                # group-major jobs (as the forward's); slot: the job's place in partBC and
+                # partAD, sequence-major
+                b = job % B
+                d0 = (job // B) * G
+                slot = b * ng + job // B
                 nl = <int>min(G, D - d0)
-                load_AT(AT, invAT, Dv, A_log + d0 * N, a_given, zoh, D_vec + d0, N, nl)
+                if tag[0] != d0:
+                    load_AT(AT, invAT, Dv, A_log + d0 * N, a_given, zoh, D_vec + d0, N, nl)
+                    tag[0] = d0
                 memset(carry, 0, (2 * N + 1) * G * sizeof(floating))  # carry, dAacc, dDacc
                 if dh_last != NULL:   # the adjoint entering from after step L-1
                     state_io(carry, <floating*>dh_last + (b * D + d0) * N, N, nl, False)
@@ -409,7 +432,6 @@ cdef int backward_state(floating* du, floating* ddelta, floating* dBs, floating*
                         pdl, puu, pdy, pdu, pdD, ld = dl, uu, dyy, dul, dDl, G
                     chunk_fwd(tn, N, zoh, pdl, puu, ld, Bs + r0 * ld_bc, Cs + r0 * ld_bc,
                               ld_bc, AT, invAT, N * G, h, em1, <floating*>NULL, Dv)
-                    memset(dBC, 0, 2 * tn * N * MX_SCAN_GB * sizeof(floating))
                     if floating is float:
                         mx_scan_backward_chunk_f(tn, N, zoh, pdl, puu, pdy, ld, Bs + r0 * ld_bc,
                                             Cs + r0 * ld_bc, ld_bc, AT, invAT, Dv, h, em1,
@@ -422,7 +444,7 @@ cdef int backward_state(floating* du, floating* ddelta, floating* dBs, floating*
                                             add if nl == G else 0)
                     # the chunk's rows of the job's slot: dBC summed over its GB lanes
                     # (ng == 1: the job owns these rows of dBs / dCs and adds into them)
-                    pbc = partBC + (job * L + t0) * 2 * N if ng > 1 else sums
+                    pbc = partBC + (slot * L + t0) * 2 * N if ng > 1 else sums
                     if floating is float:
                         mx_scan_fold_f(tn * 2 * N, dBC, pbc)
                     else:
@@ -442,8 +464,9 @@ cdef int backward_state(floating* du, floating* ddelta, floating* dBs, floating*
                 if dh0 != NULL:       # carry = a_bar[0] * dh[0] = dLoss/dh0
                     state_add(dh0 + (b * D + d0) * N, carry, N, nl)
                 # the job's slot of dAacc, dDacc (its dBs | dCs rows were folded per chunk)
-                memcpy(partAD + job * (N + 1) * G, dAacc, (N + 1) * G * sizeof(floating))
+                memcpy(partAD + slot * (N + 1) * G, dAacc, (N + 1) * G * sizeof(floating))
         mx_aligned_free(buf)
+        free(tag)
     if not failed and ng > 1:
         # dBs/dCs row r of sequence b: sum over the channel groups j = 0 .. ng-1
         for r in prange(B * L, schedule='static', num_threads=nt, nogil=True):

@@ -451,3 +451,69 @@ def test_bad_grads_name_the_key():
     opt.lr = 1e-3
     strided = {n: np.asfortranarray(g) if g.ndim == 2 else g for n, g in good.items()}
     assert opt.step(strided) is True   # non-contiguous gradients are fine (read only)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_many_arrays_in_one_call_match_one_call_each(dtype):
+    # the optimizer's batched call (pieces of several arrays in one region) against the
+    # per-array kernel: bitwise, for any thread count, with the per-element guard
+    rng = np.random.default_rng(21)
+    sizes = [0, 1, 17, 16_384, 16_385, 70_001, 5]
+    base = [[rng.standard_normal(n).astype(dtype), (rng.standard_normal(n) * 0.1).astype(dtype),
+             (rng.random(n) * 0.1).astype(dtype), rng.standard_normal(n).astype(dtype)]
+            for n in sizes]
+    base[3][3][[0, 9_000]] = [np.nan, np.inf]          # two guarded elements
+    decays = [0.1 * (i % 2) for i in range(len(sizes))]
+    want, want_bad = [], 0
+    for (w, m, v, g), wd in zip(base, decays):
+        w, m, v = w.copy(), m.copy(), v.copy()
+        want_bad += _adamw.adamw_update_array(w, m, v, g, 1e-2, 0.9, 0.999, 1e-8, wd, 1e-3, 4,
+                                              0.5, 1)
+        want.append((w, m, v))
+    for threads in (1, 2, 0):
+        ws, ms, vs = ([a[k].copy() for a in base] for k in range(3))
+        bad = _adamw.adamw_update_arrays(ws, ms, vs, [a[3] for a in base], decays, 1e-2, 0.9,
+                                         0.999, 1e-8, 1e-3, 4, 0.5, threads)
+        assert bad == want_bad == 2
+        for got, ref in zip(zip(ws, ms, vs), want):
+            for a, b in zip(got, ref):
+                assert np.array_equal(a, b)
+        assert _adamw.count_nonfinite_arrays([a[3] for a in base], threads) == 2
+    assert _adamw.count_nonfinite_arrays([], 1) == 0
+    assert _adamw.adamw_update_arrays([], [], [], [], [], 1e-2, 0.9, 0.999, 1e-8, 0.0, 1) == 0
+
+
+def test_many_arrays_refuse_bad_lists():
+    a32, b32 = np.zeros(4, np.float32), np.zeros(5, np.float32)
+    a64 = np.zeros(4, np.float64)
+    with pytest.raises(TypeError, match="one dtype"):
+        _adamw.count_nonfinite_arrays([a32, a64])
+    with pytest.raises(TypeError, match="flat C-contiguous"):
+        _adamw.count_nonfinite_arrays([np.zeros((2, 2), np.float32)])
+    with pytest.raises(TypeError, match="flat C-contiguous"):
+        _adamw.count_nonfinite_arrays([np.zeros(4, np.int64)])
+    with pytest.raises(ValueError, match="sizes differ"):
+        _adamw.adamw_update_arrays([a32], [a32.copy()], [b32], [a32.copy()], [0.0], 1e-2, 0.9,
+                                   0.999, 1e-8, 0.0, 1)
+    with pytest.raises(ValueError, match="one length"):
+        _adamw.adamw_update_arrays([a32], [a32.copy()], [a32.copy()], [], [0.0], 1e-2, 0.9,
+                                   0.999, 1e-8, 0.0, 1)
+    with pytest.raises(ValueError, match="step must be >= 1"):
+        _adamw.adamw_update_arrays([a32], [a32.copy()], [a32.copy()], [a32.copy()], [0.0], 1e-2,
+                                   0.9, 0.999, 1e-8, 0.0, 0)
+    ro = a32.copy()
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        _adamw.adamw_update_arrays([ro], [a32.copy()], [a32.copy()], [a32.copy()], [0.0], 1e-2,
+                                   0.9, 0.999, 1e-8, 0.0, 1)
+
+
+def test_mixed_dtype_params_are_all_checked_before_any_update():
+    # one float32 and one float64 parameter: a NaN in the float64 gradient skips the step
+    # for both (the optimizer checks every dtype's list before it updates any)
+    params = {"a": np.ones(3, np.float32), "b": np.ones(2, np.float64)}
+    opt = AdamW(params, lr=1e-2)
+    assert opt.step({"a": np.ones(3, np.float32), "b": np.array([1.0, np.nan])}) is False
+    assert opt.skipped == 1 and np.all(params["a"] == 1) and np.all(params["b"] == 1)
+    assert opt.step({"a": np.ones(3, np.float32), "b": np.ones(2)}) is True
+    assert np.all(params["a"] < 1) and np.all(params["b"] < 1)

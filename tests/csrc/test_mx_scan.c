@@ -144,7 +144,8 @@ static void check_backward(int zoh) {
     /* du, dd written (add 0) over NaN: not read; then added (add 1) to 1.0: 1 + the same */
     for (k = 0; k < 2; k++) {
         memcpy(carry, Gc, sizeof carry);
-        memset(dBC, 0, sizeof dBC); memset(dA, 0, sizeof dA); memset(dD, 0, sizeof dD);
+        memset(dA, 0, sizeof dA); memset(dD, 0, sizeof dD);
+        for (i = 0; i < S * 2 * N * GB; i++) dBC[i] = NAN;   /* written, not read */
         for (i = 0; i < S * G; i++) du[i] = dd[i] = k == 0 ? NAN : 1.0;
         mx_scan_backward_chunk_d(S, N, zoh, in.delta, in.u, dy, G, in.bc, in.bc + N, LDBC,
                                  in.A, Ainv, in.Dl, hs, em1, carry, dBC, dA, dD, du, dd, k);

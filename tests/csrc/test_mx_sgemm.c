@@ -1,9 +1,12 @@
 /* test_mx_sgemm.c - mx_sgemm.h against a double reference.
  *   every transa x transb, shapes across the micro-tile (32 x 12) and block (MC 192,
- *   KC 384, NC 2064) edges, leading dimensions larger than the rows, alpha and beta
+ *   KC 384, NC 2064) edges, op(B) read in place and packed (the last shape's block spans
+ *   more than MX_SGEMM_INPLACE_B values for either transb; the others less), leading
+ *   dimensions larger than the rows, alpha and beta
  *   (beta 0 must not read C: NaN there), k = 0 (C = beta C);
  *   split invariance: C computed whole, by column slices and by row slices is bitwise
- *   the same (what the core's thread-count invariance relies on).
+ *   the same (what the core's thread-count invariance relies on);
+ *   mx_sgemm_bias: the bias added in the epilogue gives the bits of C preset to it.
  * On a CPU without AVX-512F (or a build that is not x86-64 GCC/Clang) the kernel is never
  * called by the core: the program checks the stub of other builds and stops (printing
  * what a supported run prints: the cross check compares the outputs of two machines).
@@ -89,10 +92,34 @@ static void splits(int ta, int tb, ptrdiff_t m, ptrdiff_t n, ptrdiff_t k) {
     free(A); free(B); free(C1); free(C2); free(C3);
 }
 
+/* mx_sgemm_bias (beta 0) against C preset to the bias columns with beta 1: bitwise equal */
+static void bias_bits(int ta, int tb, ptrdiff_t m, ptrdiff_t n, ptrdiff_t k) {
+    ptrdiff_t lda = ta ? k : m, ldb = tb ? n : k;
+    float* A = filled((size_t)lda * (size_t)(ta ? m : k));
+    float* B = filled((size_t)ldb * (size_t)(tb ? k : n));
+    float* bias = filled((size_t)m);
+    float* C1 = (float*)malloc((size_t)m * (size_t)n * sizeof(float));
+    float* C2 = (float*)malloc((size_t)m * (size_t)n * sizeof(float));
+    char a = ta ? 'T' : 'N', b = tb ? 'T' : 'N';
+    for (ptrdiff_t j = 0; j < n; j++)
+        for (ptrdiff_t i = 0; i < m; i++) {
+            C1[j * m + i] = bias[i];
+            C2[j * m + i] = NAN;                /* beta 0: never read */
+        }
+    mx_sgemm(a, b, m, n, k, 1.0f, A, lda, B, ldb, 1.0f, C1, m);
+    MX_CHECK(mx_sgemm_bias(a, b, m, n, k, 1.0f, A, lda, B, ldb, 0.0f, C2, m, bias) == 0,
+             "mx_sgemm_bias returned an error");
+    MX_CHECK(memcmp(C1, C2, (size_t)m * (size_t)n * sizeof(float)) == 0,
+             "%c%c m %ld n %ld k %ld: the bias epilogue changed the bits", a, b, (long)m,
+             (long)n, (long)k);
+    free(A); free(B); free(bias); free(C1); free(C2);
+}
+
 int main(void) {
     static const ptrdiff_t shapes[][3] = {
         {1, 1, 1}, {32, 12, 7}, {31, 11, 5}, {33, 13, 17}, {64, 24, 384}, {65, 25, 385},
-        {193, 37, 100}, {200, 2070, 30}, {100, 5, 800}, {7, 300, 64}};
+        {193, 37, 100}, {200, 2070, 30}, {100, 5, 800}, {7, 300, 64},
+        {40, 700, 500}};
     if (!mx_sgemm_supported()) {
 #if !MX_SGEMM_X86
         float c = 1.0f;        /* the stub of other builds refuses (x86: never called here) */
@@ -110,6 +137,9 @@ int main(void) {
         one(ta, tb, 40, 30, 0, 1, 1.0f, 0.5f);        /* k = 0: C = beta C */
         one(ta, tb, 40, 30, 0, 0, 1.0f, 0.0f);        /* k = 0, beta 0: C = 0 */
         splits(ta, tb, 211, 150, 400);
+        bias_bits(ta, tb, 211, 150, 400);          /* k past KC: the bias once */
+        bias_bits(ta, tb, 45, 7, 0);               /* k = 0: C = bias */
+        bias_bits(ta, tb, 64, 256, 64);
     }
     printf("OK (%d failures)\n", mx_test_failures);
     return mx_test_failures != 0;

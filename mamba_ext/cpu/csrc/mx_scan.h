@@ -76,7 +76,8 @@ MX_KERNEL void mx_scan_forward_chunk_##SFX(mx_idx n_steps, mx_idx N, int zoh,   
 /* mx_scan_backward_chunk: steps n_steps-1 .. 0 of one chunk, given h and em1 of the chunk's \
    recomputed forward (hstep = N*G). delta, u, dy, du, ddelta: rows ld apart, as delta \
    in the forward; carry (N, G) = a_bar[t+1] * dh[t+1], in/out;                         \
-   dBC (n_steps, 2N, GB) += [dBs | dCs] terms per lane mod GB (summed by the driver);   \
+   dBC (n_steps, 2N, GB) = [dBs | dCs] terms per lane mod GB (written, not read; summed \
+   by the driver);                                                                      \
    dA_acc (N, G) += A * dLoss/dA; dD_acc (G,) += dy*u (dLoss/dD_vec);                   \
    du (+)= scan part + dy*D_lane; ddelta (+)= scan part: added to where add != 0, else  \
    written (not read). */                                                               \
@@ -128,7 +129,7 @@ MX_KERNEL void mx_scan_backward_chunk_##SFX(mx_idx n_steps, mx_idx N, int zoh,  
                     tC[g] += tC[j + g];                                                 \
                 }                                                                       \
             MX_OMP_SIMD                                                                 \
-            for (int g = 0; g < MX_SCAN_GB; g++) { dB[g] += tB[g]; dC[g] += tC[g]; }    \
+            for (int g = 0; g < MX_SCAN_GB; g++) { dB[g] = tB[g]; dC[g] = tC[g]; }      \
         }                                                                               \
         for (int g = 0; g < MX_SCAN_G; g++) {                                           \
             du[s * ld + g] = (add ? du[s * ld + g] : 0) + (dus[g] + gs[g] * D_lane[g]); \
