@@ -102,6 +102,10 @@ def block_param_shapes(d: BlockDims) -> dict[str, tuple[int, ...]]:
     }
 
 
+# the number of dimensions of each block parameter
+_BLOCK_PARAM_RANKS = {n: len(s) for n, s in block_param_shapes(BlockDims(1, 1, 1, 1, 1)).items()}
+
+
 def check_count(name: str, shape: Sequence[int]) -> None:
     """Refuse shapes whose element count would overflow the kernels' indexing."""
     n = 1
@@ -152,6 +156,11 @@ def as_float_array(name: str, value: ArrayLike, dtype: DTypeLike | None = None,
     """
     if isinstance(value, np.ndarray):
         arr = value
+        if (arr.dtype in FLOAT_DTYPES and (dtype is None or arr.dtype == dtype)
+                and arr.flags.c_contiguous):
+            # the common case (a parameter as the library made it): no conversion, no copy;
+            # a C-contiguous array's element count is its memory, so within the limit
+            return arr
     else:
         try:
             arr = np.asarray(value)
@@ -212,10 +221,9 @@ def check_block_params(params: Mapping[str, ArrayLike], dtype: DTypeLike | None 
     arrays = {n: as_float_array(prefix + n, params[n], dtype) for n in BLOCK_PARAM_NAMES}
 
     # Infer sizes from the matrices that define them, then check every shape.
-    ranks = {n: len(block_param_shapes(BlockDims(1, 1, 1, 1, 1))[n]) for n in BLOCK_PARAM_NAMES}
     for n, a in arrays.items():
-        if a.ndim != ranks[n]:
-            raise ValueError(f"{prefix}{n}: expected a {ranks[n]}-D array, got shape {a.shape}")
+        if a.ndim != _BLOCK_PARAM_RANKS[n]:
+            raise ValueError(f"{prefix}{n}: expected a {_BLOCK_PARAM_RANKS[n]}-D array, got shape {a.shape}")
     D, K = arrays["wConv"].shape
     N = arrays["A_log"].shape[1]
     R = arrays["wDtProj"].shape[1]
@@ -237,7 +245,6 @@ def check_block_params(params: Mapping[str, ArrayLike], dtype: DTypeLike | None 
             raise _shape_error(prefix + n, shape, arrays[n].shape,
                                f" (dModel={Dm}, dInner={D}, dState={N}, dConv={K}, dtRank={R}, "
                                f"inferred from wInProj, wConv, A_log, wDtProj)")
-        check_count(prefix + n, shape)
     return arrays, dims
 
 

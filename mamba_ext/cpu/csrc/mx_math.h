@@ -52,11 +52,13 @@ MX_INLINE float mx_expf(float x) {
    by the same polynomial as mx_exp_parts (no cancellation: k = 0 for |x| < ln2/2, and
    2^k - 1 is exact). One polynomial per value, not two: the scan computes one expm1
    per (t, d, n). The same values as mx_exp_parts' k and r, with fewer selects (this is
-   the scan's inner loop): only the lower clamp (a NaN passes it and propagates through
-   the polynomial), 2^k from the rounding sum's low bits (no float -> int conversion, so
-   a NaN or a huge x is not undefined behaviour), and x > 88 replaced by inf at the end. */
-MX_INLINE float mx_expm1f(float x) {
-    float xs = x < -87.0f ? -87.0f : x;
+   the scan's inner loop): only the lower clamp (a max that passes a NaN on: it then
+   propagates through the polynomial), 2^k from the rounding sum's low bits (no float ->
+   int conversion, so a NaN or a huge x is not undefined behaviour), and x > 88 replaced
+   by inf at the end. mx_expm1f_unsigned_zero gives +0 for x = -0 (one select fewer: the
+   scan, where the sign of a zero em changes no result); mx_expm1f keeps expm1(-0) = -0. */
+MX_INLINE float mx_expm1f_unsigned_zero(float x) {
+    float xs = -87.0f > x ? -87.0f : x;         /* max(-87, x), NaN -> x: one vmaxps */
     float t, kf, r, pm1, s, v;
     uint32_t tb, bits;
     t = xs * 1.44269504f + 12582912.0f;          /* k in the low mantissa bits */
@@ -69,8 +71,12 @@ MX_INLINE float mx_expm1f(float x) {
     bits = (tb + (127u - 0x4B400000u)) << 23;    /* 2^k (k = tb - 0x4B400000) */
     memcpy(&s, &bits, sizeof bits);
     v = s * pm1 + (s - 1.0f);
-    v = x == 0.0f ? x : v;                        /* expm1(-0) = -0 */
     return x > 88.0f ? INFINITY : v;
+}
+
+MX_INLINE float mx_expm1f(float x) {
+    float v = mx_expm1f_unsigned_zero(x);
+    return x == 0.0f ? x : v;                     /* expm1(-0) = -0 */
 }
 
 /* log1p(y) for y in [0, 1]: w = 1 + y rounded, c = (y - (w - 1)) / w restores the

@@ -36,9 +36,51 @@ typedef ptrdiff_t mx_idx;
      h: hstep = N*G keeps every state, h (n_steps+1, N, G), row 0 the entering state,
        row s+1 the state after step s (the backward's recomputation); hstep = 0 (the
        forward) updates one state h (N, G) in place, so the working set stays in L1;
-     em1 (n_steps, N, G) (or one (N, G) slot when hstep = 0) = expm1(delta*A);
+     em1 (n_steps, N, G) = expm1(delta*A) when hstep = N*G; not written when hstep = 0
+       (may be NULL then);
      y (n_steps rows ld apart, G) = sum_n Cs*h + D_lane*u, D_lane (G,) the lanes' D_vec;
        y may be NULL. */
+/* one step of the forward for G lanes of state n (the body of mx_scan_forward_chunk);
+   STORE_EM: whether em goes to e (the backward's recomputation keeps it) */
+#define MX_SCAN_FORWARD_LANES(T, EXPM1, SIMD_EXPM1, STORE_EM)                             \
+            MX_SIMD_IF(SIMD_EXPM1)                                                      \
+            for (int g = 0; g < MX_SCAN_G; g++) {                                       \
+                T em = EXPM1(ds[g] * a[g]), iag = ia[g];  /* plain loads, no masks */   \
+                T bb = (zoh ? em * iag : ds[g]) * b;                                    \
+                T hn = (1 + em) * hp[g] + bb * us[g];                                   \
+                if (STORE_EM) e[g] = em;                                                \
+                hc[g] = hn;                                                             \
+                acc[g] += c * hn;                                                       \
+            }
+/* one step of the backward for G lanes of state n (the body of mx_scan_backward_chunk),
+   ZOH 1 or 0 (Euler, f = delta). With dab = dh h[t-1] and bterm = dh u Bs:
+     ZOH:   ddelta += a_bar (dab A + bterm);  A dLoss/dA += delta a_bar (dab A + bterm)
+                                                             - bterm f
+     Euler: ddelta += dab a_bar A + bterm;    A dLoss/dA += dab a_bar A delta
+   (the maths of scan.pyx's Design note, its common factors taken out). */
+#define MX_SCAN_BACKWARD_LANES(T, ZOH)                                                  \
+            MX_OMP_SIMD                                                                 \
+            for (int g = 0; g < MX_SCAN_G; g++) {                                       \
+                T em = e[g], ab = 1 + em, dsg = ds[g];                                  \
+                T f = ZOH ? em * ia[g] : dsg;                                           \
+                T dh = gs[g] * c + cr[g];                                               \
+                T dab = dh * hp[g];                                                     \
+                T dhu = dh * us[g];                                                     \
+                T bterm = dhu * b;                                                      \
+                tB[g] = dhu * f;                                                        \
+                tC[g] = gs[g] * hc[g];                                                  \
+                dus[g] += dh * f * b;                                                   \
+                if (ZOH) {                                                              \
+                    T v = ab * (dab * a[g] + bterm);                                    \
+                    dds[g] += v;                                                        \
+                    dA[g] += dsg * v - bterm * f;                                       \
+                } else {                                                                \
+                    T q = dab * ab * a[g];                                              \
+                    dds[g] += q + bterm;                                                \
+                    dA[g] += q * dsg;                                                   \
+                }                                                                       \
+                cr[g] = ab * dh;                                                        \
+            }
 #define MX_SCAN_KERNELS(T, SFX, EXPM1, SIMD_EXPM1)                                      \
 MX_KERNEL void mx_scan_forward_chunk_##SFX(mx_idx n_steps, mx_idx N, int zoh,          \
         const T* MX_RESTRICT delta, const T* MX_RESTRICT u, mx_idx ld,                  \
@@ -59,15 +101,10 @@ MX_KERNEL void mx_scan_forward_chunk_##SFX(mx_idx n_steps, mx_idx N, int zoh,   
             const T* hp = h + s * hstep + n * MX_SCAN_G;   /* hp == hc if hstep == 0 */ \
             T* hc = h + (s + 1) * hstep + n * MX_SCAN_G;                                \
             T* MX_RESTRICT e = em1 + s * hstep + n * MX_SCAN_G;                         \
-            MX_SIMD_IF(SIMD_EXPM1)                                                      \
-            for (int g = 0; g < MX_SCAN_G; g++) {                                       \
-                T em = EXPM1(ds[g] * a[g]), iag = ia[g];  /* plain loads, no masks */   \
-                T bb = (zoh ? em * iag : ds[g]) * b;                                    \
-                T hn = (1 + em) * hp[g] + bb * us[g];                                   \
-                e[g] = em;                                                              \
-                hc[g] = hn;                                                             \
-                acc[g] += c * hn;                                                       \
-            }                                                                           \
+            if (hstep)                                                                  \
+                MX_SCAN_FORWARD_LANES(T, EXPM1, SIMD_EXPM1, 1)                          \
+            else                                                                        \
+                MX_SCAN_FORWARD_LANES(T, EXPM1, SIMD_EXPM1, 0)                          \
         }                                                                               \
         if (y)                                                                          \
             for (int g = 0; g < MX_SCAN_G; g++) y[s * ld + g] = acc[g] + D_lane[g] * us[g]; \
@@ -107,22 +144,10 @@ MX_KERNEL void mx_scan_backward_chunk_##SFX(mx_idx n_steps, mx_idx N, int zoh,  
             T* MX_RESTRICT dC = dBC + (s * 2 * N + N + n) * MX_SCAN_GB;                 \
             T tB[MX_SCAN_G], tC[MX_SCAN_G];                                             \
             T* MX_RESTRICT dA = dA_acc + n * MX_SCAN_G;                                 \
-            MX_OMP_SIMD                                                                 \
-            for (int g = 0; g < MX_SCAN_G; g++) {                                       \
-                T em = e[g], ab = 1 + em, iag = ia[g], dsg = ds[g];                     \
-                T f = zoh ? em * iag : dsg;                                             \
-                T dh = gs[g] * c + cr[g];                                               \
-                T dab = dh * hp[g];                                                     \
-                T dhu = dh * us[g];                                                     \
-                T bterm = dhu * b;                                                      \
-                tB[g] = dhu * f;                                                        \
-                tC[g] = gs[g] * hc[g];                                                  \
-                dus[g] += dh * f * b;                                                   \
-                dds[g] += dab * ab * a[g] + (zoh ? bterm * ab : bterm);                 \
-                dA[g] += dab * ab * ds[g] * a[g]                                        \
-                         + (zoh ? bterm * (ds[g] * ab - f) : 0);                        \
-                cr[g] = ab * dh;                                                        \
-            }                                                                           \
+            if (zoh)                                                                    \
+                MX_SCAN_BACKWARD_LANES(T, 1)                                            \
+            else                                                                        \
+                MX_SCAN_BACKWARD_LANES(T, 0)                                            \
             for (int j = MX_SCAN_GB; j < MX_SCAN_G; j += MX_SCAN_GB)                    \
                 for (int g = 0; g < MX_SCAN_GB; g++) {                                  \
                     tB[g] += tB[j + g];                                                 \
@@ -154,7 +179,7 @@ MX_KERNEL void mx_scan_fold_##SFX(mx_idx n_rows, const T* MX_RESTRICT dBC,      
 /* SIMD_EXPM1 1 for float: the inline mx_expm1f vectorises (`omp simd`); 0 for double:
    libm's expm1, which no compiler vectorises */
 MX_KERNELS_BEGIN
-MX_SCAN_KERNELS(float, f, mx_expm1f, 1)
+MX_SCAN_KERNELS(float, f, mx_expm1f_unsigned_zero, 1)
 MX_SCAN_KERNELS(double, d, expm1, 0)
 MX_KERNELS_END
 

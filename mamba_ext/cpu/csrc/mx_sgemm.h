@@ -75,9 +75,11 @@ enum { MX_B_PACKED = 0, MX_B_ROWS = 1, MX_B_COLS = 2 };
 
 /* c (mr <= MR rows, nr <= NR columns, ldc) = alpha a.b + beta c (+ bias (mr,), one value
    per row, where bias is not NULL); a (kc, MR) a packed sliver, b op(B)'s NR columns read
-   as `mode` says (all NR of them valid unless packed) */
+   as `mode` says (all NR of them valid unless packed); half: mr <= 16, so only the
+   sliver's first 16 rows are multiplied (a product of few rows, e.g. dt_proj's dx of dtRank
+   rows, does half the work of a whole tile; the sums of those rows are the same) */
 MX_AVX512 static inline __attribute__((always_inline)) void mx_sgemm_tile(
-    int mode, ptrdiff_t kc, const float* MX_RESTRICT a, const float* MX_RESTRICT b,
+    int mode, int half, ptrdiff_t kc, const float* MX_RESTRICT a, const float* MX_RESTRICT b,
     ptrdiff_t ldb, float* MX_RESTRICT c, ptrdiff_t ldc, float alpha, float beta,
     const float* MX_RESTRICT bias, int mr, int nr)
 {
@@ -97,13 +99,14 @@ MX_AVX512 static inline __attribute__((always_inline)) void mx_sgemm_tile(
         c1[j] = _mm512_setzero_ps();
     }
     for (p = 0; p < kc; p++) {
-        __m512 a0 = _mm512_load_ps(a), a1 = _mm512_load_ps(a + 16);
+        __m512 a0 = _mm512_load_ps(a), a1 = half ? a0 : _mm512_load_ps(a + 16);
         for (j = 0; j < MX_SGEMM_NR; j++) {
             const float* bj = mode != MX_B_COLS ? b + j
                             : (j < 3 ? b : j < 6 ? b3 : j < 9 ? b6 : b9) + (j % 3) * ldb;
             __m512 bv = _mm512_set1_ps(*bj);
             c0[j] = _mm512_fmadd_ps(a0, bv, c0[j]);
-            c1[j] = _mm512_fmadd_ps(a1, bv, c1[j]);
+            if (!half)
+                c1[j] = _mm512_fmadd_ps(a1, bv, c1[j]);
         }
         a += MX_SGEMM_MR;
         b += bstep;
@@ -127,23 +130,31 @@ MX_AVX512 static inline __attribute__((always_inline)) void mx_sgemm_tile(
             r1 = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m1, cj + 16), r1);
         }
         _mm512_mask_storeu_ps(cj, m0, r0);
-        _mm512_mask_storeu_ps(cj + 16, m1, r1);
+        if (!half)
+            _mm512_mask_storeu_ps(cj + 16, m1, r1);
     }
 }
 
-/* mx_sgemm_tile with `mode` a constant in each branch (one loop compiled per mode) */
+/* mx_sgemm_tile with `mode` and `half` constants in each branch (one loop compiled per pair) */
 MX_AVX512 static void mx_sgemm_kernel(int mode, ptrdiff_t kc, const float* MX_RESTRICT a,
                                       const float* MX_RESTRICT b, ptrdiff_t ldb,
                                       float* MX_RESTRICT c, ptrdiff_t ldc, float alpha,
                                       float beta, const float* MX_RESTRICT bias, int mr,
                                       int nr)
 {
-    if (mode == MX_B_ROWS)
-        mx_sgemm_tile(MX_B_ROWS, kc, a, b, ldb, c, ldc, alpha, beta, bias, mr, nr);
+    if (mr <= 16) {
+        if (mode == MX_B_ROWS)
+            mx_sgemm_tile(MX_B_ROWS, 1, kc, a, b, ldb, c, ldc, alpha, beta, bias, mr, nr);
+        else if (mode == MX_B_COLS)
+            mx_sgemm_tile(MX_B_COLS, 1, kc, a, b, ldb, c, ldc, alpha, beta, bias, mr, nr);
+        else
+            mx_sgemm_tile(MX_B_PACKED, 1, kc, a, b, ldb, c, ldc, alpha, beta, bias, mr, nr);
+    } else if (mode == MX_B_ROWS)
+        mx_sgemm_tile(MX_B_ROWS, 0, kc, a, b, ldb, c, ldc, alpha, beta, bias, mr, nr);
     else if (mode == MX_B_COLS)
-        mx_sgemm_tile(MX_B_COLS, kc, a, b, ldb, c, ldc, alpha, beta, bias, mr, nr);
+        mx_sgemm_tile(MX_B_COLS, 0, kc, a, b, ldb, c, ldc, alpha, beta, bias, mr, nr);
     else
-        mx_sgemm_tile(MX_B_PACKED, kc, a, b, ldb, c, ldc, alpha, beta, bias, mr, nr);
+        mx_sgemm_tile(MX_B_PACKED, 0, kc, a, b, ldb, c, ldc, alpha, beta, bias, mr, nr);
 }
 
 /* dst[q ldd + i] = src[i lds + q] for i, q < 16: a 16 x 16 block transposed in registers
