@@ -13,9 +13,18 @@
  *   - Blocks of KC steps of k, MC rows of op(A), NC columns of op(B): op(B)'s (KC, NC)
  *     block is packed into NR-column slivers (k-major, NR values per step), op(A)'s
  *     (MC, KC) block into MR-row slivers (k-major, MR values per step), both zero-padded
- *     to whole slivers, in this thread's workspace.
+ *     to whole slivers, in this thread's workspace. op(A) with transa 'T' (the forward's
+ *     W^T) is transposed 16 x 16 values at a time in registers.
+ *   - Small products (a small model's, or a group's rows: op(B)'s block spans at most
+ *     MX_SGEMM_INPLACE_B values) read op(B)'s whole slivers in place instead: the copy of
+ *     B cost as much as a third of the multiplies there (docs/performance.md, session 44);
+ *     large blocks keep the packed copy (one page per step of a transb 'T' operand
+ *     otherwise).
  *   - Micro-kernel MR x NR = 32 x 12: 24 zmm accumulators, per step two loads of A's
- *     sliver and 12 broadcasts of B's; edge tiles store through masks.
+ *     sliver and 12 broadcasts of B's; edge tiles store through masks, and a sliver of at
+ *     most 16 rows multiplies only those (12 accumulators).
+ *   - mx_sgemm_bias: the bias of a linear layer added in the epilogue (the bits of a
+ *     bias preloaded into C with beta 1, without copying it into every row).
  *   - Every C element is the same sum in the same order wherever its row and column
  *     fall: per KC block a chain of FMAs over k from zero, then C = alpha acc + beta C
  *     (beta 1 after the first block). So results do not depend on how a caller splits m
