@@ -8,19 +8,20 @@ GB = MX_SCAN_GB = 16. Hot loops: csrc/mx_scan.h; constants: csrc/mx_constants.h.
 Design:
 Work is split into B*ceil(D/G) independent jobs (one sequence b, one group of G
 consecutive channels), run with prange, group by group: a thread loads a group's A and
-1/A (an exponential and a division each) once for its consecutive jobs of that group. Each channel of a group is one vector lane: per
-step and state n the hot loop runs over the G lanes, with Bs[t,n] and Cs[t,n]
-broadcast, so no step needs a horizontal sum (a first version vectorised over n instead
-and spent most of its time in those sums). G = 64 (four AVX-512 vectors) took ~25% less
-scan time than 16 at size c (fewer passes over Bs, Cs and the per-thread dBs/dCs
-buffer). A full group reads delta, u, dy and writes y, du, ddelta in place (rows D
-apart); only a partial last group (D not a multiple of G) goes through (T, G) lane
-copies with zero padding lanes. The forward keeps one state in place (L1-resident) and
-stores only the state entering each chunk, hstate (B, C, D, N); the backward's
-recomputation keeps the chunk's T+1 states and expm1 values. The hot loops are C
-(csrc/mx_scan.h), marked `omp simd`, compiled for AVX-512 / AVX2 / baseline with
-runtime dispatch where the compiler supports it (MX_DISPATCH in csrc/mx_compat.h); in
-float32 they call the branch-free mx_expm1f of csrc/mx_math.h.
+1/A (an exponential and a division each) once for its consecutive jobs of that group.
+Each channel of a group is one vector lane: per step and state n the hot loop runs over
+the G lanes, with Bs[t,n] and Cs[t,n] broadcast, so no step needs a horizontal sum (a
+first version vectorised over n instead and spent most of its time in those sums).
+G = 64 (four AVX-512 vectors) took ~25% less scan time than 16 at size c (fewer passes
+over Bs, Cs and the per-thread dBs/dCs buffer). A full group reads delta, u, dy and
+writes y, du, ddelta in place (rows D apart); only a partial last group (D not a
+multiple of G) goes through (T, G) lane copies with zero padding lanes. The forward
+keeps one state in place (L1-resident) and stores only the state entering each chunk,
+hstate (B, C, D, N); the backward's recomputation keeps the chunk's T+1 states and
+expm1 values. The hot loops are C (csrc/mx_scan.h), marked `omp simd`, compiled for
+AVX-512 / AVX2 / baseline with runtime dispatch where the compiler supports it
+(MX_DISPATCH in csrc/mx_compat.h); in float32 they call the branch-free
+mx_expm1f_unsigned_zero of csrc/mx_math.h.
 One exponential per (t, d, n) serves both factors: a_bar = 1 + em and
 b_bar = em / A * Bs with em = expm1(delta*A) (exact ZOH without cancellation).
 

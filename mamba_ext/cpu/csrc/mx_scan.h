@@ -176,8 +176,8 @@ MX_KERNEL void mx_scan_fold_##SFX(mx_idx n_rows, const T* MX_RESTRICT dBC,      
     }                                                                                   \
 }
 
-/* SIMD_EXPM1 1 for float: the inline mx_expm1f vectorises (`omp simd`); 0 for double:
-   libm's expm1, which no compiler vectorises */
+/* SIMD_EXPM1 1 for float: the inline mx_expm1f_unsigned_zero vectorises (`omp simd`);
+   0 for double: libm's expm1, which no compiler vectorises */
 MX_KERNELS_BEGIN
 MX_SCAN_KERNELS(float, f, mx_expm1f_unsigned_zero, 1)
 MX_SCAN_KERNELS(double, d, expm1, 0)
