@@ -39,50 +39,60 @@ cdef inline idx_t _chunk_end(idx_t c, idx_t n) noexcept nogil:
     return n if (c + 1) * CHUNK > n else (c + 1) * CHUNK
 
 
+ctypedef struct hyper:
+    # the scalars of one AdamW step, computed once in double (adamw_hyper); each is cast
+    # to the buffers' precision where a range runs (_adamw_range)
+    double lr, gs, omb1, b2, omb2, step_size, sqrt_bc2, eps, md
+
+
+cdef inline hyper adamw_hyper(double lr, double beta1, double beta2, double eps,
+                              double max_delta, long long step,
+                              double grad_scale) noexcept nogil:
+    # gs the gradient scale, omb1 = 1 - beta1, omb2 = 1 - beta2, step_size = lr / (1 -
+    # beta1^t), sqrt_bc2 = sqrt(1 - beta2^t), md the clamp (+inf when off)
+    cdef hyper h
+    h.lr = lr
+    h.gs = grad_scale
+    h.omb1 = 1.0 - beta1
+    h.b2 = beta2
+    h.omb2 = 1.0 - beta2
+    h.step_size = lr / (1.0 - beta1 ** <double>step)
+    h.sqrt_bc2 = sqrt(1.0 - beta2 ** <double>step)
+    h.eps = eps
+    h.md = max_delta if max_delta > 0 else INFINITY
+    return h
+
+
 cdef inline idx_t _adamw_range(floating* w, floating* m, floating* v, const floating* g,
-                               idx_t lo, idx_t hi, floating gs, floating omb1,
-                               floating b2, floating omb2, floating decay,
-                               floating step_size, floating sqrt_bc2, floating eps,
-                               floating md) noexcept nogil:
-    """Elements [lo, hi) of adamw_step (csrc/mx_adamw.h); md is +inf when the clamp is off."""
+                               idx_t lo, idx_t hi, const hyper* h,
+                               double weight_decay) noexcept nogil:
+    """Elements [lo, hi) of adamw_step (csrc/mx_adamw.h) with decay lr * weight_decay."""
     if floating is float:
-        return mx_adamw_range_f(w, m, v, g, lo, hi, gs, omb1, b2, omb2, decay, step_size,
-                                sqrt_bc2, eps, md)
+        return mx_adamw_range_f(w, m, v, g, lo, hi, <float>h.gs, <float>h.omb1, <float>h.b2,
+                                <float>h.omb2, <float>(h.lr * weight_decay),
+                                <float>h.step_size, <float>h.sqrt_bc2, <float>h.eps,
+                                <float>h.md)
     else:
-        return mx_adamw_range_d(w, m, v, g, lo, hi, gs, omb1, b2, omb2, decay, step_size,
-                                sqrt_bc2, eps, md)
+        return mx_adamw_range_d(w, m, v, g, lo, hi, h.gs, h.omb1, h.b2, h.omb2,
+                                h.lr * weight_decay, h.step_size, h.sqrt_bc2, h.eps, h.md)
 
 
 cdef idx_t adamw_step(floating* w, floating* m, floating* v, const floating* g, idx_t n,
                       double lr, double beta1, double beta2, double eps,
                       double weight_decay, double max_delta, long long step,
                       double grad_scale, int n_threads) noexcept nogil:
-    # Scalars once, in double, then cast to the buffers' precision.
-    cdef double bc1 = 1.0 - beta1 ** <double>step
-    cdef double bc2 = 1.0 - beta2 ** <double>step
-    cdef floating gs = <floating>grad_scale
-    cdef floating omb1 = <floating>(1.0 - beta1)
-    cdef floating b2 = <floating>beta2
-    cdef floating omb2 = <floating>(1.0 - beta2)
-    cdef floating decay = <floating>(lr * weight_decay)
-    cdef floating step_size = <floating>(lr / bc1)
-    cdef floating sqrt_bc2 = <floating>sqrt(bc2)
-    cdef floating e = <floating>eps
-    cdef floating md = <floating>max_delta if max_delta > 0 else <floating>INFINITY
+    cdef hyper h = adamw_hyper(lr, beta1, beta2, eps, max_delta, step, grad_scale)
     cdef idx_t c, bad = 0, nch = _nchunks(n)
     if n <= 0:
         return 0
     if n < PAR_MIN or n_threads == 1:
-        return _adamw_range(w, m, v, g, 0, n, gs, omb1, b2, omb2, decay, step_size,
-                            sqrt_bc2, e, md)
+        return _adamw_range(w, m, v, g, 0, n, &h, weight_decay)
     if n_threads > 0:
         for c in prange(nch, schedule='static', num_threads=n_threads):
-            bad += _adamw_range(w, m, v, g, c * CHUNK, _chunk_end(c, n), gs, omb1, b2, omb2,
-                                decay, step_size, sqrt_bc2, e, md)
+            bad += _adamw_range(w, m, v, g, c * CHUNK, _chunk_end(c, n), &h, weight_decay)
     else:
         for c in prange(nch, schedule='static'):
-            bad += _adamw_range(w, m, v, g, c * CHUNK, _chunk_end(c, n), gs, omb1, b2, omb2,
-                                decay, step_size, sqrt_bc2, e, md)
+            bad += _adamw_range(w, m, v, g, c * CHUNK, _chunk_end(c, n), &h, weight_decay)
     return bad
 
 
@@ -219,24 +229,14 @@ cdef idx_t _update_many(floating** w, floating** m, floating** v, floating** g,
                         double lr, double beta1, double beta2, double eps,
                         double max_delta, long long step, double grad_scale,
                         int n_threads) noexcept nogil:
-    # adamw_step over every piece, weight_decay[a] for array a; the same scalars, cast the
-    # same way, so the same bits as one adamw_step call per array
-    cdef double bc1 = 1.0 - beta1 ** <double>step
-    cdef double bc2 = 1.0 - beta2 ** <double>step
-    cdef floating gs = <floating>grad_scale
-    cdef floating omb1 = <floating>(1.0 - beta1)
-    cdef floating b2 = <floating>beta2
-    cdef floating omb2 = <floating>(1.0 - beta2)
-    cdef floating step_size = <floating>(lr / bc1)
-    cdef floating sqrt_bc2 = <floating>sqrt(bc2)
-    cdef floating e = <floating>eps
-    cdef floating md = <floating>max_delta if max_delta > 0 else <floating>INFINITY
+    # adamw_step over every piece, weight_decay[a] for array a: the same scalars, so the
+    # same bits as one adamw_step call per array
+    cdef hyper h = adamw_hyper(lr, beta1, beta2, eps, max_delta, step, grad_scale)
     cdef idx_t k, a, bad = 0
     for k in prange(np_, schedule='static',
                     num_threads=mx_team(n_threads, total, PAR_MIN // 2, np_)):
         a = p[k].a
-        bad += _adamw_range(w[a], m[a], v[a], g[a], p[k].lo, p[k].hi, gs, omb1, b2, omb2,
-                            <floating>(lr * weight_decay[a]), step_size, sqrt_bc2, e, md)
+        bad += _adamw_range(w[a], m[a], v[a], g[a], p[k].lo, p[k].hi, &h, weight_decay[a])
     return bad
 
 

@@ -45,7 +45,7 @@ fit; see ``_validate.check_count``).
 from cython.parallel cimport prange
 from scipy.linalg.cython_blas cimport sgemm, dgemm, sgemv, dgemv
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 from mamba_ext.cpu.types cimport floating, idx_t
 from mamba_ext.cpu.activations cimport mx_add_f, mx_add_d
 
@@ -314,32 +314,31 @@ cdef void forward_rows(floating* out, const floating* x, const floating* weight,
                        const floating* bias, idx_t r0, idx_t r1, idx_t IC,
                        idx_t OC) noexcept nogil:
     # out[r0:r1] (rows, OC) = x[r0:r1] (rows, IC) @ weight (OC, IC)^T + bias
-    cdef idx_t r, o, mb, step = row_block(max(IC, OC))
-    cdef floating beta = 0, one = 1
-    if floating is float:
-        if own_sgemm and bias != NULL and IC > 0:
-            # our sgemm adds the bias in its epilogue (the same bits as the copy below)
-            while r0 < r1:
-                mb = min(step, r1 - r0)
-                if mx_sgemm_bias(c'T', c'N', OC, mb, IC, one, weight, IC, x + r0 * IC, IC,
-                                 beta, out + r0 * OC, OC, bias) != 0:
-                    break               # (no workspace: the BLAS below, from row r0)
-                r0 += mb
-            if r0 == r1:
-                return
-    if bias != NULL:
+    cdef idx_t r, mb, step = row_block(max(IC, OC))
+    cdef floating beta = 1 if bias != NULL else 0, one = 1
+    cdef bint done
+    if IC == 0:                         # out = the bias rows, or zeros
         for r in range(r0, r1):
-            memcpy(out + r * OC, bias, OC * sizeof(floating))
-        beta = 1
-    if IC == 0:
-        if bias == NULL:
-            for r in range(r0 * OC, r1 * OC):
-                out[r] = 0
+            if bias != NULL:
+                memcpy(out + r * OC, bias, OC * sizeof(floating))
+            else:
+                memset(out + r * OC, 0, OC * sizeof(floating))
         return
     while r0 < r1:
         mb = min(step, r1 - r0)
-        gemm(c'T', c'N', OC, mb, IC, one, weight, IC, x + r0 * IC, IC,
-             beta, out + r0 * OC, OC)
+        # our sgemm adds the bias in its epilogue (the bits of the bias copied into the
+        # rows first and beta 1, which the BLAS, or ours without workspace, does instead)
+        done = False
+        if floating is float:
+            done = own_sgemm and bias != NULL and mx_sgemm_bias(
+                c'T', c'N', OC, mb, IC, one, weight, IC, x + r0 * IC, IC, 0, out + r0 * OC,
+                OC, bias) == 0
+        if not done:
+            if bias != NULL:
+                for r in range(r0, r0 + mb):
+                    memcpy(out + r * OC, bias, OC * sizeof(floating))
+            gemm(c'T', c'N', OC, mb, IC, one, weight, IC, x + r0 * IC, IC,
+                 beta, out + r0 * OC, OC)
         r0 += mb
 
 
