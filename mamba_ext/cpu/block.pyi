@@ -16,6 +16,7 @@ def hash_bytes(a: np.ndarray) -> int: ...    # 64-bit hash of a C-contiguous arr
 def _set_window_bytes(n: int) -> int: ...    # testing hook: the window budget; returns the old
 def sealed(a: np.ndarray) -> np.ndarray: ...   # a read-only copy that cannot be made writeable
 def sealed_empty(n: int, dtype) -> np.ndarray: ...   # the same, 1-D, contents undefined
+def cache_pool(limit: int | None = None) -> tuple[int, int]: ...   # (bytes held, limit) of freed caches kept
 def forward(x: np.ndarray, params: list[np.ndarray], out: np.ndarray, cache: np.ndarray,
             sizes: tuple[int, ...], eps: float, discretization: int, n_threads: int,
             h0: np.ndarray | None = None, conv_state: np.ndarray | None = None,

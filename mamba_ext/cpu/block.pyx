@@ -617,22 +617,107 @@ def window_len(tuple sizes, int itemsize):
     return window_rows(&d, itemsize)
 
 
+# The cache pool: sealed buffers of at least POOL_MIN_BYTES that their arrays no longer
+# need are kept, up to pool_limit bytes in all, and handed to the next sealed_empty that
+# fits one (a cache is written whole by its forward before anything reads it). Why: a
+# fresh malloc of more than glibc's largest mmap threshold (32 MiB) is a fresh mmap
+# whose pages fault in one by one, on every call: size c at L 2048 (a 57 MB cache) took
+# 160.9 ms a forward + backward against 146.5 ms with its memory reused
+# (docs/performance.md, session 45). The same as glibc's own reuse below that threshold,
+# for larger buffers; GIL-held state (vaults are made and freed with the GIL).
+cdef enum:
+    POOL_SLOTS = 64
+cdef size_t POOL_MIN_BYTES = 1 << 20
+cdef size_t pool_limit = 256 << 20
+cdef void* pool_p[POOL_SLOTS]
+cdef size_t pool_cap[POOL_SLOTS]
+cdef int pool_used = 0
+cdef size_t pool_bytes = 0
+
+
+cdef void pool_drop(int i) noexcept:
+    # slot i's buffer freed, the last slot moved into its place
+    global pool_used, pool_bytes
+    mx_aligned_free(pool_p[i])
+    pool_bytes -= pool_cap[i]
+    pool_used -= 1
+    pool_p[i] = pool_p[pool_used]
+    pool_cap[i] = pool_cap[pool_used]
+
+
+cdef void* pool_take(size_t nbytes, size_t* cap) noexcept:
+    # the smallest pooled buffer of nbytes to 2*nbytes (it leaves the pool), or NULL
+    global pool_used, pool_bytes
+    cdef int i, best = -1
+    cdef void* p
+    if nbytes < POOL_MIN_BYTES:
+        return NULL
+    for i in range(pool_used):
+        if nbytes <= pool_cap[i] <= 2 * nbytes and (best < 0 or pool_cap[i] < pool_cap[best]):
+            best = i
+    if best < 0:
+        return NULL
+    p, cap[0] = pool_p[best], pool_cap[best]
+    pool_bytes -= pool_cap[best]
+    pool_used -= 1
+    pool_p[best] = pool_p[pool_used]
+    pool_cap[best] = pool_cap[pool_used]
+    return p
+
+
+cdef void pool_give(void* p, size_t cap) noexcept:
+    # p (cap bytes) kept, pooled buffers freed to make room, or p freed itself (too small
+    # for the pool's purpose, or larger than its limit)
+    global pool_used, pool_bytes
+    if p == NULL:
+        return
+    if cap < POOL_MIN_BYTES or cap > pool_limit:
+        mx_aligned_free(p)
+        return
+    while pool_used > 0 and (pool_used == POOL_SLOTS or pool_bytes + cap > pool_limit):
+        pool_drop(0)
+    pool_p[pool_used] = p
+    pool_cap[pool_used] = cap
+    pool_used += 1
+    pool_bytes += cap
+
+
+def cache_pool(limit=None):
+    """(bytes held, limit) of the cache pool (see "The cache pool"); ``limit`` (an int
+    >= 0) sets the most it may hold first, freeing buffers down to it (0: none kept)."""
+    global pool_limit
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"limit: expected an int >= 0 (bytes), got {limit!r}")
+        pool_limit = <size_t>min(<object>limit, <object>(1 << 62))
+        while pool_used > 0 and pool_bytes > pool_limit:
+            pool_drop(0)
+    return int(pool_bytes), int(pool_limit)
+
+
 cdef class _Vault:
     """Owner of a sealed array's memory (sealed): it exposes no buffer interface, so NumPy
-    can never make an array over that memory writeable again."""
+    can never make an array over that memory writeable again. Its memory goes back to the
+    cache pool."""
     cdef void* p
+    cdef size_t cap
 
     def __dealloc__(self):
-        mx_aligned_free(self.p)
+        pool_give(self.p, self.cap)
 
 
 cdef object _sealed_array(int nd, cnp.npy_intp* shape, int typenum, size_t nbytes,
                           const void* src):
-    # a read-only array of nbytes in a _Vault (src: copied in; NULL: left undefined)
+    # a read-only array of nbytes in a _Vault (src: copied in; NULL: left undefined, its
+    # memory possibly a pooled buffer's)
     cdef _Vault v = _Vault()
-    v.p = mx_aligned_alloc(nbytes if nbytes > 0 else 1)
+    cdef size_t cap = nbytes if nbytes > 0 else 1
+    v.p = pool_take(cap, &cap) if src == NULL else NULL
+    if v.p == NULL:
+        v.p = mx_aligned_alloc(cap)
     if v.p == NULL:
         raise MemoryError(f"out of memory for a sealed array of {nbytes} bytes")
+    v.cap = cap
     if src != NULL:
         memcpy(v.p, src, nbytes)
     out = cnp.PyArray_SimpleNewFromData(nd, shape, typenum, v.p)

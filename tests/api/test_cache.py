@@ -150,3 +150,57 @@ def test_cache_memory_cannot_be_made_writeable():
             a.flags.writeable = True
     with pytest.raises(AttributeError, match="read-only"):
         cache._discretization = "euler"
+
+
+def test_cache_pool_reuses_a_freed_buffer_and_changes_no_result():
+    """The cache pool (block.pyx): a cache of >= 1 MiB freed by its arrays is handed to
+    the next forward of that size, the results are those of fresh memory bit for bit,
+    and a live cache's buffer is never handed out."""
+    from mamba_ext.cpu import block as _blk
+    old = _blk.cache_pool()[1]
+    try:
+        x, p = _case(B=2, L=700, Dm=64)
+        dout = np.random.default_rng(5).standard_normal(x.shape).astype(np.float32)
+        _blk.cache_pool(0)                           # nothing kept: fresh memory
+        out0, cache0 = fwd(x, p)
+        assert cache0.buffer.nbytes >= 1 << 20
+        dx0, g0 = bwd(dout, p, cache0)
+        del cache0
+        assert _blk.cache_pool() == (0, 0)
+        _blk.cache_pool(64 << 20)
+        x2 = (x * 3).astype(np.float32)              # other contents first
+        _, c2 = fwd(x2, p)
+        addr, nbytes = c2.buffer.ctypes.data, c2.buffer.nbytes
+        _, live = fwd(x2, p)
+        assert live.buffer.ctypes.data != addr       # both alive: two buffers
+        del c2
+        assert _blk.cache_pool()[0] == nbytes        # kept, not freed
+        out1, cache1 = fwd(x, p)
+        assert cache1.buffer.ctypes.data == addr     # the freed one, reused
+        assert _blk.cache_pool()[0] == 0
+        dx1, g1 = bwd(dout, p, cache1)
+        assert np.array_equal(out0, out1) and np.array_equal(dx0, dx1)
+        assert all(np.array_equal(g0[n], g1[n]) for n in g0)
+        del live, cache1
+        held = _blk.cache_pool()[0]
+        assert 0 < held <= 64 << 20
+        _blk.cache_pool(held - 1)                    # a lower limit frees down to it
+        assert _blk.cache_pool()[0] <= held - 1
+    finally:
+        _blk.cache_pool(old)
+
+
+def test_cache_pool_holds_at_most_its_limit():
+    from mamba_ext.cpu import block as _blk
+    old = _blk.cache_pool()[1]
+    try:
+        _blk.cache_pool(6 << 20)
+        for L in (300, 700, 1100, 500, 900):         # caches of ~1.4-5 MiB, freed at once
+            x, p = _case(B=2, L=L, Dm=64)
+            fwd(x, p)
+            assert 0 < _blk.cache_pool()[0] <= 6 << 20
+        for bad in (-1, 1.5, "1", True):
+            with pytest.raises(ValueError, match="limit"):
+                _blk.cache_pool(bad)
+    finally:
+        _blk.cache_pool(old)
