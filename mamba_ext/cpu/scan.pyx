@@ -21,7 +21,9 @@ hstate (B, C, D, N); the backward's recomputation keeps the chunk's T+1 states a
 expm1 values. The hot loops are C (csrc/mx_scan.h), marked `omp simd`, compiled for
 AVX-512 / AVX2 / baseline with runtime dispatch where the compiler supports it
 (MX_DISPATCH in csrc/mx_compat.h); in float32 they call the branch-free
-mx_expm1f_unsigned_zero of csrc/mx_math.h.
+mx_expm1f_unsigned_zero of csrc/mx_math.h, or, for a step where no lane's delta is
+negative (A < 0, so delta*A <= 0: every step of a block, whose delta is a softplus),
+mx_expm1f_le88 without its overflow select: the same values, 10% less time per step.
 One exponential per (t, d, n) serves both factors: a_bar = 1 + em and
 b_bar = em / A * Bs with em = expm1(delta*A) (exact ZOH without cancellation).
 

@@ -16,6 +16,7 @@
  *   mx_expf         x in [-87, 88]            <= MAX_ULP_EXP
  *   mx_expm1f       x in [-inf, 88]           <= MAX_ULP_EXPM1
  *   mx_expm1f_unsigned_zero: mx_expm1f's bits for every x but -0 (+0 there)
+ *   mx_expm1f_le88: mx_expm1f_unsigned_zero's bits for every x <= 88 and NaN
  *   mx_log1pf_unit  y in [0, 1]               <= MAX_ULP_LOG1P
  *   mx_softplusf    x in [-87, +inf]          <= MAX_ULP_SOFTPLUS; x < -87: exactly 0
  *   mx_sigmoidf     x in [-87, +inf]          <= MAX_ULP_SIGMOID;  x < -88: exactly 0
@@ -57,11 +58,16 @@ static double sigmoid_d(double x) { return 1 / (1 + exp(-x)); }
 /* One point through every function: checks of the range contract + accounting. */
 static void check_point(float x, stat_t* st) {
     float e = mx_expf(x), em = mx_expm1f(x), sp = mx_softplusf(x), sg = mx_sigmoidf(x);
-    float emu = mx_expm1f_unsigned_zero(x);
+    float emu = mx_expm1f_unsigned_zero(x), eml = mx_expm1f_le88(x);
     if (x != x) {                                       /* NaN in, NaN out */
-        MX_CHECK(e != e && em != em && emu != emu && sp != sp && sg != sg, "NaN not kept");
+        MX_CHECK(e != e && em != em && emu != emu && eml != eml && sp != sp && sg != sg,
+                 "NaN not kept");
         return;
     }
+    /* the scan's expm1 where delta*A <= 88: mx_expm1f_unsigned_zero's bits */
+    if (x <= 88.0f)
+        MX_CHECK(mx_test_bits(eml) == mx_test_bits(emu), "mx_expm1f_le88(%a) = %a, "
+                 "mx_expm1f_unsigned_zero %a", x, eml, emu);
     /* the scan's expm1: mx_expm1f's bits, but +0 for -0 */
     MX_CHECK(x == 0.0f ? emu == 0.0f && !signbit(emu) : mx_test_bits(emu) == mx_test_bits(em),
              "mx_expm1f_unsigned_zero(%a) = %a, mx_expm1f %a", x, emu, em);

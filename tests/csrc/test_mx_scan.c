@@ -6,6 +6,8 @@
  *     h[t] = exp(delta A) h[t-1] + b_bar u[t] in double (b_bar = expm1(delta A)/A Bs, or
  *     delta Bs), y = Cs.h + D u; float32 within 2e-5 relative of the max, double 1e-13;
  *   the in-place forward (hstep = 0) gives bitwise the same y and last state;
+ *   a negative delta in some steps (delta*A > 0: the guarded expm1 of those steps)
+ *   within the same tolerances, and delta*A > 88 stores em1 = +inf;
  *   backward (double): every gradient against central finite differences of
  *     loss = sum(y * dy) + sum(h_last * G), G the incoming carry, along a random
  *     direction per input (rel. error <= 1e-7).
@@ -73,7 +75,7 @@ static double loss_of(const inputs_t* in, int zoh, const double* dy, const doubl
     return l;
 }
 
-static void check_forward(int zoh) {
+static void check_forward(int zoh, int neg) {
     static inputs_t in;
     static double y_ref[S * G], hl_ref[N * G], y[S * G], hs[(S + 1) * N * G];
     static float fdelta[S * G], fu[S * G], fbc[S * LDBC], fA[N * G], fAi[N * G], fD[G];
@@ -82,6 +84,10 @@ static void check_forward(int zoh) {
     double err = 0, errf = 0, scale = 0;
     int i;
     make_inputs(&in);
+    if (neg) {              /* one lane of two steps: delta*A > 0 */
+        in.delta[3 * G + 5] = -0.8;
+        in.delta[7 * G + 40] = -0.3;
+    }
     reference(&in, zoh, y_ref, hl_ref);
     run_forward_d(&in, zoh, y, hs);
     for (i = 0; i < S * G; i++) {
@@ -106,8 +112,16 @@ static void check_forward(int zoh) {
                             gy, fD);
     MX_CHECK(memcmp(gy, fy, sizeof gy) == 0, "in-place forward y differs (zoh=%d)", zoh);
     MX_CHECK(memcmp(gh, fh + S * N * G, sizeof gh) == 0, "in-place last state differs");
-    printf("forward  zoh=%d: double error %.2e, float error %.2e (of max |y| %.3f)\n", zoh,
-           err, errf, scale);
+    if (neg) {              /* delta*A = 120 > 88: expm1 overflows to +inf */
+        fdelta[9 * G + 2] = -40.0f;
+        fA[0 * G + 2] = -3.0f;
+        mx_scan_forward_chunk_f(S, N, zoh, fdelta, fu, G, fbc, fbc + N, LDBC, fA, fAi, N * G,
+                                fh, fem, fy, fD);
+        MX_CHECK(isinf(fem[(9 * N + 0) * G + 2]) && fem[(9 * N + 0) * G + 2] > 0,
+                 "expm1 of delta*A = 120: %g, want +inf", (double)fem[(9 * N + 0) * G + 2]);
+    }
+    printf("forward  zoh=%d%s: double error %.2e, float error %.2e (of max |y| %.3f)\n", zoh,
+           neg ? ", delta < 0 in 2 steps" : "", err, errf, scale);
 }
 
 /* directional derivative of loss along v applied to one input array */
@@ -195,7 +209,8 @@ static void check_backward(int zoh) {
 int main(void) {
     int zoh;
     for (zoh = 1; zoh >= 0; zoh--) {
-        check_forward(zoh);
+        check_forward(zoh, 0);
+        check_forward(zoh, 1);
         check_backward(zoh);
     }
     printf("%s (%d failure%s)\n", mx_test_failures ? "FAILED" : "OK", mx_test_failures,

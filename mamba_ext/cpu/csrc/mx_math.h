@@ -55,22 +55,32 @@ MX_INLINE float mx_expf(float x) {
    the scan's inner loop): only the lower clamp (a max that passes a NaN on: it then
    propagates through the polynomial), 2^k from the rounding sum's low bits (no float ->
    int conversion, so a NaN or a huge x is not undefined behaviour), and x > 88 replaced
-   by inf at the end. mx_expm1f_unsigned_zero gives +0 for x = -0 (one select fewer: the
-   scan, where the sign of a zero em changes no result); mx_expm1f keeps expm1(-0) = -0. */
-MX_INLINE float mx_expm1f_unsigned_zero(float x) {
+   by inf at the end. mx_expm1f_le88 leaves that last select out: its result is defined
+   for x <= 88 or NaN only (the scan's delta*A where no delta is negative, A < 0), and
+   there it is mx_expm1f_unsigned_zero's. mx_expm1f_unsigned_zero gives +0 for x = -0
+   (one select fewer: the scan, where the sign of a zero em changes no result);
+   mx_expm1f keeps expm1(-0) = -0. */
+MX_INLINE float mx_expm1f_le88(float x) {
     float xs = -87.0f > x ? -87.0f : x;         /* max(-87, x), NaN -> x: one vmaxps */
-    float t, kf, r, pm1, s, v;
+    float t, kf, r, r2, pm1, s;
     uint32_t tb, bits;
     t = xs * 1.44269504f + 12582912.0f;          /* k in the low mantissa bits */
     kf = t - 12582912.0f;
     r = (xs - kf * 0.693359375f) + kf * 2.12194440e-4f;
-    pm1 = (((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r
-           + 4.1665795894e-2f) * r + 1.6666665459e-1f) * r + 5.0000001201e-1f) * r * r
-           + r;
+    r2 = r * r;
+    /* the polynomial by pairs of terms (Estrin): three multiply-adds deep after r2
+       instead of six, the same coefficients */
+    pm1 = (((1.9875691500e-4f * r + 1.3981999507e-3f) * r2
+            + (8.3334519073e-3f * r + 4.1665795894e-2f)) * r2
+           + (1.6666665459e-1f * r + 5.0000001201e-1f)) * r2 + r;
     memcpy(&tb, &t, sizeof tb);
     bits = (tb + (127u - 0x4B400000u)) << 23;    /* 2^k (k = tb - 0x4B400000) */
     memcpy(&s, &bits, sizeof bits);
-    v = s * pm1 + (s - 1.0f);
+    return s * pm1 + (s - 1.0f);
+}
+
+MX_INLINE float mx_expm1f_unsigned_zero(float x) {
+    float v = mx_expm1f_le88(x);
     return x > 88.0f ? INFINITY : v;
 }
 

@@ -32,7 +32,10 @@ typedef ptrdiff_t mx_idx;
      delta, u (n_steps rows ld apart, G lanes each): read in place (ld = D) for a full
        group, from (n_steps, G) lane copies (ld = G) for a partial one;
      Bs, Cs (n_steps rows ld_bc apart, N each): shared by all lanes;
-     A, A_inv (N, G): A and 1/A;
+     A, A_inv (N, G): A (< 0) and 1/A; a step whose deltas are none negative (the
+       softplus of a block) has delta*A <= 0 (or NaN) and takes EXPM1_LE88, the
+       exponential without its overflow select (the same values there); a step with one
+       negative delta takes EXPM1;
      h: hstep = N*G keeps every state, h (n_steps+1, N, G), row 0 the entering state,
        row s+1 the state after step s (the backward's recomputation); hstep = 0 (the
        forward) updates one state h (N, G) in place, so the working set stays in L1;
@@ -81,7 +84,7 @@ typedef ptrdiff_t mx_idx;
                 }                                                                       \
                 cr[g] = ab * dh;                                                        \
             }
-#define MX_SCAN_KERNELS(T, SFX, EXPM1, SIMD_EXPM1)                                      \
+#define MX_SCAN_KERNELS(T, SFX, EXPM1, EXPM1_LE88, SIMD_EXPM1)                          \
 MX_KERNEL void mx_scan_forward_chunk_##SFX(mx_idx n_steps, mx_idx N, int zoh,          \
         const T* MX_RESTRICT delta, const T* MX_RESTRICT u, mx_idx ld,                  \
         const T* MX_RESTRICT Bs, const T* MX_RESTRICT Cs, mx_idx ld_bc,                 \
@@ -93,7 +96,11 @@ MX_KERNEL void mx_scan_forward_chunk_##SFX(mx_idx n_steps, mx_idx N, int zoh,   
         const T* MX_RESTRICT ds = delta + s * ld;                                       \
         const T* MX_RESTRICT us = u + s * ld;                                           \
         T acc[MX_SCAN_G];                                                               \
-        for (int g = 0; g < MX_SCAN_G; g++) acc[g] = 0;                                 \
+        int up = 0;               /* a delta < 0: delta*A (A < 0) may exceed 88 */      \
+        for (int g = 0; g < MX_SCAN_G; g++) {                                           \
+            acc[g] = 0;                                                                 \
+            up |= ds[g] < 0;                                                            \
+        }                                                                               \
         for (mx_idx n = 0; n < N; n++) {                                                \
             const T b = Bs[s * ld_bc + n], c = Cs[s * ld_bc + n];                       \
             const T* MX_RESTRICT a = A + n * MX_SCAN_G;                                 \
@@ -101,10 +108,14 @@ MX_KERNEL void mx_scan_forward_chunk_##SFX(mx_idx n_steps, mx_idx N, int zoh,   
             const T* hp = h + s * hstep + n * MX_SCAN_G;   /* hp == hc if hstep == 0 */ \
             T* hc = h + (s + 1) * hstep + n * MX_SCAN_G;                                \
             T* MX_RESTRICT e = em1 + s * hstep + n * MX_SCAN_G;                         \
-            if (hstep)                                                                  \
+            if (up && hstep)                                                            \
                 MX_SCAN_FORWARD_LANES(T, EXPM1, SIMD_EXPM1, 1)                          \
-            else                                                                        \
+            else if (up)                                                                \
                 MX_SCAN_FORWARD_LANES(T, EXPM1, SIMD_EXPM1, 0)                          \
+            else if (hstep)                                                             \
+                MX_SCAN_FORWARD_LANES(T, EXPM1_LE88, SIMD_EXPM1, 1)                     \
+            else                                                                        \
+                MX_SCAN_FORWARD_LANES(T, EXPM1_LE88, SIMD_EXPM1, 0)                     \
         }                                                                               \
         if (y)                                                                          \
             for (int g = 0; g < MX_SCAN_G; g++) y[s * ld + g] = acc[g] + D_lane[g] * us[g]; \
@@ -179,8 +190,8 @@ MX_KERNEL void mx_scan_fold_##SFX(mx_idx n_rows, const T* MX_RESTRICT dBC,      
 /* SIMD_EXPM1 1 for float: the inline mx_expm1f_unsigned_zero vectorises (`omp simd`);
    0 for double: libm's expm1, which no compiler vectorises */
 MX_KERNELS_BEGIN
-MX_SCAN_KERNELS(float, f, mx_expm1f_unsigned_zero, 1)
-MX_SCAN_KERNELS(double, d, expm1, 0)
+MX_SCAN_KERNELS(float, f, mx_expm1f_unsigned_zero, mx_expm1f_le88, 1)
+MX_SCAN_KERNELS(double, d, expm1, expm1, 0)
 MX_KERNELS_END
 
 #endif /* MX_SCAN_H */
