@@ -159,13 +159,19 @@ MX_KERNEL void mx_scan_backward_chunk_##SFX(mx_idx n_steps, mx_idx N, int zoh,  
                 MX_SCAN_BACKWARD_LANES(T, 1)                                            \
             else                                                                        \
                 MX_SCAN_BACKWARD_LANES(T, 0)                                            \
-            for (int j = MX_SCAN_GB; j < MX_SCAN_G; j += MX_SCAN_GB)                    \
-                for (int g = 0; g < MX_SCAN_GB; g++) {                                  \
-                    tB[g] += tB[j + g];                                                 \
-                    tC[g] += tC[j + g];                                                 \
-                }                                                                       \
+            /* the G lanes folded to GB in order (lane g + GB, then g + 2 GB, ...), as   \
+               one vector loop over g (written as nested loops GCC added them one      \
+               float at a time: two thirds of the backward's time) */                  \
             MX_OMP_SIMD                                                                 \
-            for (int g = 0; g < MX_SCAN_GB; g++) { dB[g] = tB[g]; dC[g] = tC[g]; }      \
+            for (int g = 0; g < MX_SCAN_GB; g++) {                                      \
+                T sb = tB[g], sc = tC[g];                                               \
+                for (int j = MX_SCAN_GB; j < MX_SCAN_G; j += MX_SCAN_GB) {              \
+                    sb += tB[j + g];                                                    \
+                    sc += tC[j + g];                                                    \
+                }                                                                       \
+                dB[g] = sb;                                                             \
+                dC[g] = sc;                                                             \
+            }                                                                           \
         }                                                                               \
         for (int g = 0; g < MX_SCAN_G; g++) {                                           \
             du[s * ld + g] = (add ? du[s * ld + g] : 0) + (dus[g] + gs[g] * D_lane[g]); \
