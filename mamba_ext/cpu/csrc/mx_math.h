@@ -23,8 +23,18 @@
 #include <string.h>
 #include "mx_compat.h"
 
+/* e^r - 1 = r + r^2 P(r) for |r| <= ln2/2, P Cephes' expf polynomial (degree 5),
+   evaluated by pairs of terms (Estrin): three multiply-adds deep after r^2 instead of
+   six, which the exponentials of the scan and of the activations are bound by */
+MX_INLINE float mx_expm1_poly(float r) {
+    float r2 = r * r;
+    return (((1.9875691500e-4f * r + 1.3981999507e-3f) * r2
+             + (8.3334519073e-3f * r + 4.1665795894e-2f)) * r2
+            + (1.6666665459e-1f * r + 5.0000001201e-1f)) * r2 + r;
+}
+
 /* exp(x) = 2^k e^r, |r| <= ln2/2, k by the 1.5*2^23 rounding trick (x clamped to
-   [-87, 88] so 2^k stays a normal float), e^r by Cephes' expf polynomial.
+   [-87, 88] so 2^k stays a normal float), e^r = 1 + mx_expm1_poly(r).
    Returns e^r in *er and 2^k in *scale. */
 MX_INLINE void mx_exp_parts(float x, float* er, float* scale) {
     float xs = x > -87.0f ? x : -87.0f;          /* NaN -> -87; callers keep NaN */
@@ -33,9 +43,7 @@ MX_INLINE void mx_exp_parts(float x, float* er, float* scale) {
     xs = xs < 88.0f ? xs : 88.0f;
     kf = (xs * 1.44269504f + 12582912.0f) - 12582912.0f;
     r = (xs - kf * 0.693359375f) + kf * 2.12194440e-4f;
-    *er = (((((1.9875691500e-4f * r + 1.3981999507e-3f) * r + 8.3334519073e-3f) * r
-           + 4.1665795894e-2f) * r + 1.6666665459e-1f) * r + 5.0000001201e-1f) * r * r
-           + r + 1.0f;
+    *er = mx_expm1_poly(r) + 1.0f;
     bits = ((int32_t)kf + 127) << 23;            /* 2^k, k in [-126, 127] */
     memcpy(scale, &bits, sizeof bits);
 }
@@ -62,17 +70,12 @@ MX_INLINE float mx_expf(float x) {
    mx_expm1f keeps expm1(-0) = -0. */
 MX_INLINE float mx_expm1f_le88(float x) {
     float xs = -87.0f > x ? -87.0f : x;         /* max(-87, x), NaN -> x: one vmaxps */
-    float t, kf, r, r2, pm1, s;
+    float t, kf, r, pm1, s;
     uint32_t tb, bits;
     t = xs * 1.44269504f + 12582912.0f;          /* k in the low mantissa bits */
     kf = t - 12582912.0f;
     r = (xs - kf * 0.693359375f) + kf * 2.12194440e-4f;
-    r2 = r * r;
-    /* the polynomial by pairs of terms (Estrin): three multiply-adds deep after r2
-       instead of six, the same coefficients */
-    pm1 = (((1.9875691500e-4f * r + 1.3981999507e-3f) * r2
-            + (8.3334519073e-3f * r + 4.1665795894e-2f)) * r2
-           + (1.6666665459e-1f * r + 5.0000001201e-1f)) * r2 + r;
+    pm1 = mx_expm1_poly(r);
     memcpy(&tb, &t, sizeof tb);
     bits = (tb + (127u - 0x4B400000u)) << 23;    /* 2^k (k = tb - 0x4B400000) */
     memcpy(&s, &bits, sizeof bits);
@@ -97,10 +100,14 @@ MX_INLINE float mx_log1pf_unit(float y) {
     float c = (y - (w - 1.0f)) / w;
     float e = w > 1.41421356f ? 1.0f : 0.0f;
     float x = (w > 1.41421356f ? 0.5f * w : w) - 1.0f;
-    float z = x * x;
-    float p = ((((((((7.0376836292e-2f * x - 1.1514610310e-1f) * x + 1.1676998740e-1f) * x
-              - 1.2420140846e-1f) * x + 1.4249322787e-1f) * x - 1.6668057665e-1f) * x
-              + 2.0000714765e-1f) * x - 2.4999993993e-1f) * x + 3.3333331174e-1f) * x * z;
+    float z = x * x, z2 = z * z;
+    /* the degree-8 polynomial by pairs of terms (Estrin), four multiply-adds deep
+       instead of eight */
+    float p = ((-2.4999993993e-1f * x + 3.3333331174e-1f)
+               + (-1.6668057665e-1f * x + 2.0000714765e-1f) * z)
+              + ((-1.2420140846e-1f * x + 1.4249322787e-1f)
+                 + (-1.1514610310e-1f * x + 1.1676998740e-1f) * z + 7.0376836292e-2f * z2) * z2;
+    p = p * x * z;
     p += e * -2.12194440e-4f;
     p += -0.5f * z;
     return x + p + e * 0.693359375f + c;
