@@ -10,6 +10,8 @@
 #   add:              out (n,) += a (n,)                      (no overlap)
 #   row_sum, row_dot2, row_dot3: sum of a, a b, a b c over the row, in double, fixed order
 #   row_max:          the largest value of a (n >= 1)
+#   rmsnorm_row, rmsnorm_dx_row, rmsnorm_dw_row: RMSNorm's row loops in double
+#                     (out = x s w; dx += s (g w - x s dot); dw += g (x s))
 cdef extern from "csrc/mx_activations.h" nogil:
     void mx_silu_forward_f(float* out, const float* conv, Py_ssize_t n) noexcept
     void mx_silu_forward_d(double* out, const double* conv, Py_ssize_t n) noexcept
@@ -38,3 +40,15 @@ cdef extern from "csrc/mx_activations.h" nogil:
     double mx_row_dot3_f(const float* a, const float* b, const float* c, Py_ssize_t n) noexcept
     double mx_row_dot3_d(const double* a, const double* b, const double* c,
                          Py_ssize_t n) noexcept
+    void mx_rmsnorm_row_f(float* out, const float* x, const float* weight, double s,
+                          Py_ssize_t n) noexcept
+    void mx_rmsnorm_row_d(double* out, const double* x, const double* weight, double s,
+                          Py_ssize_t n) noexcept
+    void mx_rmsnorm_dx_row_f(float* dx, const float* g, const float* weight, const float* x,
+                             double s, double dot, Py_ssize_t n) noexcept
+    void mx_rmsnorm_dx_row_d(double* dx, const double* g, const double* weight,
+                             const double* x, double s, double dot, Py_ssize_t n) noexcept
+    void mx_rmsnorm_dw_row_f(float* dw, const float* g, const float* x, double s,
+                             Py_ssize_t n) noexcept
+    void mx_rmsnorm_dw_row_d(double* dw, const double* g, const double* x, double s,
+                             Py_ssize_t n) noexcept

@@ -15,8 +15,10 @@ from libc.math cimport sqrt
 from cython.parallel cimport prange
 from mamba_ext.cpu.types cimport floating, idx_t
 from mamba_ext.cpu.threads cimport mx_team
-from mamba_ext.cpu.activations cimport (mx_row_dot2_d, mx_row_dot2_f, mx_row_dot3_d,
-                                        mx_row_dot3_f)
+from mamba_ext.cpu.activations cimport (
+    mx_row_dot2_d, mx_row_dot2_f, mx_row_dot3_d, mx_row_dot3_f, mx_rmsnorm_row_f,
+    mx_rmsnorm_row_d, mx_rmsnorm_dx_row_f, mx_rmsnorm_dx_row_d, mx_rmsnorm_dw_row_f,
+    mx_rmsnorm_dw_row_d)
 
 cdef enum:
     # values per thread below which another thread costs more than it saves
@@ -27,7 +29,6 @@ cdef enum:
 
 cdef inline void forward_row(floating* out, floating* rstd, const floating* x,
                              const floating* weight, idx_t r, idx_t Dm, double eps) noexcept nogil:
-    cdef idx_t i
     cdef const floating* xr = x + r * Dm
     cdef double ss, s
     if floating is float:
@@ -36,8 +37,10 @@ cdef inline void forward_row(floating* out, floating* rstd, const floating* x,
         ss = mx_row_dot2_d(xr, xr, Dm)
     s = 1.0 / sqrt(ss / Dm + eps) if Dm > 0 else 1.0 / sqrt(eps)
     rstd[r] = <floating>s
-    for i in range(Dm):
-        out[r * Dm + i] = <floating>(xr[i] * s * weight[i])
+    if floating is float:
+        mx_rmsnorm_row_f(out + r * Dm, xr, weight, s, Dm)
+    else:
+        mx_rmsnorm_row_d(out + r * Dm, xr, weight, s, Dm)
 
 
 cdef void rmsnorm_forward(floating* out, floating* rstd, const floating* x,
@@ -57,7 +60,6 @@ cdef void rmsnorm_forward(floating* out, floating* rstd, const floating* x,
 cdef inline void backward_row(floating* dx, const floating* dout, const floating* x,
                               const floating* weight, const floating* rstd, idx_t r,
                               idx_t Dm) noexcept nogil:
-    cdef idx_t i
     cdef const floating* xr = x + r * Dm
     cdef const floating* gr = dout + r * Dm
     cdef double s = rstd[r], dot
@@ -67,20 +69,22 @@ cdef inline void backward_row(floating* dx, const floating* dout, const floating
     else:
         dot = mx_row_dot3_d(gr, weight, xr, Dm)
     dot = dot * s / Dm if Dm > 0 else 0.0
-    for i in range(Dm):
-        dx[r * Dm + i] += <floating>(s * (<double>gr[i] * weight[i] - xr[i] * s * dot))
+    if floating is float:
+        mx_rmsnorm_dx_row_f(dx + r * Dm, gr, weight, xr, s, dot, Dm)
+    else:
+        mx_rmsnorm_dx_row_d(dx + r * Dm, gr, weight, xr, s, dot, Dm)
 
 
 cdef inline void dweight_cols(floating* dweight, const floating* dout, const floating* x,
                               const floating* rstd, idx_t M, idx_t Dm, idx_t lo,
                               idx_t hi) noexcept nogil:
     # dweight[lo:hi] += sum over rows, in row order, of dout * x * rstd
-    cdef idx_t r, i
-    cdef double s
+    cdef idx_t r
     for r in range(M):
-        s = rstd[r]
-        for i in range(lo, hi):
-            dweight[i] += <floating>(dout[r * Dm + i] * (x[r * Dm + i] * s))
+        if floating is float:
+            mx_rmsnorm_dw_row_f(dweight + lo, dout + r * Dm + lo, x + r * Dm + lo, rstd[r], hi - lo)
+        else:
+            mx_rmsnorm_dw_row_d(dweight + lo, dout + r * Dm + lo, x + r * Dm + lo, rstd[r], hi - lo)
 
 
 cdef void rmsnorm_backward(floating* dx, floating* dweight, const floating* dout,
