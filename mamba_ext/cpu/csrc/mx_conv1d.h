@@ -54,6 +54,18 @@ MX_KERNEL void mx_conv1d_forward_##SFX(T* MX_RESTRICT conv, const T* MX_RESTRICT
         /* row r - k0 of xc: formed only when a tap reaches it */                       \
         const T* MX_RESTRICT src = nk > 0 ? xc + (r - k0) * ld_xc + d0 : xc;            \
         int j0 = 0;                                                                     \
+        if (nk == 4) {     /* four taps (dConv 4), all inside the sequence: one pass     \
+                              over the channels, the same sums in the same order */     \
+            const T* MX_RESTRICT s1 = src - ld_xc;                                      \
+            const T* MX_RESTRICT s2 = s1 - ld_xc;                                       \
+            const T* MX_RESTRICT s3 = s2 - ld_xc;                                       \
+            const T* init = k0 == 0 ? bias + d0 : o;                                    \
+            MX_OMP_SIMD                                                                 \
+            for (int j = 0; j < n; j++)                                                 \
+                o[j] = (((init[j] + wt[0][j] * src[j]) + wt[1][j] * s1[j])              \
+                        + wt[2][j] * s2[j]) + wt[3][j] * s3[j];                         \
+            continue;                                                                   \
+        }                                                                               \
         for (; j0 + MX_CONV_V <= n; j0 += MX_CONV_V) {                                  \
             T acc[MX_CONV_V];                                                           \
             T* oj = o + j0;                 /* oj and init: both based on o */          \
@@ -103,6 +115,16 @@ MX_KERNEL void mx_conv1d_backward_##SFX(T* MX_RESTRICT dxc, ptrdiff_t ld_dxc,   
         /* row r + k0 of dconv: formed only when a tap reaches it */                    \
         const T* MX_RESTRICT g = nk > 0 ? dconv + (r + k0) * D + d0 : dconv;            \
         int j0 = 0;                                                                     \
+        if (nk == 4) {     /* four taps inside the sequence: one pass, as the forward */ \
+            const T* MX_RESTRICT g1 = g + D;                                            \
+            const T* MX_RESTRICT g2 = g1 + D;                                           \
+            const T* MX_RESTRICT g3 = g2 + D;                                           \
+            MX_OMP_SIMD                                                                 \
+            for (int j = 0; j < n; j++)                                                 \
+                di[j] = ((((from0 ? 0 : di[j]) + g[j] * wt[0][j]) + g1[j] * wt[1][j])   \
+                         + g2[j] * wt[2][j]) + g3[j] * wt[3][j];                        \
+            continue;                                                                   \
+        }                                                                               \
         for (; j0 + MX_CONV_V <= n; j0 += MX_CONV_V) {                                  \
             T acc[MX_CONV_V];                                                           \
             T* MX_RESTRICT dij = di + j0;                                               \
