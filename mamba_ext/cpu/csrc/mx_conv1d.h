@@ -153,6 +153,56 @@ MX_KERNEL void mx_conv1d_backward_##SFX(T* MX_RESTRICT dxc, ptrdiff_t ld_dxc,   
        other */                                                                         \
     if (k0 == 0)                                                                        \
         for (int j = 0; j < n; j++) dbp[j] = 0;                                         \
+    if (k0 == 0 && kn == 4) {     /* four taps: V channels at a time over all the rows,   \
+                                     the five sums in registers (the same order: rows   \
+                                     in order), stored once */                          \
+        int j0 = 0;                                                                     \
+        for (; j0 + MX_CONV_V <= n; j0 += MX_CONV_V) {                                  \
+            T a0[MX_CONV_V], a1[MX_CONV_V], a2[MX_CONV_V], a3[MX_CONV_V], ab[MX_CONV_V]; \
+            MX_OMP_SIMD                                                                 \
+            for (int j = 0; j < MX_CONV_V; j++) {                                       \
+                a0[j] = 0; a1[j] = 0; a2[j] = 0; a3[j] = 0; ab[j] = 0;                  \
+            }                                                                           \
+            for (r = r0, t = t0; r < r1; r++, t = t + 1 == L ? 0 : t + 1) {             \
+                const T* MX_RESTRICT g = dconv + r * D + d0 + j0;                       \
+                const T* MX_RESTRICT s0 = xc + r * ld_xc + d0 + j0;                     \
+                if (t >= 3) {                                                           \
+                    MX_OMP_SIMD                                                         \
+                    for (int j = 0; j < MX_CONV_V; j++) {                               \
+                        T gj = g[j];                                                    \
+                        ab[j] += gj;                                                    \
+                        a0[j] += gj * s0[j];                                            \
+                        a1[j] += gj * s0[j - ld_xc];                                    \
+                        a2[j] += gj * s0[j - 2 * ld_xc];                                \
+                        a3[j] += gj * s0[j - 3 * ld_xc];                                \
+                    }                                                                   \
+                } else {                                                                \
+                    MX_OMP_SIMD                                                         \
+                    for (int j = 0; j < MX_CONV_V; j++) {                               \
+                        T gj = g[j];                                                    \
+                        ab[j] += gj;                                                    \
+                        a0[j] += gj * s0[j];                                            \
+                        if (t >= 1) a1[j] += gj * s0[j - ld_xc];                        \
+                        if (t >= 2) a2[j] += gj * s0[j - 2 * ld_xc];                    \
+                    }                                                                   \
+                }                                                                       \
+            }                                                                           \
+            MX_OMP_SIMD                                                                 \
+            for (int j = 0; j < MX_CONV_V; j++) {                                       \
+                dbp[j0 + j] = ab[j];                                                    \
+                dwp[j0 + j] = a0[j];                                                    \
+                dwp[D + j0 + j] = a1[j];                                                \
+                dwp[2 * D + j0 + j] = a2[j];                                            \
+                dwp[3 * D + j0 + j] = a3[j];                                            \
+            }                                                                           \
+        }                                                                               \
+        if (j0 == n)                                                                    \
+            return;                                                                     \
+        dbp += j0;        /* the last n - j0 < V channels: the loop below */            \
+        dwp += j0;                                                                      \
+        d0 += j0;                                                                       \
+        n -= j0;                                                                        \
+    }                                                                                   \
     for (r = r0, t = t0; r < r1; r++, t = t + 1 == L ? 0 : t + 1) {                     \
         const T* MX_RESTRICT g = dconv + r * D + d0;                                    \
         if (k0 == 0) {                                                                  \
