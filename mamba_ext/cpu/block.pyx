@@ -635,34 +635,33 @@ cdef int pool_used = 0
 cdef size_t pool_bytes = 0
 
 
-cdef void pool_drop(int i) noexcept:
-    # slot i's buffer freed, the last slot moved into its place
+cdef void* pool_remove(int i, size_t* cap) noexcept:
+    # slot i's buffer (its size in cap) out of the pool, the last slot moved into its place
     global pool_used, pool_bytes
-    mx_aligned_free(pool_p[i])
+    cdef void* p = pool_p[i]
+    cap[0] = pool_cap[i]
     pool_bytes -= pool_cap[i]
     pool_used -= 1
     pool_p[i] = pool_p[pool_used]
     pool_cap[i] = pool_cap[pool_used]
+    return p
+
+
+cdef void pool_drop(int i) noexcept:
+    # slot i's buffer out of the pool and freed
+    cdef size_t cap
+    mx_aligned_free(pool_remove(i, &cap))
 
 
 cdef void* pool_take(size_t nbytes, size_t* cap) noexcept:
     # the smallest pooled buffer of nbytes to 2*nbytes (it leaves the pool), or NULL
-    global pool_used, pool_bytes
     cdef int i, best = -1
-    cdef void* p
     if nbytes < POOL_MIN_BYTES:
         return NULL
     for i in range(pool_used):
         if nbytes <= pool_cap[i] <= 2 * nbytes and (best < 0 or pool_cap[i] < pool_cap[best]):
             best = i
-    if best < 0:
-        return NULL
-    p, cap[0] = pool_p[best], pool_cap[best]
-    pool_bytes -= pool_cap[best]
-    pool_used -= 1
-    pool_p[best] = pool_p[pool_used]
-    pool_cap[best] = pool_cap[pool_used]
-    return p
+    return pool_remove(best, cap) if best >= 0 else NULL
 
 
 cdef void pool_give(void* p, size_t cap) noexcept:

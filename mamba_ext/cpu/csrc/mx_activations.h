@@ -119,12 +119,12 @@ MX_KERNEL double mx_row_dot3_##SFX(const T* MX_RESTRICT a, const T* MX_RESTRICT 
     MX_ROW_SUM(MX_ROW_TERM3)                                                              \
 }
 /* RMSNorm's rows (mamba_ext/cpu/rmsnorm.pyx), in double as the row sums, for either
-   precision: s = rstd of the row, dot = rstd * mean(dout weight x) / ... (rmsnorm.pyx).
+   precision: s = the row's rstd, dot = s * mean(dout weight x) over the row.
    mx_rmsnorm_row:     out (n,) = x s weight
    mx_rmsnorm_dx_row:  dx (n,) += s (g weight - x s dot), g = dout
    mx_rmsnorm_dw_row:  dw (n,) += g (x s), the row's term of dweight
-   Vectorised clones of the loops rmsnorm.pyx had inline (compiled for the baseline ISA
-   there: two doubles a vector; 2.6% of the 2 x 64 step). */
+   Kernels of this header (dispatched clones) rather than loops in the .pyx, which is
+   compiled for the baseline ISA only (two doubles a vector). */
 #define MX_RMSNORM_ROW_KERNELS(T, SFX)                                                    \
 MX_KERNEL void mx_rmsnorm_row_##SFX(T* MX_RESTRICT out, const T* MX_RESTRICT x,          \
                                     const T* MX_RESTRICT weight, double s, ptrdiff_t n) {\

@@ -160,8 +160,8 @@ MX_KERNEL void mx_scan_backward_chunk_##SFX(mx_idx n_steps, mx_idx N, int zoh,  
             else                                                                        \
                 MX_SCAN_BACKWARD_LANES(T, 0)                                            \
             /* the G lanes folded to GB in order (lane g + GB, then g + 2 GB, ...), as   \
-               one vector loop over g (as nested loops, GCC added them one float at a  \
-               time: the kernel took 2.4x as long in a C loop of it alone) */          \
+               one vector loop over g: written as nested loops, GCC added them one     \
+               float at a time (docs/performance.md, session 45) */                    \
             MX_OMP_SIMD                                                                 \
             for (int g = 0; g < MX_SCAN_GB; g++) {                                      \
                 T sb = tB[g], sc = tC[g];                                               \
